@@ -1,0 +1,154 @@
+-- jobq core schema: queues, jobs, enqueue().
+--
+-- The job row is the truth. RabbitMQ only carries ids; everything a worker,
+-- reaper or operator needs to decide what happens next lives here.
+
+CREATE SCHEMA IF NOT EXISTS jobq;
+
+-- Per-queue settings. Every consumer and reaper reads them from here, so they
+-- agree; a change is taken into account from the next claim / sweep on.
+CREATE TABLE jobq.queue (
+    name              text PRIMARY KEY
+                      CHECK (name ~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$'),
+    lease_s           double precision NOT NULL DEFAULT 30
+                      CHECK (lease_s >= 0.5),
+    max_stalls        integer NOT NULL DEFAULT 3 CHECK (max_stalls >= 0),
+    -- Runs that may end in a handler error before the job fails. Stalls and
+    -- releases on shutdown do not count (stalls have max_stalls).
+    max_attempts      integer NOT NULL DEFAULT 5 CHECK (max_attempts >= 1),
+    timeout_s         double precision CHECK (timeout_s IS NULL OR timeout_s > 0),
+    backoff_base_s    double precision NOT NULL DEFAULT 1 CHECK (backoff_base_s >= 0),
+    backoff_max_s     double precision NOT NULL DEFAULT 300 CHECK (backoff_max_s >= 0),
+    -- After the first stall a job is republished at once; each further stall
+    -- waits stall_cooldown_s * 2^(stalls-2) so a poison job cannot crash worker
+    -- after worker within milliseconds.
+    stall_cooldown_s  double precision NOT NULL DEFAULT 5 CHECK (stall_cooldown_s >= 0),
+    max_payload_bytes integer NOT NULL DEFAULT 1048576 CHECK (max_payload_bytes > 0),
+    created_at        timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE jobq.job (
+    id               uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+    queue            text NOT NULL REFERENCES jobq.queue (name),
+    payload          jsonb NOT NULL DEFAULT '{}'::jsonb,
+    status           text NOT NULL DEFAULT 'queued'
+                     CHECK (status IN ('queued', 'active', 'completed', 'failed', 'cancelled')),
+    -- Lease: a fresh random token per claim. Every write by a worker is fenced
+    -- by (id, lock, status = 'active', lease_expires_at > now()). The token is
+    -- kept after completion so a retried completion can recognise itself.
+    lock             uuid,
+    worker_id        text,
+    lease_expires_at timestamptz,
+    attempts         integer NOT NULL DEFAULT 0,  -- claims: handler runs started
+    errors           integer NOT NULL DEFAULT 0,  -- runs that ended in a handler error
+    stalls           integer NOT NULL DEFAULT 0,  -- runs whose lease lapsed
+    last_error       text,
+    idempotency_key  text,
+    run_at           timestamptz NOT NULL DEFAULT now(),  -- not claimable before
+    -- Publish state is tracked, never assumed: NULL means "no message is known
+    -- to carry this id for its current queued spell". relay_after is when the
+    -- reaper stops waiting for whoever promised to publish it.
+    published_at     timestamptz,
+    relay_after      timestamptz NOT NULL DEFAULT now(),
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    started_at       timestamptz,
+    finished_at      timestamptz
+) WITH (fillfactor = 80);  -- room on the page keeps lease renewals HOT
+
+-- No index mentions lease_expires_at, so renewals stay HOT updates.
+-- Sweeps scan the active rows only: proportional to what is running.
+CREATE INDEX job_active_idx ON jobq.job (queue) WHERE status = 'active';
+CREATE INDEX job_unpublished_idx ON jobq.job (relay_after)
+    WHERE status = 'queued' AND published_at IS NULL;
+CREATE INDEX job_queued_idx ON jobq.job (queue, run_at) WHERE status = 'queued';
+CREATE INDEX job_finished_idx ON jobq.job (finished_at)
+    WHERE status IN ('completed', 'failed', 'cancelled');
+CREATE UNIQUE INDEX job_idempotency_key_idx ON jobq.job (queue, idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+
+-- enqueue(): the one way a job row is born, from Python or from plain SQL in
+-- any language. Unknown queues are created with default settings (as in
+-- Celery, BullMQ, Oban and River, a queue is a name). With the defaults the
+-- reaper publishes the id (relay_after = now()); the Python producer passes a
+-- short grace because it publishes itself right after commit.
+CREATE FUNCTION jobq.enqueue(
+    queue text,
+    payload jsonb DEFAULT '{}'::jsonb,
+    delay_s double precision DEFAULT 0,
+    idempotency_key text DEFAULT NULL,
+    relay_grace_s double precision DEFAULT 0
+) RETURNS uuid
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+-- Parameters are always written enqueue.<name>: "queue" alone would be the
+-- whole-row value of table jobq.queue.
+DECLARE
+    q jobq.queue;
+    doc jsonb := coalesce(enqueue.payload, '{}'::jsonb);
+    delay double precision := greatest(coalesce(enqueue.delay_s, 0), 0);
+    new_id uuid;
+BEGIN
+    IF enqueue.queue IS NULL OR enqueue.queue !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$' THEN
+        RAISE EXCEPTION 'jobq: invalid queue name %', quote_nullable(enqueue.queue)
+            USING ERRCODE = '22023',
+                  HINT = 'use 1-100 characters: letters, digits, _ . : - (first a letter or digit)';
+    END IF;
+    INSERT INTO jobq.queue (name) VALUES (enqueue.queue) ON CONFLICT (name) DO NOTHING;
+    SELECT * INTO q FROM jobq.queue AS qq WHERE qq.name = enqueue.queue;
+    IF octet_length(doc::text) > q.max_payload_bytes THEN
+        RAISE EXCEPTION 'jobq: payload is % bytes, over the % byte limit of queue %',
+            octet_length(doc::text), q.max_payload_bytes, enqueue.queue
+            USING ERRCODE = '22001',
+                  HINT = 'store large data elsewhere and pass a reference, or raise jobq.queue.max_payload_bytes';
+    END IF;
+    INSERT INTO jobq.job AS j (queue, payload, idempotency_key, run_at, relay_after)
+    VALUES (enqueue.queue, doc, enqueue.idempotency_key,
+            now() + make_interval(secs => delay),
+            now() + make_interval(secs => greatest(delay, coalesce(enqueue.relay_grace_s, 0))))
+    ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING j.id INTO new_id;
+    IF new_id IS NULL THEN
+        SELECT jj.id INTO new_id FROM jobq.job AS jj
+        WHERE jj.queue = enqueue.queue AND jj.idempotency_key = enqueue.idempotency_key;
+    ELSIF delay = 0 AND coalesce(enqueue.relay_grace_s, 0) = 0 THEN
+        -- Wake the reapers: nobody else will publish this id. NOTIFY is
+        -- delivered at commit, so a rolled-back enqueue wakes nobody.
+        PERFORM pg_notify('jobq_relay', enqueue.queue);
+    END IF;
+    RETURN new_id;
+END;
+$$;
+
+-- What is going on, per queue, at a glance. "stalled" = active rows whose
+-- lease already lapsed but that no reaper has requeued yet.
+CREATE VIEW jobq.queue_stats AS
+SELECT q.name AS queue,
+       count(j.id) FILTER (WHERE j.status = 'queued' AND j.run_at <= now()) AS queued,
+       count(j.id) FILTER (WHERE j.status = 'queued' AND j.run_at > now())  AS delayed,
+       count(j.id) FILTER (WHERE j.status = 'active' AND j.lease_expires_at >= now()) AS running,
+       count(j.id) FILTER (WHERE j.status = 'active' AND j.lease_expires_at < now())  AS stalled,
+       count(j.id) FILTER (WHERE j.status = 'completed') AS completed,
+       count(j.id) FILTER (WHERE j.status = 'failed')    AS failed,
+       count(j.id) FILTER (WHERE j.status = 'cancelled') AS cancelled,
+       max(now() - j.run_at) FILTER (WHERE j.status = 'queued' AND j.run_at <= now()) AS oldest_queued_age
+FROM jobq.queue q
+LEFT JOIN jobq.job j ON j.queue = q.name
+GROUP BY q.name;
+
+-- Jobs stalled right now: their worker stopped renewing and the reaper has not
+-- requeued them yet.
+CREATE VIEW jobq.stalled AS
+SELECT id, queue, worker_id, attempts, stalls, lease_expires_at,
+       now() - lease_expires_at AS overdue, started_at
+FROM jobq.job
+WHERE status = 'active' AND lease_expires_at < now();
+
+CREATE VIEW jobq.running AS
+SELECT id, queue, worker_id, attempts, stalls, started_at, lease_expires_at
+FROM jobq.job
+WHERE status = 'active' AND lease_expires_at >= now();
+
+CREATE VIEW jobq.failed AS
+SELECT id, queue, attempts, errors, stalls, last_error, finished_at, payload
+FROM jobq.job
+WHERE status = 'failed';

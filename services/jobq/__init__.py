@@ -1,0 +1,17 @@
+"""jobq: crash-safe background jobs.
+
+RabbitMQ delivers job ids; PostgreSQL holds the job row and the lease that
+proves a worker is alive; a reaper brings back jobs whose lease lapsed.
+Read in this order: schema/0001_core.sql, queries.sql, lease.py,
+consumer.py, reaper.py.
+"""
+
+from jobq.app import App
+from jobq.errors import Fail, JobqError, LeaseLost, Retry
+from jobq.job import Job, Status
+from jobq.producer import Client, NewJob
+from jobq.settings import Settings
+
+__all__ = ["App", "Client", "Fail", "Job", "JobqError", "LeaseLost", "NewJob", "Retry",
+           "Settings", "Status"]
+__version__ = "0.1.0"

@@ -1,0 +1,202 @@
+"""RabbitMQ: topology, publishing ids with confirms, deliveries.
+
+Knows nothing of leases or job rows. The wire format is the contract:
+
+- one durable direct exchange named ``<namespace>`` (default ``jobq``);
+- one durable queue per job queue, ``<namespace>.<queue>``, bound with the
+  queue name as routing key; quorum queues (classic durable queues where the
+  broker has no quorum support);
+- rejected (malformed) messages dead-letter to ``<namespace>.dead``;
+- body = the job id as text, persistent delivery, publisher confirms,
+  ``mandatory`` so an unroutable id is an error, not a silent drop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from urllib.parse import urlsplit, urlunsplit
+from collections.abc import Awaitable, Callable, Iterable
+
+import aio_pika
+import aiormq
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractExchange,
+    AbstractIncomingMessage,
+    AbstractQueue,
+    AbstractRobustConnection,
+)
+
+from jobq.db import redact
+from jobq.errors import BrokerUnavailable, ConfigError
+
+log = logging.getLogger("jobq.broker")
+
+PUBLISH_TIMEOUT_S = 10.0
+
+
+class Broker:
+    def __init__(self, url: str, namespace: str, heartbeat_s: int = 5) -> None:
+        parts = urlsplit(url)
+        if "heartbeat=" not in parts.query:
+            query = f"{parts.query}&heartbeat={heartbeat_s}" if parts.query else f"heartbeat={heartbeat_s}"
+            url = urlunsplit(parts._replace(query=query))
+        self.url = url
+        self.namespace = namespace
+        self._conn: AbstractRobustConnection | None = None
+        self._pub: AbstractChannel | None = None
+        self._exchange: AbstractExchange | None = None
+        self._declared: dict[str, dict[str, str]] = {}  # queue -> its declare arguments
+        self._declare_lock = asyncio.Lock()
+
+    def queue_name(self, queue: str) -> str:
+        return f"{self.namespace}.{queue}"
+
+    # ── connection ──
+
+    async def connect(self, *, wait: bool) -> None:
+        """Connect (robustly: aio-pika reconnects and restores consumers)."""
+        delay = 0.5
+        while True:
+            try:
+                self._conn = await aio_pika.connect_robust(self.url, timeout=10)
+                break
+            except aiormq.exceptions.ProbableAuthenticationError as exc:
+                raise ConfigError(
+                    f"RabbitMQ at {redact(self.url)} refused the credentials: check JOBQ_AMQP_URL"
+                ) from exc
+            except (OSError, asyncio.TimeoutError, aiormq.exceptions.AMQPError) as exc:
+                if not wait:
+                    raise BrokerUnavailable(
+                        f"cannot reach RabbitMQ at {redact(self.url)} ({type(exc).__name__}: "
+                        f"{exc}); is it running? set JOBQ_AMQP_URL"
+                    ) from exc
+                log.warning("broker not ready at %s: %s; retrying in %.1fs",
+                            redact(self.url), exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        self._pub = await self._conn.channel(publisher_confirms=True, on_return_raises=True)
+        self._exchange = await self._pub.declare_exchange(
+            self.namespace, aio_pika.ExchangeType.DIRECT, durable=True
+        )
+        dlx = await self._pub.declare_exchange(
+            f"{self.namespace}.dlx", aio_pika.ExchangeType.FANOUT, durable=True
+        )
+        dead = await self._pub.declare_queue(f"{self.namespace}.dead", durable=True)
+        await dead.bind(dlx)
+
+    @property
+    def connected(self) -> bool:
+        return self._conn is not None and not self._conn.is_closed
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+            self._conn = None
+
+    # ── topology ──
+
+    async def ensure_queue(self, queue: str) -> dict[str, str]:
+        """Declare the durable queue for a job queue (once per process).
+
+        Returns the arguments it was declared with, for other channels.
+        """
+        if queue in self._declared:
+            return self._declared[queue]
+        async with self._declare_lock:
+            if queue in self._declared:
+                return self._declared[queue]
+            assert self._conn is not None and self._exchange is not None
+            name = self.queue_name(queue)
+            args = {"x-queue-type": "quorum", "x-dead-letter-exchange": f"{self.namespace}.dlx"}
+            ch = await self._conn.channel()
+            try:
+                q = await ch.declare_queue(name, durable=True, arguments=args)
+            except aiormq.exceptions.ChannelClosed as exc:
+                # Exists as a classic queue, or no quorum support: classic it is.
+                log.info("queue %s: quorum declare refused (%s); using a classic queue", name, exc)
+                args = {"x-dead-letter-exchange": f"{self.namespace}.dlx"}
+                ch = await self._conn.channel()
+                q = await ch.declare_queue(name, durable=True, arguments=args)
+            await q.bind(self._exchange, routing_key=queue)
+            await ch.close()
+            self._declared[queue] = args
+            return args
+
+    # ── publish ──
+
+    async def publish(self, items: Iterable[tuple[uuid.UUID, str]]) -> set[uuid.UUID]:
+        """Publish ids; return the ids the broker confirmed.
+
+        Ids that failed are left out (and logged); their rows stay unpublished
+        and the reaper's relay publishes them later. Never raises for a single
+        failed id; raises BrokerUnavailable if nothing could be sent.
+        """
+        items = list(items)
+        if not items:
+            return set()
+        if self._exchange is None:
+            raise BrokerUnavailable("not connected to RabbitMQ")
+        try:
+            for queue in {q for _, q in items}:
+                await self.ensure_queue(queue)
+        except (aiormq.exceptions.AMQPError, aio_pika.exceptions.AMQPError, OSError,
+                RuntimeError, asyncio.TimeoutError) as exc:
+            raise BrokerUnavailable(f"cannot declare queues: {exc!r}") from exc
+        exchange = self._exchange
+
+        async def one(job_id: uuid.UUID, queue: str) -> None:
+            await exchange.publish(
+                aio_pika.Message(
+                    str(job_id).encode(),
+                    delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                    content_type="text/plain",
+                    message_id=str(job_id),
+                ),
+                routing_key=queue,
+                timeout=PUBLISH_TIMEOUT_S,
+            )
+
+        results = await asyncio.gather(*(one(i, q) for i, q in items), return_exceptions=True)
+        confirmed = set()
+        errors = []
+        for (job_id, _), res in zip(items, results):
+            if isinstance(res, BaseException):
+                errors.append(res)
+            else:
+                confirmed.add(job_id)
+        if errors:
+            log.warning("%d of %d ids not confirmed by the broker (%r); the reaper will "
+                        "republish them", len(errors), len(items), errors[0])
+        if not confirmed and errors:
+            raise BrokerUnavailable(f"publish failed: {errors[0]!r}") from errors[0]
+        return confirmed
+
+    # ── consume ──
+
+    async def consume(
+        self,
+        queues: Iterable[str],
+        on_message: Callable[[AbstractIncomingMessage], Awaitable[None]],
+        prefetch: int,
+    ) -> Callable[[], Awaitable[None]]:
+        """Start consuming; returns a coroutine function that stops intake."""
+        assert self._conn is not None
+        ch = await self._conn.channel()
+        await ch.set_qos(prefetch_count=prefetch)
+        tags: list[tuple[AbstractQueue, str]] = []
+        for queue in queues:
+            args = await self.ensure_queue(queue)
+            q = await ch.declare_queue(self.queue_name(queue), durable=True, arguments=args)
+            tags.append((q, await q.consume(on_message)))
+
+        async def stop() -> None:
+            for q, tag in tags:
+                try:
+                    await q.cancel(tag)
+                except Exception as exc:  # broker gone: nothing more will arrive anyway
+                    log.debug("cancel consumer %s: %r", tag, exc)
+
+        return stop

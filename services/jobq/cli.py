@@ -1,0 +1,259 @@
+"""The ``jobq`` command.
+
+Expected errors (bad input, a service down, a missing schema) print one line
+``jobq: error: ...`` on stderr and exit non-zero: 1 for bad input or an
+unreachable service, 2 for bad usage or configuration. Tracebacks are only
+for bugs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from jobq import crash, logs
+from jobq.errors import BadInput, ConfigError, JobqError, UnknownJob
+from jobq.settings import Settings
+
+log = logging.getLogger("jobq.cli")
+
+_QUEUE_FLAGS = [
+    # flag, column, type, help
+    ("--lease-seconds", "lease_s", float, "lease length; renewed every third of it"),
+    ("--max-stalls", "max_stalls", int, "lapsed leases tolerated before a job of death fails"),
+    ("--max-attempts", "max_attempts", int, "handler runs before a failing job is failed"),
+    ("--timeout-seconds", "timeout_s", float, "stop a handler that runs longer (0 = no timeout)"),
+    ("--backoff-seconds", "backoff_base_s", float, "first retry delay; doubles each attempt"),
+    ("--backoff-max-seconds", "backoff_max_s", float, "cap of retry delay and stall cool-down"),
+    ("--stall-cooldown-seconds", "stall_cooldown_s", float,
+     "wait before rerunning a job that stalled twice; doubles with each further stall"),
+    ("--max-payload-bytes", "max_payload_bytes", int, "largest payload accepted at enqueue"),
+]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="jobq",
+        description="Crash-safe background jobs: RabbitMQ delivers ids, PostgreSQL holds "
+                    "the lease. Configure with JOBQ_DATABASE_URL and JOBQ_AMQP_URL.",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    sub.add_parser("migrate", help="create or upgrade the jobq schema (safe to rerun)")
+
+    pub = sub.add_parser("publish", help="enqueue a job and print its id")
+    pub.add_argument("queue", metavar="QUEUE")
+    pub.add_argument("payload", metavar="JSON", nargs="?", default="{}",
+                     help="the job's payload as JSON (default {})")
+    pub.add_argument("--delay", type=float, default=0.0, metavar="SECONDS",
+                     help="run no earlier than this many seconds from now")
+    pub.add_argument("--key", default=None, metavar="KEY",
+                     help="idempotency key: publishing the same key twice yields one job")
+
+    con = sub.add_parser("consume", help="run handlers of APP (module:attribute)")
+    con.add_argument("app", metavar="APP", help="e.g. jobq.demo:app")
+    con.add_argument("--queue", "-q", action="append", dest="queues", metavar="Q",
+                     help="queue to consume (repeatable; default: every queue APP handles)")
+    con.add_argument("--concurrency", "-c", type=int, default=None, metavar="N",
+                     help="jobs run at once by this process (default JOBQ_CONSUMER__CONCURRENCY)")
+
+    sub.add_parser("reap", help="requeue lapsed leases and publish what is due")
+
+    qp = sub.add_parser("queue", help="per-queue settings")
+    qsub = qp.add_subparsers(dest="queue_command", required=True, metavar="ACTION")
+    qs = qsub.add_parser("set", help="create a queue or change its settings")
+    qs.add_argument("name", metavar="QUEUE")
+    for flag, dest, typ, help_ in _QUEUE_FLAGS:
+        qs.add_argument(flag, dest=dest, type=typ, default=None, metavar="N", help=help_)
+    qsub.add_parser("list", help="show every queue's settings")
+
+    sub.add_parser("stats", help="jobs per queue and state (stalled = lease lapsed, not reaped)")
+    ins = sub.add_parser("inspect", help="show one job row")
+    ins.add_argument("id", metavar="ID")
+    return p
+
+
+def _uuid(text: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        raise BadInput(f"{text!r} is not a job id (expected a UUID)") from None
+
+
+async def _pool(settings: Settings) -> Any:
+    from jobq.db import open_pool
+
+    return await open_pool(settings.database_url, wait=False, app_name="jobq-cli")
+
+
+async def _migrate(settings: Settings) -> None:
+    from jobq import migrate
+    from jobq.db import open_pool, translated
+
+    pool = await open_pool(settings.database_url, wait=False, app_name="jobq-migrate",
+                           check_schema=False)
+    try:
+        with translated():
+            async with pool.acquire() as conn:
+                applied = await migrate.apply(conn)
+    finally:
+        await pool.close()
+    print(f"applied {len(applied)} migration(s)" if applied else "schema is up to date")
+
+
+async def _publish(settings: Settings, args: argparse.Namespace) -> None:
+    from jobq.producer import Client
+
+    try:
+        payload = json.loads(args.payload)
+    except json.JSONDecodeError as exc:
+        raise BadInput(f"payload is not valid JSON ({exc}); e.g. '{{\"to\": \"a@b.c\"}}'") from None
+    async with Client(settings) as client:
+        job_id = await client.publish(args.queue, payload, delay_s=args.delay,
+                                      idempotency_key=args.key)
+    print(job_id)
+
+
+async def _queue(settings: Settings, args: argparse.Namespace) -> None:
+    from jobq.db import translated
+    from jobq.sql import Q
+
+    pool = await _pool(settings)
+    try:
+        with translated():
+            if args.queue_command == "set":
+                from jobq.app import QUEUE_NAME
+
+                if not QUEUE_NAME.match(args.name):
+                    raise BadInput(f"invalid queue name {args.name!r}")
+                await pool.execute(Q["queue_ensure"], args.name)
+                row = await pool.fetchrow(Q["queue_update"], args.name,
+                                          *[getattr(args, dest) for _, dest, _, _ in _QUEUE_FLAGS])
+                rows = [row]
+            else:
+                rows = await pool.fetch(Q["queue_list"])
+    finally:
+        await pool.close()
+    _table([dict(r) for r in rows])
+
+
+async def _stats(settings: Settings) -> None:
+    from jobq.db import translated
+    from jobq.sql import Q
+
+    pool = await _pool(settings)
+    try:
+        with translated():
+            rows = await pool.fetch(Q["stats"])
+    finally:
+        await pool.close()
+    out = []
+    for r in rows:
+        d = dict(r)
+        d["oldest_queued_s"] = round(d["oldest_queued_s"], 1) if d["oldest_queued_s"] else 0
+        if d["stalled"]:
+            d["stalled"] = f"{d['stalled']} (!)"
+        out.append(d)
+    _table(out)
+
+
+async def _inspect(settings: Settings, args: argparse.Namespace) -> None:
+    from jobq.db import translated
+    from jobq.sql import Q
+
+    job_id = _uuid(args.id)
+    pool = await _pool(settings)
+    try:
+        with translated():
+            row = await pool.fetchrow(Q["job_get"], job_id)
+    finally:
+        await pool.close()
+    if row is None:
+        raise UnknownJob(f"no job with id {job_id}")
+    width = max(len(k) for k in row.keys())
+    for k, v in row.items():
+        print(f"{k:<{width}}  {v}")
+
+
+def _table(rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        print("(none)")
+        return
+    cols = list(rows[0])
+    cells = [[("" if r[c] is None else str(r[c])) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip())
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
+
+
+def _run_service(coro: Any) -> None:
+    try:
+        import uvloop  # optional: faster event loop (pip install jobq[fast])
+
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(coro)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = "JOBQ_" + "__".join(str(x).upper() for x in err["loc"])
+        print(f"jobq: error: bad setting {where}: {err['msg']}", file=sys.stderr)
+        sys.exit(2)
+    logs.setup(settings.log_level, settings.log_json)
+    crash.configure(settings.crash_at)
+    code = 0
+    try:
+        if args.command == "migrate":
+            asyncio.run(_migrate(settings))
+        elif args.command == "publish":
+            asyncio.run(_publish(settings, args))
+        elif args.command == "consume":
+            from jobq.app import load
+            from jobq.consumer import Consumer
+
+            sys.path.insert(0, os.getcwd())
+            app = load(args.app)
+            if args.concurrency is not None and args.concurrency < 1:
+                raise ConfigError("--concurrency must be at least 1")
+            consumer = Consumer(app, settings, args.queues, args.concurrency)
+            _run_service(consumer.run())
+            # Sync handlers still running in threads must not keep a process
+            # whose leases were released alive.
+            logging.shutdown()
+            sys.stdout.flush()
+            os._exit(0)
+        elif args.command == "reap":
+            from jobq.reaper import Reaper
+
+            _run_service(Reaper(settings).run())
+        elif args.command == "queue":
+            asyncio.run(_queue(settings, args))
+        elif args.command == "stats":
+            asyncio.run(_stats(settings))
+        elif args.command == "inspect":
+            asyncio.run(_inspect(settings, args))
+    except ConfigError as exc:
+        print(f"jobq: error: {exc}", file=sys.stderr)
+        code = 2
+    except JobqError as exc:
+        print(f"jobq: error: {exc}", file=sys.stderr)
+        code = 1
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)

@@ -1,0 +1,508 @@
+"""The consumer: delivery → claim → ack → handler under a renewing lease → finish.
+
+Ack/reject policy (all of it lives in :meth:`Consumer._on_message`):
+
+- body not a job id             → reject, no requeue (dead-letters to <ns>.dead)
+- claim committed               → ack, then run the handler
+- row not claimable (unknown id,
+  duplicate delivery, not due,
+  already finished)             → ack and drop; the row, not the message, is
+                                  the truth, and whoever changed the row owns
+                                  publishing it again
+- job of a queue we don't handle→ hand it back to the relay, then ack
+- database unreachable          → wait, then nack with requeue: never drop
+- intake stopped (SIGTERM)      → nack with requeue
+
+A message is acked only after the claim is durable, so dying before the claim
+leaves an unacked message that RabbitMQ redelivers; dying after the claim
+leaves an active row whose lease the reaper handles.
+
+Leases are renewed by one statement per renew interval for the whole
+process. Each lease also has a local fence (see ``lease.py``): if renewals
+stop succeeding, the handler is cancelled before the lease can lapse.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import functools
+import json
+import logging
+import os
+import signal
+import socket
+import traceback
+import uuid
+from typing import Any
+
+import asyncpg
+from aio_pika.abc import AbstractIncomingMessage
+from pydantic import ValidationError
+
+from jobq import crash, lease
+from jobq.app import App, Handler
+from jobq.batch import Coalescer
+from jobq.broker import Broker
+from jobq.db import open_pool, translated
+from jobq.errors import ConfigError, DatabaseUnavailable, Fail, LeaseLost, Retry, UnavailableError
+from jobq.job import Job
+from jobq.lease import Failure, Lease
+from jobq.logs import fields
+from jobq.settings import Settings
+from jobq.sql import Q
+
+log = logging.getLogger("jobq.consumer")
+
+
+def new_worker_id() -> str:
+    """Unique per process start: host and pid for humans, random for uniqueness."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+class _Running:
+    """A job this process runs: its lease, its handler task, why it stopped."""
+
+    __slots__ = ("job", "lease", "task", "stop_reason", "timeout")
+
+    def __init__(self, job: Job, lease_: Lease) -> None:
+        self.job = job
+        self.lease = lease_
+        self.task: asyncio.Task[Any] | None = None
+        self.stop_reason: str | None = None  # "lost" | "timeout" | "shutdown"
+        self.timeout: asyncio.TimerHandle | None = None
+
+    def stop(self, reason: str) -> None:
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        self.job.stop_requested.set()
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
+
+class Consumer:
+    def __init__(self, app: App, settings: Settings, queues: list[str] | None = None,
+                 concurrency: int | None = None) -> None:
+        self.app = app
+        self.settings = settings
+        self.cfg = settings.consumer
+        self.queues = sorted(set(queues or app.queues))
+        if not self.queues:
+            raise ConfigError("the app registers no handlers: nothing to consume")
+        missing = [q for q in self.queues if q not in app.handlers]
+        if missing:
+            raise ConfigError(
+                f"no handler registered for queue(s) {', '.join(missing)}; "
+                f"this app handles: {', '.join(app.queues) or 'nothing'}"
+            )
+        self.concurrency = concurrency or self.cfg.concurrency
+        self.worker_id = new_worker_id()
+        self.counters: collections.Counter[str] = collections.Counter()
+        self.running: dict[uuid.UUID, _Running] = {}
+        self.pool: asyncpg.Pool | None = None
+        self.broker = Broker(settings.amqp_url, settings.namespace,
+                             settings.amqp_heartbeat_s)
+        self._slots = asyncio.Semaphore(self.concurrency)
+        self._stopping = False
+        self._stop = asyncio.Event()
+        self._ready = asyncio.Event()
+        self._threads = concurrent.futures.ThreadPoolExecutor(
+            max_workers=self.cfg.sync_threads or self.concurrency,
+            thread_name_prefix="jobq-handler",
+        )
+        self._claims: Coalescer[tuple[uuid.UUID, float], Any] = Coalescer(self._claim_batch)
+        self._completions: Coalescer[Lease, bool] = Coalescer(self._complete_batch)
+        self._message_tasks: set[asyncio.Task[Any]] = set()
+        self._lease_added = asyncio.Event()
+
+    # ── lifecycle ──
+
+    def request_stop(self) -> None:
+        if not self._stop.is_set():
+            log.info("stop requested: draining", extra=fields(worker=self.worker_id))
+        self._stop.set()
+
+    async def run(self) -> None:
+        """Run until :meth:`request_stop`; drain and release on the way out."""
+        crash.configure(self.settings.crash_at)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self.request_stop)
+            except (NotImplementedError, RuntimeError):  # not the main thread
+                pass
+        self.pool = await open_pool(
+            self.settings.database_url, wait=True, min_size=1,
+            max_size=min(20, 4 + self.concurrency // 4), app_name="jobq-consumer",
+        )
+        await self.broker.connect(wait=True)
+        with translated():
+            for q in self.queues:
+                await self.pool.execute(Q["queue_ensure"], q)
+        renewer = asyncio.create_task(self._renew_loop(), name="jobq-renewer")
+        stop_intake = await self.broker.consume(
+            self.queues, self._on_message, self.cfg.prefetch or self.concurrency
+        )
+        self._ready.set()
+        log.info("consumer ready", extra=fields(
+            worker=self.worker_id, queues=",".join(self.queues), concurrency=self.concurrency))
+        stopper = asyncio.create_task(self._stop.wait())
+        done, _ = await asyncio.wait({stopper, renewer}, return_when=asyncio.FIRST_COMPLETED)
+        if renewer in done:
+            # Supervision: a dead renewer means leases we cannot keep. Exit
+            # non-zero; the orchestrator restarts us and the reaper recovers.
+            stopper.cancel()
+            exc = renewer.exception()
+            raise RuntimeError(f"lease renewer died: {exc!r}") from exc
+        await self._drain(stop_intake)
+        renewer.cancel()
+        await asyncio.gather(renewer, return_exceptions=True)
+        await self.broker.close()
+        await self.pool.close()
+        self._threads.shutdown(wait=False, cancel_futures=True)
+        log.info("consumer stopped", extra=fields(worker=self.worker_id, **dict(self.counters)))
+
+    async def _drain(self, stop_intake: Any) -> None:
+        """SIGTERM: stop intake, let jobs finish within the grace, release the rest."""
+        self._stopping = True
+        await stop_intake()
+        tasks = [r.task for r in self.running.values() if r.task is not None]
+        if tasks:
+            log.info("waiting up to %.1fs for %d job(s)", self.cfg.shutdown_grace_s, len(tasks))
+            await asyncio.wait(tasks, timeout=self.cfg.shutdown_grace_s)
+        leftovers = list(self.running.values())
+        for r in leftovers:
+            r.stop("shutdown")
+        # Message tasks finish their own bookkeeping (complete / fail).
+        if self._message_tasks:
+            await asyncio.wait(list(self._message_tasks), timeout=10)
+        await self._release([r for r in leftovers if r.stop_reason == "shutdown"])
+
+    async def _release(self, runs: list[_Running]) -> None:
+        if not runs:
+            return
+        assert self.pool is not None
+        try:
+            rows = await lease.release(self.pool, [r.lease for r in runs])
+        except UnavailableError as exc:
+            log.warning("could not release %d lease(s): %s; they will lapse and be reaped",
+                        len(runs), exc)
+            return
+        for row in rows:
+            self.counters["released"] += 1
+            log.info("released on shutdown", extra=fields(
+                event="released", job=row["id"], queue=row["queue"], worker=self.worker_id))
+        # Publish them ourselves so they run at once; the relay is the fallback.
+        try:
+            confirmed = await self.broker.publish([(r["id"], r["queue"]) for r in rows])
+            locks = {r["id"]: r["lock"] for r in rows}
+            with translated():
+                await self.pool.execute(Q["mark_published"], list(confirmed),
+                                        [locks[i] for i in confirmed])
+        except Exception as exc:
+            log.warning("released jobs not republished here (%s); the reaper will", exc)
+
+    # ── intake ──
+
+    async def _on_message(self, msg: AbstractIncomingMessage) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._message_tasks.add(task)
+        try:
+            await self._handle_message(msg)
+        finally:
+            if task is not None:
+                self._message_tasks.discard(task)
+
+    async def _handle_message(self, msg: AbstractIncomingMessage) -> None:
+        try:
+            job_id = uuid.UUID(msg.body.decode("ascii").strip())
+        except (UnicodeDecodeError, ValueError):
+            self.counters["malformed"] += 1
+            log.warning("malformed message: body is not a job id; dead-lettered",
+                        extra=fields(event="malformed", body=repr(msg.body[:80])))
+            await self._settle(msg.reject(requeue=False))
+            return
+        if self._stopping:
+            await self._settle(msg.nack(requeue=True))
+            return
+        async with self._slots:
+            if self._stopping:
+                await self._settle(msg.nack(requeue=True))
+                return
+            crash.point("consumer.before_claim")
+            sent_at = asyncio.get_running_loop().time()
+            try:
+                row = await self._claims.submit((job_id, sent_at))
+            except Exception as exc:
+                # Never drop: the message goes back and is redelivered later.
+                self.counters["claim_unavailable"] += 1
+                log.warning("cannot claim %s: %s; message requeued", job_id, exc,
+                            exc_info=not isinstance(exc, UnavailableError))
+                await asyncio.sleep(1.0)
+                await self._settle(msg.nack(requeue=True))
+                return
+            crash.point("consumer.after_claim")
+            await self._settle(msg.ack())
+            if row is None:
+                return
+            await self._run(row, sent_at)
+
+    @staticmethod
+    async def _settle(op: Any) -> None:
+        # The channel may be gone (broker restart): then RabbitMQ redelivers
+        # the message itself, and a redelivered id for a claimed row is dropped
+        # by the next claim attempt.
+        try:
+            await op
+        except Exception as exc:
+            log.debug("ack/nack failed: %r", exc)
+
+    async def _claim_batch(self, items: list[tuple[uuid.UUID, float]]) -> list[Any]:
+        assert self.pool is not None
+        ids = [i for i, _ in items]
+        rows = await lease.claim(self.pool, ids, self.worker_id, self.queues)
+        misses = [i for i, r in zip(ids, rows) if r is None]
+        if misses:
+            await self._explain_misses(misses)
+        return rows
+
+    async def _explain_misses(self, ids: list[uuid.UUID]) -> None:
+        assert self.pool is not None
+        found = await lease.claim_misses(self.pool, ids)
+        foreign = []
+        for i in ids:
+            row = found.get(i)
+            if row is None:
+                self.counters["unknown_job"] += 1
+                log.warning("message for unknown job id; dropped",
+                            extra=fields(event="unknown_job", job=i))
+            elif row["status"] == "queued" and row["queue"] not in self.queues:
+                foreign.append(i)
+                self.counters["foreign_queue"] += 1
+                log.warning("job belongs to queue %s, which this worker does not handle; "
+                            "handed back to the relay", row["queue"],
+                            extra=fields(event="foreign_queue", job=i, queue=row["queue"]))
+            elif row["status"] == "queued" and row["not_due"]:
+                self.counters["not_due"] += 1
+                log.info("early delivery for a job not due yet; dropped (the relay "
+                         "publishes it when due)", extra=fields(event="not_due", job=i))
+            else:
+                self.counters["duplicate"] += 1
+                log.info("duplicate delivery: job is %s; dropped", row["status"],
+                         extra=fields(event="duplicate", job=i, status=row["status"]))
+        if foreign:
+            await lease.hand_back(self.pool, foreign)
+
+    # ── running a job ──
+
+    async def _run(self, row: Any, sent_at: float) -> None:
+        loop = asyncio.get_running_loop()
+        lease_ = Lease.from_claim(row, sent_at, self.cfg.fence_margin_fraction)
+        job = Job(
+            id=row["id"], queue=row["queue"], payload=json.loads(row["payload"]),
+            attempt=row["attempts"], lock=row["lock"], worker_id=self.worker_id,
+            stalls=row["stalls"], created_at=row["created_at"],
+        )
+        run = _Running(job, lease_)
+        self.running[job.id] = run
+        self._lease_added.set()
+        self.counters["claimed"] += 1
+        log.info("claimed", extra=fields(event="claimed", job=job.id, queue=job.queue,
+                                         attempt=job.attempt, worker=self.worker_id))
+        handler = self.app.handlers[job.queue]
+        try:
+            self._arm_fence(run)
+            if row["timeout_s"]:
+                run.timeout = loop.call_later(float(row["timeout_s"]), run.stop, "timeout")
+            run.task = asyncio.create_task(self._call(handler, job))
+            outcome: BaseException | None = None
+            try:
+                await asyncio.shield(run.task)
+            except asyncio.CancelledError:
+                if run.task.cancelled():
+                    outcome = None  # handled by stop_reason below
+                else:
+                    raise
+            except BaseException as exc:
+                outcome = exc
+            if run.task.cancelled() or run.stop_reason is not None:
+                await self._after_stop(run)
+            elif outcome is None:
+                crash.point("consumer.after_handler")
+                await self._finish_ok(run)
+            else:
+                await self._finish_error(run, handler, outcome)
+        finally:
+            if run.timeout is not None:
+                run.timeout.cancel()
+            if lease_._fence is not None:
+                lease_._fence.cancel()
+            if run.stop_reason != "shutdown":
+                self.running.pop(job.id, None)
+
+    async def _call(self, handler: Handler, job: Job) -> Any:
+        if handler.payload_model is not None:
+            job.payload = handler.payload_model.model_validate(job.payload)
+        if handler.is_async:
+            return await handler.fn(job)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._threads, functools.partial(handler.fn, job))
+
+    def _arm_fence(self, run: _Running) -> None:
+        """(Re)schedule the self-fence at the lease's trusted-until time."""
+        lease_ = run.lease
+        if lease_._fence is not None:
+            lease_._fence.cancel()
+        lease_._fence = asyncio.get_running_loop().call_at(
+            lease_.trusted_until, self._fenced, run)
+
+    def _fenced(self, run: _Running) -> None:
+        if run.lease.finishing or run.stop_reason is not None:
+            return
+        run.lease.lost = "not renewed in time (self-fenced)"
+        self.counters["lease_lost"] += 1
+        log.warning("lease not renewed in time: handler stopped before the lease can lapse",
+                    extra=fields(event="lease_lost", job=run.job.id, queue=run.job.queue,
+                                 attempt=run.job.attempt, worker=self.worker_id))
+        run.stop("lost")
+
+    async def _after_stop(self, run: _Running) -> None:
+        job = run.job
+        if run.stop_reason == "timeout":
+            await self._finish_error(run, None, TimeoutError(
+                "job timeout: the handler ran past the queue's timeout_s and was stopped"))
+        elif run.stop_reason == "lost":
+            log.info("handler stopped: lease lost (%s)", run.lease.lost, extra=fields(
+                event="stopped", job=job.id, queue=job.queue, attempt=job.attempt,
+                worker=self.worker_id))
+        # "shutdown": released in one statement by _drain.
+
+    async def _finish_ok(self, run: _Running) -> None:
+        job = run.job
+        run.lease.finishing = True
+        ok = await self._retrying(run, self._completions.submit, run.lease)
+        if ok:
+            self.counters["completed"] += 1
+            log.info("completed", extra=fields(event="completed", job=job.id, queue=job.queue,
+                                               attempt=job.attempt, worker=self.worker_id))
+        elif ok is False:
+            self._lease_lost_at_finish(run, "completion")
+
+    async def _finish_error(self, run: _Running, handler: Handler | None,
+                            exc: BaseException) -> None:
+        job = run.job
+        run.lease.finishing = True
+        if isinstance(exc, Retry):
+            failure = Failure(run.lease, f"Retry: {exc}", True, exc.delay_s)
+        elif isinstance(exc, Fail):
+            failure = Failure(run.lease, f"Fail: {exc}", False)
+        elif isinstance(exc, ValidationError):
+            failure = Failure(run.lease, f"payload failed validation for queue {job.queue}: "
+                              f"{exc.error_count()} error(s): {exc.errors()[0]['msg']} at "
+                              f"{'.'.join(map(str, exc.errors()[0]['loc'])) or 'payload'}", False)
+        elif isinstance(exc, LeaseLost):
+            self._lease_lost_at_finish(run, "handler")
+            return
+        else:
+            tb = traceback.format_exception_only(type(exc), exc)[-1].strip()
+            failure = Failure(run.lease, tb, True)
+        row = await self._retrying(run, self._fail_one, failure)
+        if row is None:
+            return
+        if row is False:
+            self._lease_lost_at_finish(run, "failure")
+            return
+        if row["status"] == "queued":
+            self.counters["retried"] += 1
+            log.info("handler failed; retry in %.1fs: %s", row["retry_in_s"], failure.error,
+                     extra=fields(event="retry", job=job.id, queue=job.queue,
+                                  attempt=job.attempt, worker=self.worker_id))
+        else:
+            self.counters["failed"] += 1
+            log.warning("failed: %s", failure.error, extra=fields(
+                event="failed", job=job.id, queue=job.queue, attempt=job.attempt,
+                worker=self.worker_id))
+
+    async def _fail_one(self, failure: Failure) -> Any:
+        assert self.pool is not None
+        (row,) = await lease.fail(self.pool, [failure])
+        return row if row is not None else False
+
+    async def _retrying(self, run: _Running, op: Any, arg: Any) -> Any:
+        """Run a final write, retrying while the database is unreachable and
+        the lease is still trusted. Returns op's result, or None if it gave up."""
+        loop = asyncio.get_running_loop()
+        delay = 0.1
+        while True:
+            try:
+                return await op(arg)
+            except DatabaseUnavailable as exc:
+                if loop.time() + delay >= run.lease.trusted_until:
+                    log.warning("could not record the outcome before the lease ran out (%s); "
+                                "the job will be reaped and run again", exc,
+                                extra=fields(job=run.job.id, worker=self.worker_id))
+                    return None
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    def _lease_lost_at_finish(self, run: _Running, what: str) -> None:
+        self.counters["lease_lost"] += 1
+        log.warning("%s rejected: lease lost (lapsed, reaped or cancelled)", what,
+                    extra=fields(event="lease_lost", job=run.job.id, queue=run.job.queue,
+                                 attempt=run.job.attempt, worker=self.worker_id))
+
+    async def _complete_batch(self, leases: list[Lease]) -> list[bool]:
+        assert self.pool is not None
+        return await lease.complete(self.pool, leases)
+
+    # ── heartbeat ──
+
+    async def _renew_loop(self) -> None:
+        """One statement renews every lease this process holds, as soon as the
+        lease renewed longest ago (relative to its length) is due."""
+        loop = asyncio.get_running_loop()
+        failures = 0
+        while True:
+            runs = [r for r in self.running.values() if r.stop_reason is None]
+            due = min((r.lease.renewed_at + r.lease.lease_s * self.cfg.renew_fraction
+                       for r in runs), default=loop.time() + 1.0)
+            self._lease_added.clear()
+            try:
+                # A new lease may be due sooner than anything we hold: wake up.
+                await asyncio.wait_for(self._lease_added.wait(), max(0.0, due - loop.time()))
+                continue
+            except asyncio.TimeoutError:
+                pass
+            runs = [r for r in self.running.values() if r.stop_reason is None]
+            if not runs:
+                continue
+            assert self.pool is not None
+            sent_at = loop.time()
+            try:
+                held = await lease.renew(self.pool, [r.lease for r in runs])
+            except UnavailableError as exc:
+                failures += 1
+                for r in runs:  # retry after a short pause, not a whole interval
+                    r.lease.renewed_at = min(r.lease.renewed_at, sent_at) + 0.1
+                if failures == 1 or failures % 10 == 0:
+                    log.warning("lease renewal failed (%s); handlers stop at their fence "
+                                "if this goes on", exc, extra=fields(worker=self.worker_id))
+                continue
+            failures = 0
+            for r in runs:
+                if r.job.id in held:
+                    r.lease.extend(sent_at)
+                    if r.stop_reason is None and not r.lease.finishing:
+                        self._arm_fence(r)
+                elif not r.lease.finishing and r.stop_reason is None:
+                    r.lease.lost = "renewal matched no row"
+                    self.counters["lease_lost"] += 1
+                    log.warning("lease lost: renewal matched no row (lapsed, reaped or "
+                                "cancelled); stopping the handler", extra=fields(
+                                    event="lease_lost", job=r.job.id, queue=r.job.queue,
+                                    attempt=r.job.attempt, worker=self.worker_id))
+                    r.stop("lost")
+                else:
+                    r.lease.renewed_at = sent_at  # finishing: no need to hurry

@@ -1,0 +1,136 @@
+"""PostgreSQL access: pools, start-up retries, and the one place where asyncpg
+errors are translated into jobq's error tree.
+
+Services (consumer, reaper) call :func:`open_pool` with ``wait=True``: while
+the database is down or not migrated yet they log one line per attempt and
+keep trying, so an orchestrator starting everything at once sees no crash
+loop. CLI commands use ``wait=False`` and fail with one line instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import asyncpg
+
+from jobq.errors import BadInput, ConfigError, DatabaseUnavailable, InvalidPayload, InvalidQueue
+
+log = logging.getLogger("jobq.db")
+
+# Errors that mean "the database is not reachable right now", not "your
+# statement is wrong": connection refused/reset, server restarting, admin
+# shutdown, too many connections, a closed connection.
+TRANSIENT: tuple[type[BaseException], ...] = (
+    OSError,
+    asyncio.TimeoutError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.CannotConnectNowError,
+    asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.exceptions.TooManyConnectionsError,
+    asyncpg.exceptions.InsufficientResourcesError,
+)
+
+
+def redact(url: str) -> str:
+    """host:port/db of a URL, without credentials, for log lines."""
+    parts = urlsplit(url)
+    host = parts.hostname or "localhost"
+    port = f":{parts.port}" if parts.port else ""
+    return f"{host}{port}{parts.path}"
+
+
+@contextlib.contextmanager
+def translated() -> Any:
+    """Translate driver errors into the jobq tree; let everything else pass."""
+    try:
+        yield
+    except asyncpg.exceptions.InvalidCatalogNameError as exc:
+        raise ConfigError(f"{exc}: create the database or fix JOBQ_DATABASE_URL") from exc
+    except (asyncpg.exceptions.InvalidAuthorizationSpecificationError,
+            asyncpg.exceptions.InvalidPasswordError) as exc:
+        raise ConfigError(f"{exc}: check the user and password in JOBQ_DATABASE_URL") from exc
+    except asyncpg.exceptions.UndefinedTableError as exc:
+        raise ConfigError(f"{exc}: the jobq schema is missing; run `jobq migrate`") from exc
+    except asyncpg.exceptions.UndefinedFunctionError as exc:
+        raise ConfigError(f"{exc}: the jobq schema is missing or old; run `jobq migrate`") from exc
+    except asyncpg.exceptions.InvalidParameterValueError as exc:
+        raise InvalidQueue(_message(exc)) from exc
+    except asyncpg.exceptions.StringDataRightTruncationError as exc:
+        raise InvalidPayload(_message(exc)) from exc
+    except asyncpg.exceptions.CheckViolationError as exc:
+        raise BadInput(_message(exc)) from exc
+    except TRANSIENT as exc:
+        raise DatabaseUnavailable(f"database unavailable: {type(exc).__name__}: {exc}") from exc
+
+
+def _message(exc: asyncpg.PostgresError) -> str:
+    msg = str(exc).removeprefix("jobq: ")
+    hint = getattr(exc, "hint", None)
+    return f"{msg} ({hint})" if hint else msg
+
+
+async def _check_schema(conn: asyncpg.Connection) -> None:
+    if await conn.fetchval("SELECT to_regclass('jobq.job')") is None:
+        raise ConfigError("the database has no jobq schema yet: run `jobq migrate`")
+
+
+async def connect_once(
+    url: str, *, min_size: int = 1, max_size: int = 4, app_name: str = "jobq",
+    idle_in_tx_s: float | None = None, check_schema: bool = True,
+) -> asyncpg.Pool:
+    settings = {"application_name": app_name}
+    if idle_in_tx_s:
+        # A frozen process must not keep row locks for long (reaper relay).
+        settings["idle_in_transaction_session_timeout"] = str(int(idle_in_tx_s * 1000))
+    with translated():
+        pool = await asyncpg.create_pool(
+            url, min_size=min_size, max_size=max_size,
+            server_settings=settings, timeout=10, command_timeout=60,
+        )
+        assert pool is not None
+        if check_schema:
+            try:
+                async with pool.acquire() as conn:
+                    await _check_schema(conn)
+            except BaseException:
+                await pool.close()
+                raise
+    return pool
+
+
+async def open_pool(
+    url: str, *, wait: bool, min_size: int = 1, max_size: int = 4, app_name: str = "jobq",
+    idle_in_tx_s: float | None = None, check_schema: bool = True,
+) -> asyncpg.Pool:
+    """A connected pool; with ``wait`` retry forever (logging each failure)."""
+    delay = 0.5
+    while True:
+        try:
+            return await connect_once(
+                url, min_size=min_size, max_size=max_size, app_name=app_name,
+                idle_in_tx_s=idle_in_tx_s, check_schema=check_schema,
+            )
+        except (DatabaseUnavailable, ConfigError) as exc:
+            if not wait:
+                if isinstance(exc, DatabaseUnavailable):
+                    raise DatabaseUnavailable(
+                        f"cannot reach PostgreSQL at {redact(url)} ({exc.__cause__ or exc}); "
+                        "is it running? set JOBQ_DATABASE_URL"
+                    ) from exc
+                raise
+            log.warning("database not ready at %s: %s; retrying in %.1fs", redact(url), exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+@contextlib.asynccontextmanager
+async def transaction(pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
+    with translated():
+        async with pool.acquire() as conn, conn.transaction():
+            yield conn

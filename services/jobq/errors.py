@@ -1,0 +1,80 @@
+"""Every error jobq raises, in one tree.
+
+::
+
+    JobqError
+    ├── ConfigError           bad settings or arguments (CLI exits 2)
+    ├── UnavailableError      a service cannot be reached right now
+    │   ├── DatabaseUnavailable
+    │   └── BrokerUnavailable
+    ├── BadInput              the caller's data is wrong (CLI exits 1)
+    │   ├── InvalidPayload    not JSON, too large, fails validation
+    │   ├── InvalidQueue
+    │   └── UnknownJob
+    ├── LeaseLost             a fenced write matched zero rows: the job is no
+    │                         longer ours (lapsed, reaped, cancelled)
+    └── HandlerSignal         raised *by handlers* to say what they want
+        ├── Retry             run again later (counts an attempt)
+        └── Fail              fail now, no more attempts
+
+Driver exceptions (asyncpg, aio-pika) are translated only at the edges, in
+``db.py`` and ``broker.py``, with ``raise ... from exc``.
+"""
+
+from __future__ import annotations
+
+
+class JobqError(Exception):
+    """Base of everything jobq raises."""
+
+
+class ConfigError(JobqError):
+    pass
+
+
+class UnavailableError(JobqError):
+    pass
+
+
+class DatabaseUnavailable(UnavailableError):
+    pass
+
+
+class BrokerUnavailable(UnavailableError):
+    pass
+
+
+class BadInput(JobqError):
+    pass
+
+
+class InvalidPayload(BadInput):
+    pass
+
+
+class InvalidQueue(BadInput):
+    pass
+
+
+class UnknownJob(BadInput):
+    pass
+
+
+class LeaseLost(JobqError):
+    """The lease on a job is gone; the worker must stop treating it as its own."""
+
+
+class HandlerSignal(Exception):
+    """Base for exceptions a handler raises on purpose."""
+
+
+class Retry(HandlerSignal):
+    """Retry the job after ``delay_s`` seconds (default: the queue's backoff)."""
+
+    def __init__(self, reason: str = "retry requested", *, delay_s: float | None = None):
+        super().__init__(reason)
+        self.delay_s = delay_s
+
+
+class Fail(HandlerSignal):
+    """Fail the job now, without further attempts."""

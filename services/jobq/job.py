@@ -1,0 +1,76 @@
+"""The job as a handler sees it, and the states of a job row.
+
+::
+
+    queued ──claim──► active ──complete──► completed
+      ▲                 │ ├──fail (attempts left)──► queued (after backoff)
+      │                 │ ├──fail (no attempts left)──► failed
+      │                 │ └──release (shutdown)──► queued (at once)
+      └──reaper: lease lapsed (stalls+1)──┘   └─► failed (stalls > max_stalls)
+    queued/active ──cancel──► cancelled
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from jobq.errors import LeaseLost
+from jobq.sql import Q
+
+
+class Status(str, enum.Enum):
+    QUEUED = "queued"
+    ACTIVE = "active"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+@dataclass(eq=False)
+class Job:
+    """What a handler receives.
+
+    ``lock`` is this run's lease token: unique per claim, so it is the fencing
+    token to store beside a side effect to make the handler idempotent (a rerun
+    after a crash gets a different token; ``attempt`` tells how many claims
+    came before). ``stop_requested`` is set when the worker lost the lease or
+    the job timed out; async handlers are also cancelled, sync handlers should
+    check it between steps.
+    """
+
+    id: uuid.UUID
+    queue: str
+    payload: Any
+    attempt: int
+    lock: uuid.UUID
+    worker_id: str
+    stalls: int = 0
+    created_at: datetime | None = None
+    stop_requested: threading.Event = field(default_factory=threading.Event, repr=False)
+    completed_in_transaction: bool = field(default=False, repr=False)
+
+    @property
+    def token(self) -> uuid.UUID:
+        """Alias of ``lock``: the fencing token of this run."""
+        return self.lock
+
+    async def complete_in(self, conn: asyncpg.Connection) -> None:
+        """Complete the job inside the caller's open transaction.
+
+        Use it when the handler writes to the same database: the handler's own
+        writes and the completion then commit (or roll back) together, so a
+        crash can never leave "side effect done, job still active". Raises
+        :class:`LeaseLost` if the lease is gone; let it propagate so the
+        caller's transaction rolls back.
+        """
+        done = await conn.fetch(Q["complete"], [self.id], [self.lock])
+        if not done:
+            raise LeaseLost(f"job {self.id}: lease lost before completion")
+        self.completed_in_transaction = True

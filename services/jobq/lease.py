@@ -1,0 +1,142 @@
+"""The lease: the only code that writes lease columns (status, lock,
+lease_expires_at, stalls) of ``jobq.job``. The SQL is in ``queries.sql``.
+
+A consumer holds a :class:`Lease` per job it runs. Besides the database's
+deadline, each lease keeps a local *trusted until* on the event loop's
+monotonic clock: the start of the last successful claim/renewal plus
+``lease_s * (1 - margin)``. Past it the worker stops the handler on its own
+(self-fencing), before the database could let the lease lapse, so a worker
+cut off from the database never runs a job that the reaper hands to someone
+else. The database clock alone decides whether a lease is valid; the local
+clock only makes the worker give up earlier.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+
+from jobq.db import translated
+from jobq.sql import Q
+
+
+@dataclass(eq=False)
+class Lease:
+    job_id: uuid.UUID
+    queue: str
+    lock: uuid.UUID
+    lease_s: float
+    margin_fraction: float
+    trusted_until: float  # event-loop time
+    renewed_at: float = 0.0  # event-loop time the last successful claim/renewal was sent
+    lost: str | None = None  # why the lease was lost, once it is
+    finishing: bool = False  # final write (complete/fail/release) under way
+    _fence: asyncio.TimerHandle | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_claim(cls, row: asyncpg.Record, sent_at: float, margin_fraction: float) -> Lease:
+        lease_s = float(row["lease_s"])
+        return cls(row["id"], row["queue"], row["lock"], lease_s, margin_fraction,
+                   sent_at + lease_s * (1 - margin_fraction), sent_at)
+
+    def extend(self, sent_at: float) -> None:
+        """A renewal sent at ``sent_at`` succeeded."""
+        if self.lost is None:
+            self.renewed_at = max(self.renewed_at, sent_at)
+            self.trusted_until = max(self.trusted_until,
+                                     sent_at + self.lease_s * (1 - self.margin_fraction))
+
+
+# ── worker side: every write fenced by (id, lock, status='active', not lapsed) ──
+
+async def claim(pool: asyncpg.Pool, ids: Sequence[uuid.UUID], worker_id: str,
+                queues: Sequence[str]) -> list[Any]:
+    """Claim the given ids; returns, per id, its claim row or None."""
+    with translated():
+        rows = await pool.fetch(Q["claim"], list(ids), worker_id, list(queues))
+    by_id = {r["id"]: r for r in rows}
+    # The same id twice in one batch (a duplicate delivery) is claimed once:
+    # only its first occurrence gets the row.
+    return [by_id.pop(i, None) for i in ids]
+
+
+async def claim_misses(pool: asyncpg.Pool, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Any]:
+    with translated():
+        rows = await pool.fetch(Q["claim_misses"], list(ids))
+    return {r["id"]: r for r in rows}
+
+
+async def hand_back(pool: asyncpg.Pool, ids: Sequence[uuid.UUID]) -> None:
+    with translated():
+        await pool.execute(Q["hand_back"], list(ids))
+
+
+async def renew(pool: asyncpg.Pool, leases: Sequence[Lease]) -> set[uuid.UUID]:
+    """One statement for all leases; returns the ids still held."""
+    if not leases:
+        return set()
+    with translated():
+        rows = await pool.fetch(
+            Q["renew"], [le.job_id for le in leases], [le.lock for le in leases],
+            [le.lease_s for le in leases],
+        )
+    return {r["id"] for r in rows}
+
+
+async def complete(pool: asyncpg.Pool, leases: Sequence[Lease]) -> list[bool]:
+    """Complete each lease's job; True also when this token had already done it."""
+    with translated():
+        rows = await pool.fetch(Q["complete"], [le.job_id for le in leases],
+                                [le.lock for le in leases])
+        done = {r["id"] for r in rows}
+        missed = [le for le in leases if le.job_id not in done]
+        if missed:
+            # A retried completion whose first reply was lost: already ours.
+            again = await pool.fetch(Q["finished_by"], [le.job_id for le in missed],
+                                     [le.lock for le in missed])
+            done |= {r["id"] for r in again if r["status"] == "completed"}
+    return [le.job_id in done for le in leases]
+
+
+@dataclass(frozen=True)
+class Failure:
+    lease: Lease
+    error: str
+    retry: bool
+    delay_s: float | None = None
+
+
+async def fail(pool: asyncpg.Pool, failures: Sequence[Failure]) -> list[Any]:
+    """Record handler failures; per item the row (status, retry_in_s) or None if lost."""
+    with translated():
+        rows = await pool.fetch(
+            Q["fail"],
+            [f.lease.job_id for f in failures], [f.lease.lock for f in failures],
+            [f.error[:4000] for f in failures], [f.retry for f in failures],
+            [f.delay_s for f in failures],
+        )
+    by_id = {r["id"]: r for r in rows}
+    return [by_id.get(f.lease.job_id) for f in failures]
+
+
+async def release(pool: asyncpg.Pool, leases: Iterable[Lease]) -> list[Any]:
+    """Give leases back (shutdown): rows (id, queue, lock) that were released."""
+    leases = list(leases)
+    if not leases:
+        return []
+    with translated():
+        return list(await pool.fetch(Q["release"], [le.job_id for le in leases],
+                                     [le.lock for le in leases]))
+
+
+# ── reaper side ──
+
+async def requeue_lapsed(pool: asyncpg.Pool, limit: int) -> list[Any]:
+    """Requeue (or fail, past max_stalls) active jobs whose lease lapsed."""
+    with translated():
+        return list(await pool.fetch(Q["requeue_lapsed"], limit))

@@ -1,0 +1,59 @@
+"""Logging set-up: one line per event, ``key=value`` text or JSON.
+
+Job transitions are logged with ``event``, ``job``, ``queue``, ``attempt`` and
+``worker`` fields (passed as ``extra={"f": {...}}``), so a grep for a job id
+tells its story across consumer and reaper logs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+
+def fields(**kw: Any) -> dict[str, Any]:
+    """``log.info("msg", extra=fields(job=..., queue=...))``"""
+    return {"f": kw}
+
+
+class _TextFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        extra = getattr(record, "f", None) or {}
+        kv = " ".join(f"{k}={v}" for k, v in extra.items())
+        line = f"{ts}.{int(record.msecs):03d}Z {record.levelname:<7} {record.name}: {record.getMessage()}"
+        if kv:
+            line += " " + kv
+        if record.exc_info and record.levelno >= logging.ERROR:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "ts": record.created,
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        doc.update({k: str(v) if not isinstance(v, (int, float, bool)) else v
+                    for k, v in (getattr(record, "f", None) or {}).items()})
+        if record.exc_info and record.levelno >= logging.ERROR:
+            doc["exc"] = self.formatException(record.exc_info)
+        return json.dumps(doc)
+
+
+def setup(level: str = "INFO", as_json: bool = False) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_JsonFormatter() if as_json else _TextFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    # Driver chatter (reconnect tracebacks) is summarised by our own lines.
+    for noisy in ("aio_pika", "aiormq", "asyncio"):
+        logging.getLogger(noisy).setLevel(max(logging.getLevelName(level), logging.WARNING)
+                                           if level != "DEBUG" else logging.DEBUG)

@@ -1,0 +1,134 @@
+"""Publishing: the row first, then the id on the exchange.
+
+The row is committed before the id is published, so a consumer can never
+receive an id whose row it cannot see. If the process dies between the commit
+and the broker's confirm, the row is left with ``published_at IS NULL`` and
+the reaper's relay publishes it once ``relay_after`` (a short grace) passes.
+Inside a caller's own transaction, :meth:`Client.enqueue` only inserts: the
+id is published by the relay when (and only if) the caller commits, because
+``jobq.enqueue`` NOTIFYs the reapers and NOTIFY is delivered at commit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from jobq import crash
+from jobq.app import QUEUE_NAME
+from jobq.broker import Broker
+from jobq.db import open_pool, translated
+from jobq.errors import InvalidPayload, InvalidQueue
+from jobq.settings import Settings
+from jobq.sql import Q
+
+log = logging.getLogger("jobq.producer")
+
+
+@dataclass(frozen=True)
+class NewJob:
+    queue: str
+    payload: Any = None
+    delay_s: float = 0.0
+    idempotency_key: str | None = None
+
+
+def _check(job: NewJob) -> str:
+    if not isinstance(job.queue, str) or not QUEUE_NAME.match(job.queue):
+        raise InvalidQueue(
+            f"invalid queue name {job.queue!r}: use 1-100 letters, digits, _ . : - "
+            "(first a letter or digit)"
+        )
+    try:
+        return json.dumps({} if job.payload is None else job.payload, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidPayload(f"payload is not JSON-serialisable: {exc}") from exc
+
+
+class Client:
+    """Publishes jobs. ``async with Client() as c: await c.publish("q", {...})``."""
+
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.settings = settings or Settings()
+        self.pool: asyncpg.Pool | None = None
+        self.broker = Broker(self.settings.amqp_url, self.settings.namespace,
+                             self.settings.amqp_heartbeat_s)
+
+    async def connect(self, *, wait: bool = False) -> None:
+        self.pool = await open_pool(self.settings.database_url, wait=wait, app_name="jobq-producer")
+        try:
+            await self.broker.connect(wait=wait)
+        except BaseException:
+            await self.pool.close()
+            raise
+
+    async def close(self) -> None:
+        await self.broker.close()
+        if self.pool is not None:
+            await self.pool.close()
+
+    async def __aenter__(self) -> Client:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def publish(self, queue: str, payload: Any = None, *, delay_s: float = 0.0,
+                      idempotency_key: str | None = None) -> uuid.UUID:
+        """Enqueue one job and publish its id; returns the job id."""
+        (job_id,) = await self.publish_many([NewJob(queue, payload, delay_s, idempotency_key)])
+        return job_id
+
+    async def publish_many(self, jobs: Iterable[NewJob]) -> list[uuid.UUID]:
+        """Enqueue many jobs in one round trip, then publish their ids."""
+        jobs = list(jobs)
+        payloads = [_check(j) for j in jobs]
+        assert self.pool is not None, "call connect() first"
+        with translated():
+            rows = await self.pool.fetch(
+                Q["enqueue_many"], [j.queue for j in jobs], payloads,
+                [max(0.0, float(j.delay_s)) for j in jobs], [j.idempotency_key for j in jobs],
+                self.settings.producer.relay_grace_s,
+            )
+        ids: list[uuid.UUID] = [r["id"] for r in rows]
+        crash.point("producer.after_commit")
+        due = [(i, j.queue) for i, j in zip(ids, jobs) if j.delay_s <= 0]
+        await self._publish(due)
+        return ids
+
+    async def _publish(self, items: Sequence[tuple[uuid.UUID, str]]) -> None:
+        if not items:
+            return
+        try:
+            confirmed = await self.broker.publish(items)
+        except Exception as exc:  # the rows are durable; the relay takes over
+            log.warning("could not publish %d id(s) now (%s); the reaper will publish them",
+                        len(items), exc)
+            return
+        if confirmed:
+            assert self.pool is not None
+            with translated():
+                await self.pool.execute(Q["mark_published"], list(confirmed),
+                                        [None] * len(confirmed))
+
+    async def enqueue(self, conn: asyncpg.Connection, queue: str, payload: Any = None, *,
+                      delay_s: float = 0.0, idempotency_key: str | None = None) -> uuid.UUID:
+        """Insert a job inside the caller's open transaction (``conn``).
+
+        Nothing is published now: the reapers publish the id right after the
+        caller commits (woken by NOTIFY), and never if it rolls back.
+        """
+        payload_json = _check(NewJob(queue, payload, delay_s, idempotency_key))
+        with translated():
+            row = await conn.fetchrow(Q["enqueue_many"], [queue], [payload_json],
+                                      [max(0.0, float(delay_s))], [idempotency_key], 0.0)
+        assert row is not None
+        job_id: uuid.UUID = row["id"]
+        return job_id

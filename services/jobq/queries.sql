@@ -1,0 +1,247 @@
+-- Every statement jobq runs, as named blocks ("-- name: x"), loaded by sql.py.
+-- A test prepares each one against the migrated schema.
+--
+-- Lease rules, readable here as a whole:
+--   * claim sets a fresh random lock token and a deadline from the database
+--     clock (now() + the queue's lease_s);
+--   * every later write by a worker (renew, complete, fail, release) is fenced
+--     by  id AND lock = token AND status = 'active' AND lease_expires_at > now();
+--     zero rows means the lease is lost: the caller stops, it never retries;
+--   * only the reaper moves an active row whose deadline passed, and it takes
+--     each one under FOR UPDATE SKIP LOCKED, so one reaper requeues it once.
+--   * the lock column keeps the token of the latest claim after the lease
+--     ends: a retried completion recognises itself, and a publisher's
+--     "published" mark only hits the queued spell it published.
+
+-- ───────────────────────────── publish ─────────────────────────────
+
+-- name: enqueue_many
+-- One round trip for any number of jobs; ids come back in input order.
+SELECT jobq.enqueue(t.queue, t.payload, t.delay_s, t.idempotency_key, $5::float8) AS id
+FROM unnest($1::text[], $2::jsonb[], $3::float8[], $4::text[])
+     WITH ORDINALITY AS t(queue, payload, delay_s, idempotency_key, n)
+ORDER BY t.n;
+
+-- name: mark_published
+-- After the broker confirmed the ids. Only the queued spell that was
+-- published (same lock token as read) is marked.
+UPDATE jobq.job j
+SET published_at = now()
+FROM unnest($1::uuid[], $2::uuid[]) AS t(id, lock)
+WHERE j.id = t.id
+  AND j.lock IS NOT DISTINCT FROM t.lock
+  AND j.status = 'queued'
+  AND j.published_at IS NULL;
+
+-- name: relay_take
+-- Reaper relay, inside a transaction that stays open until the broker
+-- confirmed: the rows are locked, so a consumer that receives the id early
+-- waits on the row lock (the row is already 'queued') instead of missing it.
+SELECT id, queue
+FROM jobq.job
+WHERE status = 'queued' AND published_at IS NULL AND relay_after <= now()
+ORDER BY relay_after
+LIMIT $1
+FOR UPDATE SKIP LOCKED;
+
+-- name: relay_mark
+UPDATE jobq.job SET published_at = now() WHERE id = ANY($1::uuid[]);
+
+-- ───────────────────────────── lease ─────────────────────────────
+
+-- name: claim
+-- queued -> active for every id that is claimable now by a worker handling
+-- the queues in $3. Ids missing from the result were not claimable (see
+-- claim_misses).
+UPDATE jobq.job j
+SET status = 'active',
+    lock = gen_random_uuid(),
+    worker_id = $2,
+    attempts = j.attempts + 1,
+    lease_expires_at = now() + make_interval(secs => q.lease_s),
+    started_at = now()
+FROM jobq.queue q
+WHERE j.id = ANY($1::uuid[])
+  AND j.status = 'queued'
+  AND j.run_at <= now()
+  AND j.queue = ANY($3::text[])
+  AND q.name = j.queue
+RETURNING j.id, j.queue, j.payload, j.attempts, j.errors, j.stalls, j.lock, j.created_at,
+          q.lease_s, q.timeout_s, q.max_attempts;
+
+-- name: claim_misses
+-- Why ids could not be claimed: for the log line and counters only.
+SELECT id, queue, status, run_at > now() AS not_due
+FROM jobq.job
+WHERE id = ANY($1::uuid[]);
+
+-- name: hand_back
+-- A delivery for a queued job of a queue this worker does not handle (an id
+-- published to the wrong queue): forget the publish so the relay sends the id
+-- to the job's own queue.
+UPDATE jobq.job
+SET published_at = NULL, relay_after = now()
+WHERE id = ANY($1::uuid[]) AND status = 'queued';
+
+-- name: renew
+-- The heartbeat: one statement for every lease the process holds. It only
+-- touches lease_expires_at, which no index mentions, so it is a HOT update.
+UPDATE jobq.job j
+SET lease_expires_at = now() + make_interval(secs => t.lease_s)
+FROM unnest($1::uuid[], $2::uuid[], $3::float8[]) AS t(id, lock, lease_s)
+WHERE j.id = t.id
+  AND j.lock = t.lock
+  AND j.status = 'active'
+  AND j.lease_expires_at > now()
+RETURNING j.id;
+
+-- name: complete
+UPDATE jobq.job j
+SET status = 'completed',
+    lease_expires_at = NULL,
+    finished_at = now()
+FROM unnest($1::uuid[], $2::uuid[]) AS t(id, lock)
+WHERE j.id = t.id
+  AND j.lock = t.lock
+  AND j.status = 'active'
+  AND j.lease_expires_at > now()
+RETURNING j.id;
+
+-- name: finished_by
+-- After a fenced write matched nothing: did *this* token already finish the
+-- job (a retried write whose first reply was lost)?
+SELECT j.id, j.status
+FROM jobq.job j
+JOIN unnest($1::uuid[], $2::uuid[]) AS t(id, lock) ON j.id = t.id AND j.lock = t.lock;
+
+-- name: fail
+-- Handler error: back to queued after a backoff while fewer than
+-- max_attempts runs have failed (and retry = true), else failed. The retry is
+-- published by the reaper's relay once run_at comes (published_at = NULL,
+-- relay_after = run_at). Backoff: backoff_base_s * 2^(errors so far).
+UPDATE jobq.job j
+SET errors = j.errors + 1,
+    status = CASE WHEN t.retry AND j.errors + 1 < q.max_attempts
+                  THEN 'queued' ELSE 'failed' END,
+    last_error = t.error,
+    lease_expires_at = NULL,
+    run_at = CASE WHEN t.retry AND j.errors + 1 < q.max_attempts
+                  THEN now() + make_interval(secs => coalesce(t.delay_s,
+                           least(q.backoff_max_s, q.backoff_base_s * power(2, j.errors))))
+                  ELSE j.run_at END,
+    relay_after = CASE WHEN t.retry AND j.errors + 1 < q.max_attempts
+                  THEN now() + make_interval(secs => coalesce(t.delay_s,
+                           least(q.backoff_max_s, q.backoff_base_s * power(2, j.errors))))
+                  ELSE j.relay_after END,
+    published_at = NULL,
+    finished_at = CASE WHEN t.retry AND j.errors + 1 < q.max_attempts
+                       THEN NULL ELSE now() END
+FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bool[], $5::float8[])
+         AS t(id, lock, error, retry, delay_s),
+     jobq.queue q
+WHERE j.id = t.id
+  AND j.lock = t.lock
+  AND j.status = 'active'
+  AND j.lease_expires_at > now()
+  AND q.name = j.queue
+RETURNING j.id, j.status, extract(epoch FROM j.run_at - now())::float8 AS retry_in_s;
+
+-- name: release
+-- Graceful shutdown: give the job back at once, without counting a stall or
+-- an error. The releasing worker publishes the id itself; the relay is the
+-- fallback (relay_after = now()).
+UPDATE jobq.job j
+SET status = 'queued',
+    lease_expires_at = NULL,
+    run_at = now(),
+    relay_after = now(),
+    published_at = NULL
+FROM unnest($1::uuid[], $2::uuid[]) AS t(id, lock)
+WHERE j.id = t.id
+  AND j.lock = t.lock
+  AND j.status = 'active'
+  AND j.lease_expires_at > now()
+RETURNING j.id, j.queue, j.lock;
+
+-- name: requeue_lapsed
+-- The reaper's half of the lease. SKIP LOCKED makes reapers symmetric peers:
+-- a row another reaper is handling is skipped, and a row it already requeued
+-- fails the re-checked status filter, so each lapsed lease is requeued once.
+-- First stall: republished at once. Later stalls: a cool-down that doubles.
+-- Past max_stalls: failed as a job of death.
+WITH lapsed AS (
+    SELECT id
+    FROM jobq.job
+    WHERE status = 'active' AND lease_expires_at < now()
+    ORDER BY lease_expires_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE jobq.job j
+SET stalls = j.stalls + 1,
+    status = CASE WHEN j.stalls + 1 > q.max_stalls THEN 'failed' ELSE 'queued' END,
+    last_error = CASE WHEN j.stalls + 1 > q.max_stalls
+        THEN format('job of death: its lease lapsed %s times (max_stalls=%s), '
+                    'last held by worker %s', j.stalls + 1, q.max_stalls, j.worker_id)
+        ELSE j.last_error END,
+    finished_at = CASE WHEN j.stalls + 1 > q.max_stalls THEN now() ELSE NULL END,
+    lease_expires_at = NULL,
+    run_at = now() + make_interval(secs => CASE WHEN j.stalls = 0 THEN 0
+        ELSE least(q.backoff_max_s, q.stall_cooldown_s * power(2, j.stalls - 1)) END),
+    relay_after = now() + make_interval(secs => CASE WHEN j.stalls = 0 THEN 0
+        ELSE least(q.backoff_max_s, q.stall_cooldown_s * power(2, j.stalls - 1)) END),
+    published_at = NULL
+FROM lapsed, jobq.queue q
+WHERE j.id = lapsed.id AND q.name = j.queue
+RETURNING j.id, j.queue, j.status, j.stalls, j.worker_id;
+
+-- name: next_deadline_s
+-- Seconds until the reaper has something to do: the earliest lease deadline
+-- or relay time. NULL when nothing is pending.
+SELECT extract(epoch FROM least(
+           (SELECT min(lease_expires_at) FROM jobq.job WHERE status = 'active'),
+           (SELECT min(relay_after) FROM jobq.job
+             WHERE status = 'queued' AND published_at IS NULL)
+       ) - now())::float8 AS seconds;
+
+-- ───────────────────────────── queues ─────────────────────────────
+
+-- name: queue_ensure
+INSERT INTO jobq.queue (name) VALUES ($1) ON CONFLICT (name) DO NOTHING;
+
+-- name: queue_list
+SELECT name, lease_s, max_stalls, max_attempts, timeout_s, backoff_base_s,
+       backoff_max_s, stall_cooldown_s, max_payload_bytes
+FROM jobq.queue
+ORDER BY name;
+
+-- name: queue_update
+-- NULL leaves a setting as it is; timeout_s = 0 removes the timeout.
+UPDATE jobq.queue
+SET lease_s = coalesce($2, lease_s),
+    max_stalls = coalesce($3, max_stalls),
+    max_attempts = coalesce($4, max_attempts),
+    timeout_s = CASE WHEN $5::float8 IS NULL THEN timeout_s
+                     WHEN $5::float8 = 0 THEN NULL ELSE $5::float8 END,
+    backoff_base_s = coalesce($6, backoff_base_s),
+    backoff_max_s = coalesce($7, backoff_max_s),
+    stall_cooldown_s = coalesce($8, stall_cooldown_s),
+    max_payload_bytes = coalesce($9, max_payload_bytes)
+WHERE name = $1
+RETURNING name, lease_s, max_stalls, max_attempts, timeout_s, backoff_base_s,
+          backoff_max_s, stall_cooldown_s, max_payload_bytes;
+
+-- ───────────────────────────── inspect ─────────────────────────────
+
+-- name: stats
+SELECT queue, queued, delayed, running, stalled, completed, failed, cancelled,
+       extract(epoch FROM oldest_queued_age)::float8 AS oldest_queued_s
+FROM jobq.queue_stats
+ORDER BY queue;
+
+-- name: job_get
+SELECT id, queue, payload, status, lock, worker_id, lease_expires_at, attempts, errors, stalls,
+       last_error, idempotency_key, run_at, published_at, created_at, started_at,
+       finished_at
+FROM jobq.job
+WHERE id = $1;

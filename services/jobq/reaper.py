@@ -1,0 +1,191 @@
+"""The reaper: brings back jobs nobody is running, and publishes what nobody
+published.
+
+:meth:`Reaper.run_once` does one sweep and returns what it did (tests call it
+directly):
+
+1. **requeue** active jobs whose lease lapsed (database clock): back to
+   ``queued`` with ``stalls + 1``, or ``failed`` as a job of death past
+   ``max_stalls`` (``lease.requeue_lapsed``). This commits *before* anything
+   is published: a consumer that got the id while the row was still
+   ``active`` would drop the message.
+2. **relay** every ``queued`` row not known to be published whose
+   ``relay_after`` has come: requeued jobs, retries and delayed jobs that fell
+   due, SQL-only enqueues, rows whose producer died before publishing. The
+   rows stay locked (``FOR UPDATE SKIP LOCKED``) until the broker confirmed
+   and they are marked, so two reapers never publish the same row at once
+   and a consumer that receives the id early waits for the lock instead of
+   missing the row. Dying in between only causes a duplicate message, which
+   consumers drop.
+
+:meth:`Reaper.run` is a thin loop around it that sleeps until the next lease
+deadline or relay time (or a NOTIFY from ``jobq.enqueue``), at most
+``max_sleep_s``; errors are logged and the loop goes on. Any number of
+reapers may run; they are symmetric peers. Limits: a reaper frozen inside
+the relay transaction holds its rows until PostgreSQL's
+``idle_in_transaction_session_timeout`` ends its session (5 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+
+import asyncpg
+
+from jobq import crash, lease
+from jobq.broker import Broker
+from jobq.db import open_pool, transaction, translated
+from jobq.errors import UnavailableError
+from jobq.logs import fields
+from jobq.settings import Settings
+from jobq.sql import Q
+
+log = logging.getLogger("jobq.reaper")
+
+IDLE_IN_TX_S = 5.0
+
+
+@dataclass
+class Sweep:
+    requeued: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    published: int = 0
+    duration_s: float = 0.0
+
+
+class Reaper:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.cfg = settings.reaper
+        self.pool: asyncpg.Pool | None = None
+        self.broker = Broker(settings.amqp_url, settings.namespace,
+                             settings.amqp_heartbeat_s)
+        self._stop = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._listener: asyncpg.Connection | None = None
+        self.sweeps = 0
+        self.last_sweep_at: float | None = None
+
+    async def connect(self, *, wait: bool = True) -> None:
+        crash.configure(self.settings.crash_at)
+        self.pool = await open_pool(self.settings.database_url, wait=wait, max_size=4,
+                                    app_name="jobq-reaper", idle_in_tx_s=IDLE_IN_TX_S)
+        await self.broker.connect(wait=wait)
+
+    async def close(self) -> None:
+        if self._listener is not None and not self._listener.is_closed():
+            await self._listener.close()
+        await self.broker.close()
+        if self.pool is not None:
+            await self.pool.close()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    # ── one sweep ──
+
+    async def run_once(self) -> Sweep:
+        assert self.pool is not None
+        started = time.monotonic()
+        sweep = Sweep()
+        while True:
+            rows = await lease.requeue_lapsed(self.pool, self.cfg.batch_size)
+            for r in rows:
+                if r["status"] == "failed":
+                    sweep.failed.append(str(r["id"]))
+                    log.warning("job of death: lease lapsed %d times; failed", r["stalls"],
+                                extra=fields(event="failed", job=r["id"], queue=r["queue"],
+                                             worker=r["worker_id"], stalls=r["stalls"]))
+                else:
+                    sweep.requeued.append(str(r["id"]))
+                    log.info("lease lapsed; requeued", extra=fields(
+                        event="stalled", job=r["id"], queue=r["queue"], worker=r["worker_id"],
+                        stalls=r["stalls"]))
+            if len(rows) < self.cfg.batch_size:
+                break
+        if sweep.requeued or sweep.failed:
+            crash.point("reaper.after_requeue")
+        sweep.published = await self.relay()
+        sweep.duration_s = time.monotonic() - started
+        self.sweeps += 1
+        self.last_sweep_at = time.time()
+        return sweep
+
+    async def relay(self) -> int:
+        """Publish due rows nobody is known to have published; returns how many."""
+        assert self.pool is not None
+        total = 0
+        while True:
+            async with transaction(self.pool) as conn:
+                rows = await conn.fetch(Q["relay_take"], self.cfg.batch_size)
+                if not rows:
+                    return total
+                confirmed = await self.broker.publish([(r["id"], r["queue"]) for r in rows])
+                crash.point("reaper.mid_relay")
+                await conn.execute(Q["relay_mark"], list(confirmed))
+            total += len(confirmed)
+            log.debug("relayed %d id(s)", len(confirmed))
+            if len(rows) < self.cfg.batch_size or len(confirmed) < len(rows):
+                return total
+
+    # ── the loop ──
+
+    async def _seconds_to_next(self) -> float:
+        assert self.pool is not None
+        with translated():
+            seconds = await self.pool.fetchval(Q["next_deadline_s"])
+        if seconds is None:
+            return self.cfg.max_sleep_s
+        return max(0.02, min(self.cfg.max_sleep_s, seconds + self.cfg.wake_slack_s))
+
+    async def _listen(self) -> None:
+        """LISTEN for jobq.enqueue()'s NOTIFY (best effort; polling is the floor)."""
+        if self._listener is not None and not self._listener.is_closed():
+            return
+        try:
+            self._listener = await asyncpg.connect(self.settings.database_url, timeout=5)
+            await self._listener.add_listener("jobq_relay", lambda *_: self._wake.set())
+        except Exception as exc:  # polling still works; try again next loop
+            self._listener = None
+            log.debug("LISTEN unavailable: %r", exc)
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self.request_stop)
+            except (NotImplementedError, RuntimeError):
+                pass
+        await self.connect(wait=True)
+        log.info("reaper ready")
+        backoff = 0.5
+        try:
+            while not self._stop.is_set():
+                self._wake.clear()
+                await self._listen()
+                try:
+                    sweep = await self.run_once()
+                    if sweep.requeued or sweep.failed or sweep.published:
+                        log.info("sweep: %d requeued, %d failed, %d published in %.3fs",
+                                 len(sweep.requeued), len(sweep.failed), sweep.published,
+                                 sweep.duration_s)
+                    sleep_s = await self._seconds_to_next()
+                    backoff = 0.5
+                except UnavailableError as exc:
+                    log.warning("sweep failed: %s; retrying in %.1fs", exc, backoff)
+                    sleep_s, backoff = backoff, min(backoff * 2, 5.0)
+                except Exception:
+                    log.exception("sweep failed unexpectedly; retrying in %.1fs", backoff)
+                    sleep_s, backoff = backoff, min(backoff * 2, 5.0)
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout=sleep_s)
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            await self.close()
+            log.info("reaper stopped")

@@ -1,0 +1,113 @@
+"""Handlers used by the tests. Every handler start is logged in
+``public.test_run`` (own connection, committed at once), so a test can count
+from the database how many times a handler started, in which worker, and how
+each run ended."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from typing import Any
+
+import asyncpg
+from pydantic import BaseModel
+
+from jobq import App, Fail, Job, Retry
+
+app = App()
+_pool: asyncpg.Pool | None = None
+
+
+async def _db() -> asyncpg.Pool:
+    global _pool
+    if _pool is None:
+        _pool = await asyncpg.create_pool(os.environ["JOBQ_DATABASE_URL"], min_size=1, max_size=8)
+    return _pool
+
+
+async def start(job: Job) -> int:
+    pool = await _db()
+    n: int = await pool.fetchval(
+        "INSERT INTO test_run (job_id, worker, attempt, lock, pid) VALUES ($1,$2,$3,$4,$5) "
+        "RETURNING n", job.id, job.worker_id, job.attempt, job.lock, os.getpid())
+    return n
+
+
+async def end(n: int, outcome: str) -> None:
+    pool = await _db()
+    await pool.execute("UPDATE test_run SET outcome = $2 WHERE n = $1", n, outcome)
+
+
+async def _work(job: Job) -> Any:
+    n = await start(job)
+    p = job.payload or {}
+    try:
+        if p.get("kill_on_attempt") and job.attempt <= int(p["kill_on_attempt"]):
+            os.kill(os.getpid(), signal.SIGKILL)
+        if p.get("sleep_first") is not None and job.attempt == 1:
+            await asyncio.sleep(float(p["sleep_first"]))
+        await asyncio.sleep(float(p.get("sleep", 0)))
+        if p.get("fail_times") and job.attempt <= int(p["fail_times"]):
+            raise RuntimeError(f"boom on attempt {job.attempt}")
+        if p.get("retry_in") is not None and job.attempt == 1:
+            raise Retry("come back later", delay_s=float(p["retry_in"]))
+        if p.get("fail_now"):
+            raise Fail("cannot ever work")
+    except asyncio.CancelledError:
+        await asyncio.shield(end(n, "cancelled"))
+        raise
+    await end(n, "returned")
+
+
+@app.handler("work")
+async def work(job: Job) -> None:
+    await _work(job)
+
+
+@app.handler("other")
+async def other(job: Job) -> None:
+    await _work(job)
+
+
+@app.handler("suicide")
+async def suicide(job: Job) -> None:
+    await start(job)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Email(BaseModel):
+    to: str
+    subject: str
+
+
+@app.handler("typed", payload=Email)
+async def typed(job: Job) -> None:
+    assert isinstance(job.payload, Email)
+    await _work(Job(job.id, job.queue, {}, job.attempt, job.lock, job.worker_id))
+
+
+@app.handler("sync")
+def sync_handler(job: Job) -> None:
+    """Blocks its thread; must not starve the heartbeat."""
+    path = os.path.join(os.environ.get("JOBQ_TEST_RUNLOG", "/tmp"), f"sync-{job.id}")
+    with open(path, "a") as f:
+        f.write(f"start {job.attempt} {job.worker_id}\n")
+    deadline = time.monotonic() + float((job.payload or {}).get("sleep", 0))
+    while time.monotonic() < deadline:
+        time.sleep(0.05)  # a CPU- or IO-bound sync handler
+    with open(path, "a") as f:
+        f.write("end\n")
+
+
+@app.handler("txn")
+async def txn(job: Job) -> None:
+    """Writes its side effect and completes the job in one transaction."""
+    pool = await _db()
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(
+            "INSERT INTO test_run (job_id, worker, attempt, lock, pid, outcome) "
+            "VALUES ($1,$2,$3,$4,$5,'returned')",
+            job.id, job.worker_id, job.attempt, job.lock, os.getpid())
+        await job.complete_in(conn)

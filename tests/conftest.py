@@ -1,0 +1,214 @@
+"""Fixtures on real PostgreSQL and RabbitMQ.
+
+Where the services come from, in order:
+1. ``JOBQ_TEST_DATABASE_URL`` / ``JOBQ_TEST_AMQP_URL`` when set;
+2. the local defaults (127.0.0.1:5432 trust auth, 127.0.0.1:5672 guest) when
+   something listens there;
+3. otherwise testcontainers starts them (needs a Docker engine).
+
+Isolation: each test gets its own database, cloned from a template migrated
+once per run, and its own AMQP namespace (exchange and queue names), which is
+deleted afterwards. Runs and tests never see each other's jobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+
+from jobq import migrate
+from jobq.settings import Settings
+
+RUN = uuid.uuid4().hex[:8]
+
+TEST_RUN_DDL = """
+CREATE TABLE public.test_run (
+    n          bigserial PRIMARY KEY,
+    job_id     uuid NOT NULL,
+    worker     text NOT NULL,
+    attempt    integer NOT NULL,
+    lock       uuid NOT NULL,
+    pid        integer NOT NULL,
+    started_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    outcome    text  -- NULL while running (or killed), 'returned', 'cancelled'
+)"""
+_counter = itertools.count()
+
+
+def _reachable(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _with_db(url: str, db: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=f"/{db}"))
+
+
+@pytest.fixture(scope="session")
+def pg_admin_url(request: pytest.FixtureRequest) -> str:
+    url = os.environ.get("JOBQ_TEST_DATABASE_URL")
+    if url:
+        return url
+    if _reachable("127.0.0.1", 5432):
+        return "postgresql://postgres@127.0.0.1:5432/postgres"
+    from testcontainers.postgres import PostgresContainer
+
+    container = PostgresContainer("postgres:16-alpine", driver=None)
+    container.start()
+    request.addfinalizer(container.stop)
+    return str(container.get_connection_url())
+
+
+@pytest.fixture(scope="session")
+def amqp_url(request: pytest.FixtureRequest) -> str:
+    url = os.environ.get("JOBQ_TEST_AMQP_URL")
+    if url:
+        return url
+    if _reachable("127.0.0.1", 5672):
+        return "amqp://guest:guest@127.0.0.1:5672/"
+    from testcontainers.rabbitmq import RabbitMqContainer
+
+    container = RabbitMqContainer("rabbitmq:3.13-alpine")
+    container.start()
+    request.addfinalizer(container.stop)
+    host = container.get_container_host_ip()
+    port = container.get_exposed_port(5672)
+    return f"amqp://guest:guest@{host}:{port}/"
+
+
+async def _admin(url: str, *statements: str) -> None:
+    conn = await asyncpg.connect(url)
+    try:
+        for s in statements:
+            await conn.execute(s)
+    finally:
+        await conn.close()
+
+
+@pytest.fixture(scope="session")
+def template_db(pg_admin_url: str) -> Iterator[str]:
+    name = f"jobq_tpl_{RUN}"
+
+    async def setup() -> None:
+        await _admin(pg_admin_url, f"CREATE DATABASE {name}")
+        conn = await asyncpg.connect(_with_db(pg_admin_url, name))
+        try:
+            await migrate.apply(conn)
+            # Test handlers (tests/apps.py) log every start here.
+            await conn.execute(TEST_RUN_DDL)
+        finally:
+            await conn.close()
+
+    asyncio.run(setup())
+    yield name
+    asyncio.run(_admin(pg_admin_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+
+
+@pytest.fixture
+def db_url(pg_admin_url: str, template_db: str) -> Iterator[str]:
+    name = f"jobq_t_{RUN}_{next(_counter)}"
+    asyncio.run(_admin(pg_admin_url, f"CREATE DATABASE {name} TEMPLATE {template_db}"))
+    yield _with_db(pg_admin_url, name)
+    asyncio.run(_admin(pg_admin_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+
+
+async def _delete_namespace(amqp_url: str, namespace: str, queues: list[str]) -> None:
+    import aio_pika
+
+    conn = await aio_pika.connect(amqp_url)
+    try:
+        for q in [f"{namespace}.{x}" for x in queues] + [f"{namespace}.dead"]:
+            ch = await conn.channel()
+            try:
+                await ch.queue_delete(q)
+            except Exception:
+                pass
+        for ex in (namespace, f"{namespace}.dlx"):
+            ch = await conn.channel()
+            try:
+                await ch.exchange_delete(ex)
+            except Exception:
+                pass
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+def namespace(amqp_url: str, db_url: str) -> Iterator[str]:
+    ns = f"jqt{RUN}{next(_counter)}"
+    yield ns
+
+    async def queues() -> list[str]:
+        conn = await asyncpg.connect(db_url)
+        try:
+            return [r["name"] for r in await conn.fetch("SELECT name FROM jobq.queue")]
+        finally:
+            await conn.close()
+
+    try:
+        names = asyncio.run(queues())
+    except Exception:
+        names = []
+    asyncio.run(_delete_namespace(amqp_url, ns, names))
+
+
+@pytest.fixture
+def settings(db_url: str, amqp_url: str, namespace: str) -> Settings:
+    return Settings(
+        database_url=db_url, amqp_url=amqp_url, namespace=namespace,
+        producer={"relay_grace_s": 1.0},
+        reaper={"max_sleep_s": 0.2},
+        consumer={"shutdown_grace_s": 2.0},
+    )
+
+
+@pytest.fixture
+def env(settings: Settings, tmp_path: os.PathLike[str]) -> dict[str, str]:
+    """Environment for jobq subprocesses (CLI, consumers, reapers)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    e = {k: v for k, v in os.environ.items() if not k.startswith("JOBQ_")}
+    e.update({
+        "JOBQ_DATABASE_URL": settings.database_url,
+        "JOBQ_AMQP_URL": settings.amqp_url,
+        "JOBQ_NAMESPACE": settings.namespace,
+        "JOBQ_PRODUCER__RELAY_GRACE_S": "1",
+        "JOBQ_REAPER__MAX_SLEEP_S": "0.2",
+        "JOBQ_CONSUMER__SHUTDOWN_GRACE_S": "2",
+        "JOBQ_AMQP_HEARTBEAT_S": "2",
+        "PYTHONPATH": root + os.pathsep + e.get("PYTHONPATH", ""),
+        "PYTHONUNBUFFERED": "1",
+        "JOBQ_TEST_RUNLOG": str(tmp_path),
+    })
+    return e
+
+
+@pytest.fixture
+def db(db_url: str) -> Iterator["SyncDB"]:
+    from tests.helpers import SyncDB
+
+    handle = SyncDB(db_url)
+    yield handle
+    handle.close()
+
+
+@pytest.fixture
+def procs(env: dict[str, str], tmp_path: "os.PathLike[str]") -> Iterator["Procs"]:
+    from pathlib import Path
+
+    from tests.helpers import Procs
+
+    factory = Procs(env, Path(tmp_path))
+    yield factory
+    factory.close()

@@ -1,0 +1,162 @@
+"""End to end with real processes: the happy path and the crashes the core
+must survive (issue #2). Leases are 1 s so the suite stays fast."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from tests.helpers import job, publish, run_cli, runs, set_queue, wait_until
+
+pytestmark = pytest.mark.e2e
+
+LEASE_S = 1.0
+SLACK_S = 1.0
+
+
+def completed(db, ids):
+    return db.val("SELECT count(*) FROM jobq.job WHERE id = ANY($1) AND status = 'completed'",
+                  ids) == len(ids)
+
+
+def test_happy_path_cli_and_services(db, env, procs, settings):
+    set_queue(db, "work", lease_s=2)
+    reaper = procs.reaper()
+    consumer = procs.consumer("--queue", "work", "--concurrency", "4")
+    consumer.worker_id()
+    out = run_cli(env, "publish", "work", '{"sleep": 0.1}')
+    assert out.returncode == 0, out.stderr
+    first = out.stdout.strip()
+    ids = [first, *map(str, publish(settings, "work", [{"n": i} for i in range(30)]))]
+    wait_until(lambda: completed(db, ids), 20, "all jobs completed")
+    # Each ran exactly once, returned normally, in our consumer.
+    counts = db.fetch("SELECT job_id, count(*) AS n, min(outcome) AS o FROM test_run "
+                      "GROUP BY job_id")
+    assert len(counts) == 31 and all(r["n"] == 1 and r["o"] == "returned" for r in counts)
+    row = job(db, first)
+    assert row["attempts"] == 1 and row["stalls"] == 0 and row["worker_id"] == consumer.worker_id()
+    assert reaper.alive() and consumer.alive()
+
+
+def test_sigkill_mid_job_is_requeued_within_lease_and_run_by_another(db, procs, settings):
+    set_queue(db, "work", lease_s=LEASE_S)
+    procs.reaper()
+    a = procs.consumer()
+    a_id = a.worker_id()
+    (jid,) = publish(settings, "work", [{"sleep_first": 30, "sleep": 0.2}])
+    wait_until(lambda: runs(db, jid), 10, "the job to start in A")
+    a.kill()
+    killed_at = time.monotonic()
+    wait_until(lambda: job(db, jid)["stalls"] == 1, LEASE_S + SLACK_S + 2, "requeue")
+    latency = time.monotonic() - killed_at
+    assert latency <= LEASE_S + SLACK_S, f"requeued {latency:.2f}s after the kill"
+    b = procs.consumer()
+    b_id = b.worker_id()
+    wait_until(lambda: job(db, jid)["status"] == "completed", 10, "completion by B")
+    row = job(db, jid)
+    history = runs(db, jid)
+    assert [r["worker"] for r in history] == [a_id, b_id]
+    assert history[0]["outcome"] is None and history[1]["outcome"] == "returned"
+    assert row["worker_id"] == b_id and row["attempts"] == 2 and row["stalls"] == 1
+
+
+def test_zombie_cannot_renew_or_complete_and_stops_its_handler(db, procs, settings):
+    set_queue(db, "work", lease_s=LEASE_S)
+    procs.reaper()
+    a = procs.consumer()
+    a_id = a.worker_id()
+    (jid,) = publish(settings, "work", [{"sleep": 1.5}])
+    wait_until(lambda: runs(db, jid), 10, "the job to start in A")
+    a.signal(signal.SIGSTOP)
+    wait_until(lambda: job(db, jid)["stalls"] == 1, LEASE_S + SLACK_S + 2, "requeue of A's job")
+    b = procs.consumer()
+    b_id = b.worker_id()
+    # The republished id may first go to frozen A's prefetch buffer; the broker
+    # hands it on once A misses its AMQP heartbeats (2 s here).
+    wait_until(lambda: len(runs(db, jid)) == 2, 15, "B to start the job")
+    b_lock = job(db, jid)["lock"]
+    a.signal(signal.SIGCONT)
+    # A wakes up holding a lapsed lease: it must stop its handler, not finish it.
+    a.wait_log(r"(lease not renewed in time|lease lost)", 10)
+    wait_until(lambda: runs(db, jid)[0]["outcome"] == "cancelled", 10, "A's handler cancelled")
+    wait_until(lambda: job(db, jid)["status"] == "completed", 10, "B completes")
+    row = job(db, jid)
+    assert row["worker_id"] == b_id and row["lock"] == b_lock
+    assert [r["worker"] for r in runs(db, jid)] == [a_id, b_id]
+    assert f"event=completed job={jid}" not in a.log()
+    assert a.alive(), "the zombie keeps serving other jobs"
+
+
+def test_job_of_death_fails_after_max_stalls(db, procs, settings):
+    set_queue(db, "suicide", lease_s=LEASE_S, max_stalls=2, stall_cooldown_s=0.1)
+    procs.reaper()
+    (jid,) = publish(settings, "suicide", [{}])
+    consumer = procs.consumer("--queue", "suicide")
+    deadline = time.monotonic() + 30
+    while job(db, jid)["status"] != "failed":
+        assert time.monotonic() < deadline, f"not failed: {dict(job(db, jid))}"
+        if not consumer.alive():  # an orchestrator would restart it
+            consumer = procs.consumer("--queue", "suicide")
+        time.sleep(0.05)
+    row = job(db, jid)
+    assert row["stalls"] == 3
+    assert "job of death" in row["last_error"] and "max_stalls=2" in row["last_error"]
+    assert len(runs(db, jid)) == 3  # ran max_stalls + 1 times, then never again
+    time.sleep(LEASE_S)
+    assert len(runs(db, jid)) == 3
+
+
+def test_two_reapers_requeue_each_lapsed_lease_once(db, procs, settings):
+    set_queue(db, "work", lease_s=LEASE_S)
+    r1, r2 = procs.reaper(), procs.reaper()
+    a = procs.consumer("--concurrency", "20")
+    a.worker_id()
+    ids = publish(settings, "work", [{"sleep_first": 60} for _ in range(20)])
+    wait_until(lambda: db.val("SELECT count(*) FROM test_run") == 20, 15, "20 jobs running")
+    a.kill()
+    wait_until(lambda: db.val("SELECT count(*) FROM jobq.job WHERE stalls = 1") == 20,
+               LEASE_S + SLACK_S + 3, "all 20 requeued")
+    b = procs.consumer("--concurrency", "20")
+    b.worker_id()
+    wait_until(lambda: completed(db, ids), 20, "all completed by B")
+    assert db.val("SELECT max(stalls) FROM jobq.job") == 1
+    logs = r1.log() + r2.log()
+    for jid in ids:
+        assert logs.count(f"event=stalled job={jid}") == 1, jid
+
+
+def test_sigterm_drains_finishes_short_and_releases_long_jobs(db, procs, settings):
+    set_queue(db, "work", lease_s=LEASE_S)
+    a = procs.consumer("--concurrency", "4")  # no reaper: release must republish itself
+    a.worker_id()
+    short = publish(settings, "work", [{"sleep": 0.5}, {"sleep": 0.5}])
+    long_ = publish(settings, "work", [{"sleep_first": 60}, {"sleep_first": 60}])
+    wait_until(lambda: db.val("SELECT count(*) FROM test_run") == 4, 10, "4 jobs running")
+    a.signal(signal.SIGTERM)
+    stopped_at = time.monotonic()
+    assert a.wait(15) == 0
+    assert time.monotonic() - stopped_at < 2 + 3  # grace (2 s) plus bookkeeping
+    assert completed(db, short)
+    for jid in long_:
+        row = job(db, jid)
+        assert row["status"] == "queued" and row["stalls"] == 0 and row["errors"] == 0
+        assert row["published_at"] is not None, "released jobs are republished at once"
+    b = procs.consumer("--concurrency", "4")
+    b.worker_id()
+    wait_until(lambda: completed(db, long_), 10, "released jobs completed by B")
+    assert db.val("SELECT max(stalls) FROM jobq.job") == 0
+    assert "released on shutdown" in a.log()
+
+
+def test_producer_dies_between_commit_and_publish(db, env, procs):
+    set_queue(db, "work", lease_s=LEASE_S)
+    out = run_cli({**env, "JOBQ_CRASH_AT": "producer.after_commit"}, "publish", "work", "{}")
+    assert out.returncode == -signal.SIGKILL
+    row = db.fetchrow("SELECT * FROM jobq.job")
+    assert row["status"] == "queued" and row["published_at"] is None
+    procs.reaper()
+    procs.consumer().worker_id()
+    wait_until(lambda: job(db, row["id"])["status"] == "completed", 10, "relay + completion")
+    assert len(runs(db, row["id"])) == 1

@@ -1,0 +1,159 @@
+"""Test helpers: a synchronous database handle, condition waits with a
+deadline, and a factory for real jobq processes that are killed at teardown."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import asyncpg
+
+T = TypeVar("T")
+
+
+def wait_until(cond: Callable[[], T], timeout: float, what: str, interval: float = 0.02) -> T:
+    """Poll ``cond`` until it returns something truthy; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+class SyncDB:
+    """asyncpg behind a private event loop, for tests that drive processes."""
+
+    def __init__(self, url: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.conn: asyncpg.Connection = self.loop.run_until_complete(asyncpg.connect(url))
+
+    def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
+        return self.loop.run_until_complete(self.conn.fetch(sql, *args))
+
+    def fetchrow(self, sql: str, *args: Any) -> asyncpg.Record | None:
+        return self.loop.run_until_complete(self.conn.fetchrow(sql, *args))
+
+    def val(self, sql: str, *args: Any) -> Any:
+        return self.loop.run_until_complete(self.conn.fetchval(sql, *args))
+
+    def execute(self, sql: str, *args: Any) -> str:
+        return self.loop.run_until_complete(self.conn.execute(sql, *args))
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.conn.close())
+        self.loop.close()
+
+
+class Proc:
+    def __init__(self, name: str, args: list[str], env: dict[str, str], logdir: Path) -> None:
+        self.name = name
+        self.log_path = logdir / f"{name}.log"
+        self._log = open(self.log_path, "wb")
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "jobq", *args], env=env, stdout=self._log,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_log(self, pattern: str, timeout: float = 15) -> re.Match[str]:
+        rx = re.compile(pattern)
+        return wait_until(lambda: rx.search(self.log()), timeout,
+                          f"{self.name} to log {pattern!r}; log:\n{self.log()[-3000:]}")
+
+    def worker_id(self) -> str:
+        return self.wait_log(r"consumer ready worker=(\S+)").group(1)
+
+    def signal(self, sig: int) -> None:
+        if self.popen.poll() is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        self.popen.wait(10)
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def wait(self, timeout: float) -> int:
+        return self.popen.wait(timeout)
+
+    def close(self) -> None:
+        if self.popen.poll() is None:
+            os.kill(self.pid, signal.SIGCONT)
+            self.popen.kill()
+            self.popen.wait(10)
+        self._log.close()
+
+
+class Procs:
+    """Factory fixture: start jobq processes; all are killed at teardown."""
+
+    def __init__(self, env: dict[str, str], logdir: Path) -> None:
+        self.env = env
+        self.logdir = logdir
+        self.procs: list[Proc] = []
+        self._n = 0
+
+    def start(self, *args: str, name: str | None = None, **env: str) -> Proc:
+        self._n += 1
+        proc = Proc(name or f"{args[0]}{self._n}", list(args), {**self.env, **env}, self.logdir)
+        self.procs.append(proc)
+        return proc
+
+    def consumer(self, *extra: str, **env: str) -> Proc:
+        return self.start("consume", "tests.apps:app", *extra, **env)
+
+    def reaper(self, **env: str) -> Proc:
+        return self.start("reap", **env)
+
+    def close(self) -> None:
+        for p in self.procs:
+            p.close()
+
+
+def run_cli(env: dict[str, str], *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "jobq", *args], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def publish(settings: Any, queue: str, payloads: list[Any]) -> list[Any]:
+    """Publish jobs through the Python client; returns their ids."""
+    from jobq.producer import Client, NewJob
+
+    async def go() -> list[Any]:
+        async with Client(settings) as client:
+            return await client.publish_many([NewJob(queue, p) for p in payloads])
+
+    return asyncio.run(go())
+
+
+def set_queue(db: SyncDB, name: str, **settings: float) -> None:
+    """Create or change a queue's settings with plain SQL, as a user would."""
+    db.execute("INSERT INTO jobq.queue (name) VALUES ($1) ON CONFLICT DO NOTHING", name)
+    for column, value in settings.items():
+        db.execute(f"UPDATE jobq.queue SET {column} = $2 WHERE name = $1", name, value)
+
+
+def runs(db: SyncDB, job_id: Any) -> list[Any]:
+    return db.fetch("SELECT * FROM test_run WHERE job_id = $1 ORDER BY n", job_id)
+
+
+def job(db: SyncDB, job_id: Any) -> Any:
+    return db.fetchrow("SELECT * FROM jobq.job WHERE id = $1", job_id)
