@@ -104,7 +104,10 @@ BEGIN
     INSERT INTO jobq.job AS j (queue, payload, idempotency_key, run_at, relay_after)
     VALUES (enqueue.queue, doc, enqueue.idempotency_key,
             now() + make_interval(secs => delay),
-            now() + make_interval(secs => greatest(delay, coalesce(enqueue.relay_grace_s, 0))))
+            -- A delayed job is published by the relay when due; otherwise the
+            -- caller may promise to publish it itself within relay_grace_s.
+            now() + make_interval(secs => CASE WHEN delay > 0 THEN delay
+                                               ELSE coalesce(enqueue.relay_grace_s, 0) END))
     ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING j.id INTO new_id;
     IF new_id IS NULL THEN

@@ -18,12 +18,18 @@ from jobq import App, Fail, Job, Retry
 
 app = App()
 _pool: asyncpg.Pool | None = None
+_creating: asyncio.Future[asyncpg.Pool] | None = None
 
 
 async def _db() -> asyncpg.Pool:
-    global _pool
-    if _pool is None:
-        _pool = await asyncpg.create_pool(os.environ["JOBQ_DATABASE_URL"], min_size=1, max_size=8)
+    """One pool per process, created once even when handlers race for it."""
+    global _pool, _creating
+    if _pool is not None:
+        return _pool
+    if _creating is None or _creating.get_loop() is not asyncio.get_running_loop():
+        _creating = asyncio.ensure_future(
+            asyncpg.create_pool(os.environ["JOBQ_DATABASE_URL"], min_size=1, max_size=8))
+    _pool = await asyncio.shield(_creating)
     return _pool
 
 

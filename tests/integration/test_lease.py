@@ -1,0 +1,216 @@
+"""The lease layer on a real database: every fenced write, the reaper's
+requeue and the publish marks, without processes in the way."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import asyncpg
+
+from jobq import lease
+from jobq.lease import Failure, Lease
+from jobq.sql import Q
+
+
+def run(db_url: str, body: Callable[[asyncpg.Pool], Awaitable[Any]]) -> Any:
+    async def go() -> Any:
+        pool = await asyncpg.create_pool(db_url, min_size=2, max_size=4)
+        try:
+            return await body(pool)
+        finally:
+            await pool.close()
+
+    return asyncio.run(go())
+
+
+async def new_job(pool: asyncpg.Pool, queue: str = "q", **queue_settings: Any) -> uuid.UUID:
+    await pool.execute(Q["queue_ensure"], queue)
+    for col, val in queue_settings.items():
+        await pool.execute(f"UPDATE jobq.queue SET {col} = $2 WHERE name = $1", queue, val)
+    job_id: uuid.UUID = await pool.fetchval("SELECT jobq.enqueue($1, '{}')", queue)
+    return job_id
+
+
+async def claim(pool: asyncpg.Pool, job_id: uuid.UUID, worker: str = "w1") -> Lease | None:
+    (row,) = await lease.claim(pool, [job_id], worker, ["q"])
+    return None if row is None else Lease.from_claim(row, 0.0, 0.15)
+
+
+async def lapse(pool: asyncpg.Pool, job_id: uuid.UUID) -> None:
+    await pool.execute("UPDATE jobq.job SET lease_expires_at = now() - interval '1 ms' "
+                       "WHERE id = $1", job_id)
+
+
+async def status(pool: asyncpg.Pool, job_id: uuid.UUID) -> Any:
+    return await pool.fetchrow("SELECT * FROM jobq.job WHERE id = $1", job_id)
+
+
+def test_claim_is_exclusive_even_within_one_batch(db_url: str) -> None:
+    async def body(pool: asyncpg.Pool) -> None:
+        jid = await new_job(pool)
+        rows = await lease.claim(pool, [jid, jid], "w1", ["q"])
+        assert rows[0] is not None and rows[1] is None
+        assert await claim(pool, jid, "w2") is None
+        row = await status(pool, jid)
+        assert row["status"] == "active" and row["worker_id"] == "w1" and row["attempts"] == 1
+        # The deadline comes from the database clock and the queue's lease.
+        left = await pool.fetchval("SELECT extract(epoch FROM lease_expires_at - now()) "
+                                   "FROM jobq.job WHERE id = $1", jid)
+        assert 29 < left <= 30
+
+    run(db_url, body)
+
+
+def test_claim_skips_jobs_not_due_and_foreign_queues(db_url: str) -> None:
+    async def body(pool: asyncpg.Pool) -> None:
+        later = await pool.fetchval("SELECT jobq.enqueue('q', '{}', 60)")
+        other = await pool.fetchval("SELECT jobq.enqueue('elsewhere', '{}')")
+        assert await lease.claim(pool, [later, other], "w", ["q"]) == [None, None]
+        misses = await lease.claim_misses(pool, [later, other, uuid.uuid4()])
+        assert misses[later]["not_due"] and misses[other]["queue"] == "elsewhere"
+
+    run(db_url, body)
+
+
+def test_fenced_writes_need_the_token_and_a_live_lease(db_url: str) -> None:
+    async def body(pool: asyncpg.Pool) -> None:
+        jid = await new_job(pool)
+        mine = await claim(pool, jid)
+        assert mine is not None
+        forged = Lease(jid, "q", uuid.uuid4(), 30, 0.15, 0.0)
+        assert await lease.renew(pool, [forged]) == set()
+        assert await lease.complete(pool, [forged]) == [False]
+        assert await lease.fail(pool, [Failure(forged, "x", True)]) == [None]
+        assert await lease.release(pool, [forged]) == []
+        assert await lease.renew(pool, [mine]) == {jid}
+        await lapse(pool, jid)
+        # Lapsed, even if no reaper came yet: the lease is gone for good.
+        assert await lease.renew(pool, [mine]) == set()
+        assert await lease.complete(pool, [mine]) == [False]
+        assert (await status(pool, jid))["status"] == "active"
+
+    run(db_url, body)
+
+
+def test_retried_completion_recognises_itself(db_url: str) -> None:
+    async def body(pool: asyncpg.Pool) -> None:
+        jid = await new_job(pool)
+        mine = await claim(pool, jid)
+        assert mine is not None
+        assert await lease.complete(pool, [mine]) == [True]
+        assert await lease.complete(pool, [mine]) == [True]  # reply lost, sent again
+        other = Lease(jid, "q", uuid.uuid4(), 30, 0.15, 0.0)
+        assert await lease.complete(pool, [other]) == [False]
+        row = await status(pool, jid)
+        assert row["status"] == "completed" and row["lock"] == mine.lock
+
+    run(db_url, body)
+
+
+def test_fail_retries_with_backoff_then_fails(db_url: str) -> None:
+    async def body(pool: asyncpg.Pool) -> None:
+        jid = await new_job(pool, max_attempts=2, backoff_base_s=10)
+        first = await claim(pool, jid)
+        assert first is not None
+        (row,) = await lease.fail(pool, [Failure(first, "ValueError: bad", True)])
+        assert row["status"] == "queued" and 9 < row["retry_in_s"] <= 10
+        j = await status(pool, jid)
+        assert j["errors"] == 1 and j["published_at"] is None and j["last_error"] == "ValueError: bad"
+        assert await claim(pool, jid) is None  # not due yet
+        await pool.execute("UPDATE jobq.job SET run_at = now() WHERE id = $1", jid)
+        second = await claim(pool, jid)
+        assert second is not None and second.lock != first.lock
+        (row,) = await lease.fail(pool, [Failure(second, "ValueError: still bad", True)])
+        assert row["status"] == "failed"
+        j = await status(pool, jid)
+        assert j["errors"] == 2 and j["attempts"] == 2 and j["finished_at"] is not None
+
+    run(db_url, body)
+
+
+def test_release_requeues_at_once_without_counting(db_url: str) -> None:
+    async def body(pool: asyncpg.Pool) -> None:
+        jid = await new_job(pool)
+        mine = await claim(pool, jid)
+        assert mine is not None
+        (row,) = await lease.release(pool, [mine])
+        assert row["id"] == jid
+        j = await status(pool, jid)
+        assert (j["status"], j["stalls"], j["errors"], j["published_at"]) == ("queued", 0, 0, None)
+        assert await claim(pool, jid) is not None
+
+    run(db_url, body)
+
+
+def test_concurrent_reapers_requeue_each_lapsed_lease_once(db_url: str) -> None:
+    async def body(pool: asyncpg.Pool) -> None:
+        ids = [await new_job(pool) for _ in range(200)]
+        for jid in ids:
+            assert await claim(pool, jid) is not None
+        await pool.execute("UPDATE jobq.job SET lease_expires_at = now() - interval '1 s'")
+
+        async def reaper() -> list[Any]:
+            got = []
+            while rows := await lease.requeue_lapsed(pool, 7):
+                got += rows
+            return got
+
+        results = await asyncio.gather(reaper(), reaper(), reaper())
+        requeued = [r["id"] for rs in results for r in rs]
+        assert sorted(requeued) == sorted(ids)  # every one, exactly once
+        assert await pool.fetchval("SELECT max(stalls) FROM jobq.job") == 1
+
+    run(db_url, body)
+
+
+def test_job_of_death_and_stall_cooldown(db_url: str) -> None:
+    async def body(pool: asyncpg.Pool) -> None:
+        jid = await new_job(pool, max_stalls=1, stall_cooldown_s=30)
+        await claim(pool, jid)
+        await lapse(pool, jid)
+        (r,) = await lease.requeue_lapsed(pool, 10)
+        j = await status(pool, jid)
+        assert r["status"] == "queued" and j["run_at"] <= await pool.fetchval("SELECT now()")
+        await claim(pool, jid)
+        await lapse(pool, jid)
+        (r,) = await lease.requeue_lapsed(pool, 10)
+        j = await status(pool, jid)
+        assert r["status"] == "failed" and j["stalls"] == 2
+        assert "job of death" in j["last_error"] and "max_stalls=1" in j["last_error"]
+
+    run(db_url, body)
+
+
+def test_stall_cooldown_grows_after_the_first_stall(db_url: str) -> None:
+    async def body(pool: asyncpg.Pool) -> None:
+        jid = await new_job(pool, max_stalls=5, stall_cooldown_s=30)
+        delays = []
+        for _ in range(3):
+            await pool.execute("UPDATE jobq.job SET run_at = now() WHERE id = $1", jid)
+            assert await claim(pool, jid) is not None
+            await lapse(pool, jid)
+            await lease.requeue_lapsed(pool, 10)
+            delays.append(await pool.fetchval(
+                "SELECT round(extract(epoch FROM run_at - now())) FROM jobq.job WHERE id = $1",
+                jid))
+        assert [float(d) for d in delays] == [0.0, 30.0, 60.0]
+
+    run(db_url, body)
+
+
+def test_publish_mark_only_hits_the_spell_it_published(db_url: str) -> None:
+    async def body(pool: asyncpg.Pool) -> None:
+        jid = await new_job(pool)
+        mine = await claim(pool, jid)
+        assert mine is not None
+        await lease.fail(pool, [Failure(mine, "x", True, 0.0)])  # queued again, new spell
+        # A late mark for the first spell (lock NULL) must not mark this one.
+        await pool.execute(Q["mark_published"], [jid], [None])
+        assert (await status(pool, jid))["published_at"] is None
+        await pool.execute(Q["mark_published"], [jid], [mine.lock])
+        assert (await status(pool, jid))["published_at"] is not None
+
+    run(db_url, body)

@@ -1,0 +1,143 @@
+"""Publishing: row first, id second; delays, idempotency keys, the caller's
+own transaction, and the relay for rows nobody published."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aio_pika
+import aiormq
+import asyncpg
+import pytest
+
+from jobq.errors import InvalidPayload, InvalidQueue
+from jobq.producer import Client, NewJob
+from jobq.reaper import Reaper
+from jobq.settings import Settings
+
+
+async def broker_ids(settings: Settings, queue: str) -> list[str]:
+    """Drain the job queue's messages (as any AMQP client could) and return bodies."""
+    conn = await aio_pika.connect(settings.amqp_url)
+    try:
+        ch = await conn.channel()
+        try:
+            q = await ch.get_queue(f"{settings.namespace}.{queue}", ensure=True)
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            return []  # never declared: nothing was ever published to it
+        bodies = []
+        while (msg := await q.get(fail=False, no_ack=True)) is not None:
+            bodies.append(msg.body.decode())
+        return bodies
+    finally:
+        await conn.close()
+
+
+def test_publish_commits_the_row_then_publishes_the_id(settings: Settings) -> None:
+    async def go() -> None:
+        async with Client(settings) as client:
+            jid = await client.publish("mail", {"to": "a@b.c"})
+            ids = await client.publish_many([NewJob("mail", {"n": i}) for i in range(5)])
+            row = await client.pool.fetchrow("SELECT * FROM jobq.job WHERE id = $1", jid)
+            assert row["status"] == "queued" and row["published_at"] is not None
+            assert json.loads(row["payload"]) == {"to": "a@b.c"}
+            payloads = [json.loads(await client.pool.fetchval(
+                "SELECT payload FROM jobq.job WHERE id = $1", i)) for i in ids]
+            assert payloads == [{"n": i} for i in range(5)]  # ids in input order
+        assert await broker_ids(settings, "mail") == [str(jid), *map(str, ids)]
+
+    asyncio.run(go())
+
+
+def test_idempotency_key_yields_one_job(settings: Settings) -> None:
+    async def go() -> None:
+        async with Client(settings) as client:
+            a = await client.publish("mail", {"v": 1}, idempotency_key="order-42")
+            b = await client.publish("mail", {"v": 2}, idempotency_key="order-42")
+            c = await client.publish("mail", {"v": 3}, idempotency_key="order-43")
+            assert a == b != c
+            assert await client.pool.fetchval("SELECT count(*) FROM jobq.job") == 2
+
+    asyncio.run(go())
+
+
+def test_delayed_job_is_published_by_the_relay_when_due(settings: Settings) -> None:
+    async def go() -> None:
+        async with Client(settings) as client:
+            jid = await client.publish("mail", {}, delay_s=0.5)
+            assert await broker_ids(settings, "mail") == []
+            reaper = Reaper(settings)
+            await reaper.connect(wait=False)
+            try:
+                assert (await reaper.run_once()).published == 0
+                await asyncio.sleep(0.6)
+                assert (await reaper.run_once()).published == 1
+            finally:
+                await reaper.close()
+            assert await broker_ids(settings, "mail") == [str(jid)]
+
+    asyncio.run(go())
+
+
+def test_enqueue_in_callers_transaction_publishes_only_after_commit(settings: Settings) -> None:
+    async def go() -> None:
+        client = Client(settings)
+        await client.connect()
+        reaper = Reaper(settings)
+        await reaper.connect(wait=False)
+        conn = await asyncpg.connect(settings.database_url)
+        try:
+            with pytest.raises(RuntimeError):
+                async with conn.transaction():
+                    await client.enqueue(conn, "mail", {"x": 1})
+                    raise RuntimeError("caller rolls back")
+            assert await conn.fetchval("SELECT count(*) FROM jobq.job") == 0
+            async with conn.transaction():
+                jid = await client.enqueue(conn, "mail", {"x": 2})
+                assert (await reaper.run_once()).published == 0  # not visible yet
+            assert (await reaper.run_once()).published == 1
+            assert await broker_ids(settings, "mail") == [str(jid)]
+        finally:
+            await conn.close()
+            await reaper.close()
+            await client.close()
+
+    asyncio.run(go())
+
+
+def test_sql_only_enqueue_is_relayed(settings: Settings) -> None:
+    async def go() -> None:
+        conn = await asyncpg.connect(settings.database_url)
+        reaper = Reaper(settings)
+        await reaper.connect(wait=False)
+        try:
+            jid = await conn.fetchval("SELECT jobq.enqueue('reports', '{\"day\": 1}'::jsonb)")
+            assert (await reaper.run_once()).published == 1
+            assert (await reaper.run_once()).published == 0  # tracked, not republished
+            assert await broker_ids(settings, "reports") == [str(jid)]
+        finally:
+            await reaper.close()
+            await conn.close()
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("queue,payload,error", [
+    ("bad queue", {}, InvalidQueue),
+    ("", {}, InvalidQueue),
+    ("mail", {"x": object()}, InvalidPayload),
+    ("mail", {"x": float("nan")}, InvalidPayload),
+    ("mail", {"blob": "x" * 1_100_000}, InvalidPayload),
+])
+def test_bad_input_is_refused_and_nothing_is_written(
+    settings: Settings, queue: str, payload: Any, error: type[Exception]
+) -> None:
+    async def go() -> None:
+        async with Client(settings) as client:
+            with pytest.raises(error):
+                await client.publish(queue, payload)
+            assert await client.pool.fetchval("SELECT count(*) FROM jobq.job") == 0
+
+    asyncio.run(go())
