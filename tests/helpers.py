@@ -128,9 +128,10 @@ class Procs:
             p.close()
 
 
-def run_cli(env: dict[str, str], *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+def run_cli(env: dict[str, str], *args: str, timeout: float = 30,
+            stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "jobq", *args], env=env, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, input=stdin)
 
 
 def publish(settings: Any, queue: str, payloads: list[Any]) -> list[Any]:
@@ -157,3 +158,83 @@ def runs(db: SyncDB, job_id: Any) -> list[Any]:
 
 def job(db: SyncDB, job_id: Any) -> Any:
     return db.fetchrow("SELECT * FROM jobq.job WHERE id = $1", job_id)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class TcpProxy:
+    """127.0.0.1:<port> forwarded to a real service; ``cut()`` drops the
+    listener and every open connection (as a network partition or a restarted
+    server would), ``restore()`` listens again on the same port."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        import threading
+
+        self.target = (target_host, target_port)
+        self.port = free_port()
+        self.loop = asyncio.new_event_loop()
+        self._server: asyncio.base_events.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def _call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(10)
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            writer.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.close()
+            return
+        self._writers |= {writer, up_writer}
+        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+        self._writers -= {writer, up_writer}
+
+    async def _start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port,
+                                                  reuse_address=True)
+
+    async def _cut(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for w in list(self._writers):
+            w.transport.abort()
+        self._writers.clear()
+
+    def restore(self) -> None:
+        self._call(self._start())
+
+    def cut(self) -> None:
+        self._call(self._cut())
+
+    def url(self, real_url: str) -> str:
+        from urllib.parse import urlsplit, urlunsplit
+
+        parts = urlsplit(real_url)
+        netloc = parts.netloc.rsplit("@", 1)
+        host = f"127.0.0.1:{self.port}"
+        return urlunsplit(parts._replace(netloc=f"{netloc[0]}@{host}" if len(netloc) == 2 else host))
+
+    def close(self) -> None:
+        self._call(self._cut())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+        self.loop.close()

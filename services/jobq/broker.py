@@ -50,6 +50,7 @@ class Broker:
         self._exchange: AbstractExchange | None = None
         self._declared: dict[str, dict[str, str]] = {}  # queue -> its declare arguments
         self._declare_lock = asyncio.Lock()
+        self._closing = False
 
     def queue_name(self, queue: str) -> str:
         return f"{self.namespace}.{queue}"
@@ -77,6 +78,8 @@ class Broker:
                             redact(self.url), exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+        self._conn.close_callbacks.add(self._on_close)
+        self._conn.reconnect_callbacks.add(self._on_reconnect)
         self._pub = await self._conn.channel(publisher_confirms=True, on_return_raises=True)
         self._exchange = await self._pub.declare_exchange(
             self.namespace, aio_pika.ExchangeType.DIRECT, durable=True
@@ -87,11 +90,19 @@ class Broker:
         dead = await self._pub.declare_queue(f"{self.namespace}.dead", durable=True)
         await dead.bind(dlx)
 
+    def _on_close(self, _conn: object, exc: BaseException | None = None) -> None:
+        if exc is not None and not isinstance(exc, asyncio.CancelledError) and not self._closing:
+            log.warning("broker connection lost (%r); reconnecting", exc)
+
+    def _on_reconnect(self, _conn: object) -> None:
+        log.info("broker connection re-established at %s", redact(self.url))
+
     @property
     def connected(self) -> bool:
         return self._conn is not None and not self._conn.is_closed
 
     async def close(self) -> None:
+        self._closing = True
         if self._conn is not None:
             await self._conn.close()
             self._conn = None

@@ -53,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     pub = sub.add_parser("publish", help="enqueue a job and print its id")
     pub.add_argument("queue", metavar="QUEUE")
     pub.add_argument("payload", metavar="JSON", nargs="?", default="{}",
-                     help="the job's payload as JSON (default {})")
+                     help="the job's payload as JSON (default {}; - reads it from stdin)")
     pub.add_argument("--delay", type=float, default=0.0, metavar="SECONDS",
                      help="run no earlier than this many seconds from now")
     pub.add_argument("--key", default=None, metavar="KEY",
@@ -111,12 +111,14 @@ async def _migrate(settings: Settings) -> None:
 
 
 async def _publish(settings: Settings, args: argparse.Namespace) -> None:
-    from jobq.producer import Client
+    from jobq.producer import Client, NewJob, validate
 
+    text = sys.stdin.read() if args.payload == "-" else args.payload
     try:
-        payload = json.loads(args.payload)
+        payload = json.loads(text)
     except json.JSONDecodeError as exc:
         raise BadInput(f"payload is not valid JSON ({exc}); e.g. '{{\"to\": \"a@b.c\"}}'") from None
+    validate(NewJob(args.queue, payload, args.delay, args.key))  # before connecting
     async with Client(settings) as client:
         job_id = await client.publish(args.queue, payload, delay_s=args.delay,
                                       idempotency_key=args.key)

@@ -206,14 +206,19 @@ class Consumer:
     # ── intake ──
 
     async def _on_message(self, msg: AbstractIncomingMessage) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._message_tasks.add(task)
-        try:
-            await self._handle_message(msg)
-        finally:
-            if task is not None:
-                self._message_tasks.discard(task)
+        # aio-pika cancels its callback tasks when the channel closes (broker
+        # restart, network cut). A job must outlive that: its handler only
+        # needs the database. So every delivery is processed in a task this
+        # consumer owns; a lost channel only makes the ack fail, and RabbitMQ
+        # redelivers an id whose claim then fails and is dropped.
+        task = asyncio.create_task(self._handle_message(msg))
+        self._message_tasks.add(task)
+        task.add_done_callback(self._message_done)
+
+    def _message_done(self, task: asyncio.Task[Any]) -> None:
+        self._message_tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("delivery processing failed", exc_info=task.exception())
 
     async def _handle_message(self, msg: AbstractIncomingMessage) -> None:
         try:

@@ -56,9 +56,10 @@ def translated() -> Any:
             asyncpg.exceptions.InvalidPasswordError) as exc:
         raise ConfigError(f"{exc}: check the user and password in JOBQ_DATABASE_URL") from exc
     except asyncpg.exceptions.UndefinedTableError as exc:
-        raise ConfigError(f"{exc}: the jobq schema is missing; run `jobq migrate`") from exc
+        raise ConfigError(f"{_message(exc)}: the jobq schema is missing; run `jobq migrate`") from exc
     except asyncpg.exceptions.UndefinedFunctionError as exc:
-        raise ConfigError(f"{exc}: the jobq schema is missing or old; run `jobq migrate`") from exc
+        raise ConfigError(
+            f"{_message(exc)}: the jobq schema is missing or old; run `jobq migrate`") from exc
     except asyncpg.exceptions.InvalidParameterValueError as exc:
         raise InvalidQueue(_message(exc)) from exc
     except asyncpg.exceptions.StringDataRightTruncationError as exc:
@@ -70,9 +71,9 @@ def translated() -> Any:
 
 
 def _message(exc: asyncpg.PostgresError) -> str:
-    msg = str(exc).removeprefix("jobq: ")
+    msg = str(getattr(exc, "message", None) or exc).removeprefix("jobq: ")
     hint = getattr(exc, "hint", None)
-    return f"{msg} ({hint})" if hint else msg
+    return f"{msg} ({hint})".replace("\n", " ") if hint else msg.replace("\n", " ")
 
 
 async def _check_schema(conn: asyncpg.Connection) -> None:

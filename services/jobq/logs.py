@@ -53,7 +53,7 @@ def setup(level: str = "INFO", as_json: bool = False) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
-    # Driver chatter (reconnect tracebacks) is summarised by our own lines.
-    for noisy in ("aio_pika", "aiormq", "asyncio"):
-        logging.getLogger(noisy).setLevel(max(logging.getLevelName(level), logging.WARNING)
-                                           if level != "DEBUG" else logging.DEBUG)
+    # Driver chatter (connect errors, reconnect tracebacks) is summarised by
+    # our own one-line messages; show it only when debugging.
+    for noisy in ("aio_pika", "aiormq"):
+        logging.getLogger(noisy).setLevel(logging.DEBUG if level == "DEBUG" else logging.CRITICAL)

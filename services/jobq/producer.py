@@ -39,7 +39,8 @@ class NewJob:
     idempotency_key: str | None = None
 
 
-def _check(job: NewJob) -> str:
+def validate(job: NewJob) -> str:
+    """Check a job's queue name and payload; returns the payload as JSON text."""
     if not isinstance(job.queue, str) or not QUEUE_NAME.match(job.queue):
         raise InvalidQueue(
             f"invalid queue name {job.queue!r}: use 1-100 letters, digits, _ . : - "
@@ -89,7 +90,7 @@ class Client:
     async def publish_many(self, jobs: Iterable[NewJob]) -> list[uuid.UUID]:
         """Enqueue many jobs in one round trip, then publish their ids."""
         jobs = list(jobs)
-        payloads = [_check(j) for j in jobs]
+        payloads = [validate(j) for j in jobs]
         assert self.pool is not None, "call connect() first"
         with translated():
             rows = await self.pool.fetch(
@@ -125,7 +126,7 @@ class Client:
         Nothing is published now: the reapers publish the id right after the
         caller commits (woken by NOTIFY), and never if it rolls back.
         """
-        payload_json = _check(NewJob(queue, payload, delay_s, idempotency_key))
+        payload_json = validate(NewJob(queue, payload, delay_s, idempotency_key))
         with translated():
             row = await conn.fetchrow(Q["enqueue_many"], [queue], [payload_json],
                                       [max(0.0, float(delay_s))], [idempotency_key], 0.0)

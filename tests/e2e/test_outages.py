@@ -1,0 +1,115 @@
+"""PostgreSQL and RabbitMQ going away under running services: nothing lost,
+services reconnect by themselves, renewals failing stop the handler before the
+lease can lapse. Outages are made with TCP proxies that drop every connection
+(the real servers keep running, so other tests are not disturbed)."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from urllib.parse import urlsplit
+
+import pytest
+
+from tests.helpers import TcpProxy, job, publish, runs, set_queue, wait_until
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def pg_proxy(settings) -> Iterator[TcpProxy]:
+    u = urlsplit(settings.database_url)
+    proxy = TcpProxy(u.hostname or "127.0.0.1", u.port or 5432)
+    yield proxy
+    proxy.close()
+
+
+@pytest.fixture
+def mq_proxy(settings) -> Iterator[TcpProxy]:
+    u = urlsplit(settings.amqp_url)
+    proxy = TcpProxy(u.hostname or "127.0.0.1", u.port or 5672)
+    yield proxy
+    proxy.close()
+
+
+def test_services_started_while_both_are_down_wait_then_work(db, procs, settings, pg_proxy,
+                                                              mq_proxy):
+    env = {"JOBQ_DATABASE_URL": pg_proxy.url(settings.database_url),
+           "JOBQ_AMQP_URL": mq_proxy.url(settings.amqp_url)}
+    consumer = procs.consumer(**env)
+    reaper = procs.reaper(**env)
+    consumer.wait_log(r"database not ready at 127\.0\.0\.1:\d+")
+    reaper.wait_log(r"database not ready")
+    time.sleep(1.5)
+    assert consumer.alive() and reaper.alive(), "no crash loop: they wait"
+    pg_proxy.restore()
+    consumer.wait_log(r"broker not ready at 127\.0\.0\.1:\d+")
+    mq_proxy.restore()
+    consumer.worker_id()
+    reaper.wait_log("reaper ready")
+    (jid,) = publish(settings, "work", [{}])
+    wait_until(lambda: job(db, jid)["status"] == "completed", 10, "the job to complete")
+    assert "Traceback" not in consumer.log() + reaper.log()
+
+
+def test_database_down_when_a_message_arrives_requeues_it(db, procs, settings, pg_proxy):
+    pg_proxy.restore()
+    consumer = procs.consumer(JOBQ_DATABASE_URL=pg_proxy.url(settings.database_url))
+    consumer.worker_id()
+    pg_proxy.cut()
+    (jid,) = publish(settings, "work", [{}])  # straight to the real servers
+    consumer.wait_log(rf"cannot claim {jid}: .*message requeued")
+    assert job(db, jid)["status"] == "queued"
+    pg_proxy.restore()
+    wait_until(lambda: job(db, jid)["status"] == "completed", 15, "completion after recovery")
+    assert len(runs(db, jid)) == 1
+    assert consumer.alive()
+
+
+def test_broker_connection_cut_mid_job_then_restored(db, procs, settings, mq_proxy):
+    set_queue(db, "work", lease_s=1)
+    mq_proxy.restore()
+    consumer = procs.consumer(JOBQ_AMQP_URL=mq_proxy.url(settings.amqp_url))
+    consumer.worker_id()
+    procs.reaper()
+    (running,) = publish(settings, "work", [{"sleep": 2}])
+    wait_until(lambda: runs(db, running), 10, "the job to start")
+    mq_proxy.cut()
+    # The handler only needs the database: it finishes while the broker is away.
+    wait_until(lambda: job(db, running)["status"] == "completed", 10, "completion")
+    queued_meanwhile = publish(settings, "work", [{} for _ in range(5)])
+    time.sleep(1)
+    mq_proxy.restore()
+    consumer.wait_log("broker connection re-established", 30)
+    wait_until(lambda: all(job(db, j)["status"] == "completed" for j in queued_meanwhile), 20,
+               "jobs published during the outage to complete")
+    assert db.val("SELECT count(*) FROM test_run") == 6
+    assert db.val("SELECT max(stalls) FROM jobq.job") == 0
+
+
+def _ts(line: str) -> datetime:
+    return datetime.strptime(line[:23], "%Y-%m-%dT%H:%M:%S.%f")
+
+
+def test_renewals_failing_stop_the_handler_before_the_lease_lapses(db, procs, settings, pg_proxy):
+    set_queue(db, "work", lease_s=2)
+    pg_proxy.restore()
+    a = procs.consumer(JOBQ_DATABASE_URL=pg_proxy.url(settings.database_url))
+    a.worker_id()
+    reaper = procs.reaper()
+    (jid,) = publish(settings, "work", [{"sleep_first": 30}])
+    wait_until(lambda: runs(db, jid), 10, "the job to start in A")
+    pg_proxy.cut()  # A can no longer renew
+    fence = a.wait_log(r".*lease not renewed in time.*", 5).group(0)
+    requeue = reaper.wait_log(rf".*event=stalled job={jid}.*", 5).group(0)
+    assert _ts(fence) < _ts(requeue), "A stopped its handler before the lease lapsed"
+    b = procs.consumer()
+    b.worker_id()
+    wait_until(lambda: job(db, jid)["status"] == "completed", 10, "B completes the job")
+    pg_proxy.restore()
+    time.sleep(1)
+    assert job(db, jid)["worker_id"] == b.worker_id()
+    assert not re.search(rf"event=completed job={jid}", a.log())
+    assert a.alive()

@@ -1,0 +1,107 @@
+"""The ``jobq`` command as a user types it: output, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import socket
+import uuid
+
+from tests.helpers import SyncDB, run_cli
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def one_line_error(out, code: int, *fragments: str) -> None:
+    assert out.returncode == code, (out.returncode, out.stdout, out.stderr)
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("jobq: error: "), out.stderr
+    assert "Traceback" not in out.stderr
+    for frag in fragments:
+        assert frag in lines[0], lines[0]
+
+
+def test_publish_prints_the_id_and_stores_the_row(env, db: SyncDB) -> None:
+    out = run_cli(env, "publish", "emails", '{"to": "a@b.c"}')
+    assert out.returncode == 0, out.stderr
+    jid = uuid.UUID(out.stdout.strip())
+    row = db.fetchrow("SELECT queue, status, payload::text AS p, published_at FROM jobq.job "
+                      "WHERE id = $1", jid)
+    assert row["queue"] == "emails" and row["status"] == "queued"
+    assert row["p"] == '{"to": "a@b.c"}' and row["published_at"] is not None
+    again = run_cli(env, "publish", "emails", "{}", "--key", "k1")
+    same = run_cli(env, "publish", "emails", "{}", "--key", "k1")
+    assert again.stdout == same.stdout and again.returncode == same.returncode == 0
+    delayed = run_cli(env, "publish", "emails", "{}", "--delay", "60")
+    assert db.val("SELECT run_at > now() + interval '50 s' FROM jobq.job WHERE id = $1",
+                  uuid.UUID(delayed.stdout.strip()))
+
+
+def test_invalid_json_is_refused_and_nothing_is_written(env, db: SyncDB) -> None:
+    one_line_error(run_cli(env, "publish", "emails", "{not json"), 1, "not valid JSON")
+    one_line_error(run_cli(env, "publish", "bad queue!", "{}"), 1, "invalid queue name")
+    big = '{"x": "' + "a" * 1_100_000 + '"}'
+    one_line_error(run_cli(env, "publish", "emails", "-", stdin=big), 1, "byte limit")
+    assert db.val("SELECT count(*) FROM jobq.job") == 0
+
+
+def test_unreachable_services_and_bad_urls_fail_fast_with_one_line(env) -> None:
+    port = free_port()
+    down_db = {**env, "JOBQ_DATABASE_URL": f"postgresql://postgres@127.0.0.1:{port}/x"}
+    one_line_error(run_cli(down_db, "publish", "q", "{}"), 1, "cannot reach PostgreSQL",
+                   f"127.0.0.1:{port}")
+    one_line_error(run_cli(down_db, "migrate"), 1, "cannot reach PostgreSQL")
+    down_mq = {**env, "JOBQ_AMQP_URL": f"amqp://guest:guest@127.0.0.1:{port}/"}
+    one_line_error(run_cli(down_mq, "publish", "q", "{}"), 1, "cannot reach RabbitMQ")
+    bad = {**env, "JOBQ_DATABASE_URL": "mysql://nope"}
+    one_line_error(run_cli(bad, "stats"), 2, "JOBQ_DATABASE_URL")
+    bad = {**env, "JOBQ_CONSUMER__CONCURRENCY": "zero"}
+    one_line_error(run_cli(bad, "stats"), 2, "JOBQ_CONSUMER__CONCURRENCY")
+
+
+def test_unmigrated_database_says_run_migrate(env, pg_admin_url) -> None:
+    e = {**env, "JOBQ_DATABASE_URL": pg_admin_url.rsplit("/", 1)[0] + "/template1"}
+    one_line_error(run_cli(e, "stats"), 2, "jobq migrate")
+
+
+def test_consume_refuses_unknown_app_or_queue(env) -> None:
+    one_line_error(run_cli(env, "consume", "tests.apps:app", "--queue", "nope"), 2,
+                   "no handler registered for queue(s) nope")
+    one_line_error(run_cli(env, "consume", "no.such.module:app"), 2, "cannot import")
+    one_line_error(run_cli(env, "consume", "tests.apps"), 2, "module:attribute")
+    one_line_error(run_cli(env, "consume", "tests.apps:start"), 2, "not a jobq.App")
+
+
+def test_queue_settings_stats_and_inspect(env, db: SyncDB) -> None:
+    out = run_cli(env, "queue", "set", "emails", "--lease-seconds", "5", "--max-stalls", "2",
+                  "--timeout-seconds", "60")
+    assert out.returncode == 0, out.stderr
+    row = db.fetchrow("SELECT * FROM jobq.queue WHERE name = 'emails'")
+    assert (row["lease_s"], row["max_stalls"], row["timeout_s"]) == (5, 2, 60)
+    run_cli(env, "queue", "set", "emails", "--timeout-seconds", "0")
+    assert db.val("SELECT timeout_s FROM jobq.queue WHERE name = 'emails'") is None
+    one_line_error(run_cli(env, "queue", "set", "emails", "--lease-seconds", "0"), 1)
+    assert "emails" in run_cli(env, "queue", "list").stdout
+
+    jid = run_cli(env, "publish", "emails", '{"a": 1}').stdout.strip()
+    stats = run_cli(env, "stats").stdout.splitlines()
+    assert stats[0].split()[:6] == ["queue", "queued", "delayed", "running", "stalled",
+                                    "completed"]
+    assert stats[1].split()[:3] == ["emails", "1", "0"]
+    shown = run_cli(env, "inspect", jid)
+    assert shown.returncode == 0 and "queued" in shown.stdout and jid in shown.stdout
+    one_line_error(run_cli(env, "inspect", str(uuid.uuid4())), 1, "no job with id")
+    one_line_error(run_cli(env, "inspect", "xyz"), 1, "not a job id")
+
+
+def test_stalled_jobs_show_in_sql_before_the_reaper_runs(env, db: SyncDB) -> None:
+    jid = uuid.UUID(run_cli(env, "publish", "emails", "{}").stdout.strip())
+    db.execute("UPDATE jobq.job SET status = 'active', lock = gen_random_uuid(), "
+               "worker_id = 'w-dead', lease_expires_at = now() - interval '2 s' WHERE id = $1",
+               jid)
+    assert [r["id"] for r in db.fetch("SELECT id FROM jobq.stalled")] == [jid]
+    row = db.fetchrow("SELECT * FROM jobq.queue_stats WHERE queue = 'emails'")
+    assert (row["stalled"], row["running"], row["queued"]) == (1, 0, 0)
+    assert "1 (!)" in run_cli(env, "stats").stdout
