@@ -159,16 +159,22 @@ class Broker:
         exchange = self._exchange
 
         async def one(job_id: uuid.UUID, queue: str) -> None:
-            await exchange.publish(
-                aio_pika.Message(
-                    str(job_id).encode(),
-                    delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                    content_type="text/plain",
-                    message_id=str(job_id),
-                ),
-                routing_key=queue,
-                timeout=PUBLISH_TIMEOUT_S,
-            )
+            try:
+                await exchange.publish(
+                    aio_pika.Message(
+                        str(job_id).encode(),
+                        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                        content_type="text/plain",
+                        message_id=str(job_id),
+                    ),
+                    routing_key=queue,
+                    timeout=PUBLISH_TIMEOUT_S,
+                )
+            except aiormq.exceptions.PublishError:
+                # Unroutable: the queue vanished (deleted, or lost by the
+                # broker). Declare it again on the next attempt.
+                self._declared.pop(queue, None)
+                raise
 
         results = await asyncio.gather(*(one(i, q) for i, q in items), return_exceptions=True)
         confirmed = set()
@@ -184,6 +190,20 @@ class Broker:
         if not confirmed and errors:
             raise BrokerUnavailable(f"publish failed: {errors[0]!r}") from errors[0]
         return confirmed
+
+    async def ready_count(self, queue: str) -> int:
+        """Messages ready in a job queue (0 if the queue does not exist)."""
+        assert self._conn is not None
+        ch = await self._conn.channel()
+        try:
+            q = await ch.declare_queue(self.queue_name(queue), passive=True)
+            return int(q.declaration_result.message_count or 0)
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            self._declared.pop(queue, None)
+            return 0
+        finally:
+            if not ch.is_closed:
+                await ch.close()
 
     # ── consume ──
 

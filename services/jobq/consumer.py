@@ -31,7 +31,6 @@ import functools
 import json
 import logging
 import os
-import signal
 import socket
 import traceback
 import uuid
@@ -50,6 +49,7 @@ from jobq.errors import ConfigError, DatabaseUnavailable, Fail, LeaseLost, Retry
 from jobq.job import Job
 from jobq.lease import Failure, Lease
 from jobq.logs import fields
+from jobq.service import install_stop_signals, remove_stop_signals, unless_stopped
 from jobq.settings import Settings
 from jobq.sql import Q
 
@@ -126,12 +126,20 @@ class Consumer:
     async def run(self) -> None:
         """Run until :meth:`request_stop`; drain and release on the way out."""
         crash.configure(self.settings.crash_at)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
-                loop.add_signal_handler(sig, self.request_stop)
-            except (NotImplementedError, RuntimeError):  # not the main thread
-                pass
+        install_stop_signals(self.request_stop)
+        try:
+            started, _ = await unless_stopped(self._connect(), self._stop)
+            if started:
+                await self._serve()
+        finally:
+            remove_stop_signals()
+            await self.broker.close()
+            if self.pool is not None:
+                await self.pool.close()
+            self._threads.shutdown(wait=False, cancel_futures=True)
+        log.info("consumer stopped", extra=fields(worker=self.worker_id, **dict(self.counters)))
+
+    async def _connect(self) -> None:
         self.pool = await open_pool(
             self.settings.database_url, wait=True, min_size=1,
             max_size=min(20, 4 + self.concurrency // 4), app_name="jobq-consumer",
@@ -140,6 +148,8 @@ class Consumer:
         with translated():
             for q in self.queues:
                 await self.pool.execute(Q["queue_ensure"], q)
+
+    async def _serve(self) -> None:
         renewer = asyncio.create_task(self._renew_loop(), name="jobq-renewer")
         stop_intake = await self.broker.consume(
             self.queues, self._on_message, self.cfg.prefetch or self.concurrency
@@ -158,10 +168,6 @@ class Consumer:
         await self._drain(stop_intake)
         renewer.cancel()
         await asyncio.gather(renewer, return_exceptions=True)
-        await self.broker.close()
-        await self.pool.close()
-        self._threads.shutdown(wait=False, cancel_futures=True)
-        log.info("consumer stopped", extra=fields(worker=self.worker_id, **dict(self.counters)))
 
     async def _drain(self, stop_intake: Any) -> None:
         """SIGTERM: stop intake, let jobs finish within the grace, release the rest."""

@@ -195,6 +195,27 @@ FROM lapsed, jobq.queue q
 WHERE j.id = lapsed.id AND q.name = j.queue
 RETURNING j.id, j.queue, j.status, j.stalls, j.worker_id;
 
+-- name: lost_candidates
+-- Queues holding due rows that were published a while ago and are still
+-- waiting. If the broker queue is empty too, their messages were lost
+-- (a purge, a classic queue lost in a restart): PostgreSQL is the truth.
+SELECT queue, count(*) AS n
+FROM jobq.job
+WHERE status = 'queued'
+  AND published_at < now() - make_interval(secs => $1)
+  AND run_at <= now()
+GROUP BY queue;
+
+-- name: unpublish_lost
+-- Hand such rows back to the relay. A message that was in fact still in a
+-- consumer's prefetch buffer becomes a duplicate, which consumers drop.
+UPDATE jobq.job
+SET published_at = NULL, relay_after = now()
+WHERE status = 'queued'
+  AND queue = $1
+  AND published_at < now() - make_interval(secs => $2)
+  AND run_at <= now();
+
 -- name: next_deadline_s
 -- Seconds until the reaper has something to do: the earliest lease deadline
 -- or relay time. NULL when nothing is pending.

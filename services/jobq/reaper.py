@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import time
 from dataclasses import dataclass, field
 
@@ -41,6 +40,7 @@ from jobq.broker import Broker
 from jobq.db import open_pool, transaction, translated
 from jobq.errors import UnavailableError
 from jobq.logs import fields
+from jobq.service import install_stop_signals, remove_stop_signals, unless_stopped
 from jobq.settings import Settings
 from jobq.sql import Q
 
@@ -133,6 +133,31 @@ class Reaper:
             if len(rows) < self.cfg.batch_size or len(confirmed) < len(rows):
                 return total
 
+    async def check_lost(self) -> int:
+        """Republish rows whose messages the broker lost; returns how many."""
+        assert self.pool is not None
+        after = self.cfg.republish_after_s
+        with translated():
+            candidates = await self.pool.fetch(Q["lost_candidates"], after)
+        total = 0
+        for row in candidates:
+            try:
+                ready = await self.broker.ready_count(row["queue"])
+            except Exception as exc:  # broker away: try again next time
+                log.debug("ready count of %s: %r", row["queue"], exc)
+                continue
+            if ready:
+                continue  # a backlog, not a loss
+            with translated():
+                status = await self.pool.execute(Q["unpublish_lost"], row["queue"], after)
+            n = int(status.split()[-1])
+            total += n
+            if n:
+                log.warning("queue %s: broker queue empty but %d published job(s) waited over "
+                            "%.0fs; their messages were lost: republishing", row["queue"], n,
+                            after, extra=fields(event="republish_lost", queue=row["queue"]))
+        return total
+
     # ── the loop ──
 
     async def _seconds_to_next(self) -> float:
@@ -155,37 +180,41 @@ class Reaper:
             log.debug("LISTEN unavailable: %r", exc)
 
     async def run(self) -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
-                loop.add_signal_handler(sig, self.request_stop)
-            except (NotImplementedError, RuntimeError):
-                pass
-        await self.connect(wait=True)
-        log.info("reaper ready")
-        backoff = 0.5
+        install_stop_signals(self.request_stop)
         try:
-            while not self._stop.is_set():
-                self._wake.clear()
-                await self._listen()
-                try:
-                    sweep = await self.run_once()
-                    if sweep.requeued or sweep.failed or sweep.published:
-                        log.info("sweep: %d requeued, %d failed, %d published in %.3fs",
-                                 len(sweep.requeued), len(sweep.failed), sweep.published,
-                                 sweep.duration_s)
-                    sleep_s = await self._seconds_to_next()
-                    backoff = 0.5
-                except UnavailableError as exc:
-                    log.warning("sweep failed: %s; retrying in %.1fs", exc, backoff)
-                    sleep_s, backoff = backoff, min(backoff * 2, 5.0)
-                except Exception:
-                    log.exception("sweep failed unexpectedly; retrying in %.1fs", backoff)
-                    sleep_s, backoff = backoff, min(backoff * 2, 5.0)
-                try:
-                    await asyncio.wait_for(self._wake.wait(), timeout=sleep_s)
-                except asyncio.TimeoutError:
-                    pass
+            started, _ = await unless_stopped(self.connect(wait=True), self._stop)
+            if started:
+                await self._loop()
         finally:
+            remove_stop_signals()
             await self.close()
             log.info("reaper stopped")
+
+    async def _loop(self) -> None:
+        log.info("reaper ready")
+        backoff = 0.5
+        next_lost_check = time.monotonic() + self.cfg.lost_check_s
+        while not self._stop.is_set():
+            self._wake.clear()
+            await self._listen()
+            try:
+                if time.monotonic() >= next_lost_check:
+                    next_lost_check = time.monotonic() + self.cfg.lost_check_s
+                    await self.check_lost()
+                sweep = await self.run_once()
+                if sweep.requeued or sweep.failed or sweep.published:
+                    log.info("sweep: %d requeued, %d failed, %d published in %.3fs",
+                             len(sweep.requeued), len(sweep.failed), sweep.published,
+                             sweep.duration_s)
+                sleep_s = await self._seconds_to_next()
+                backoff = 0.5
+            except UnavailableError as exc:
+                log.warning("sweep failed: %s; retrying in %.1fs", exc, backoff)
+                sleep_s, backoff = backoff, min(backoff * 2, 5.0)
+            except Exception:
+                log.exception("sweep failed unexpectedly; retrying in %.1fs", backoff)
+                sleep_s, backoff = backoff, min(backoff * 2, 5.0)
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=sleep_s)
+            except asyncio.TimeoutError:
+                pass

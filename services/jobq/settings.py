@@ -40,11 +40,16 @@ class ReaperSettings(BaseModel):
 
     # Upper bound on sleep between sweeps; the reaper otherwise wakes at the
     # next lease deadline or relay time it knows of, or on NOTIFY.
-    max_sleep_s: float = Field(default=1.0, gt=0, le=60)
+    max_sleep_s: float = Field(default=0.5, gt=0, le=60)
     # Added to a deadline before waking, so the lease has surely lapsed by the
     # database clock when the sweep runs.
     wake_slack_s: float = Field(default=0.05, ge=0, le=5)
     batch_size: int = Field(default=500, ge=1, le=100_000)
+    # Lost-message check: every lost_check_s, a queue whose broker queue is
+    # empty while rows published over republish_after_s ago still wait gets
+    # those rows republished.
+    lost_check_s: float = Field(default=10.0, gt=0)
+    republish_after_s: float = Field(default=30.0, gt=0)
 
 
 class ProducerSettings(BaseModel):

@@ -113,3 +113,40 @@ def test_renewals_failing_stop_the_handler_before_the_lease_lapses(db, procs, se
     assert job(db, jid)["worker_id"] == b.worker_id()
     assert not re.search(rf"event=completed job={jid}", a.log())
     assert a.alive()
+
+
+def test_messages_lost_by_the_broker_are_republished_from_the_rows(db, procs, settings):
+    """A purge (or a classic queue lost in a restart) drops confirmed messages:
+    the reaper notices published rows waiting while the broker queue is empty."""
+    import asyncio
+
+    import aio_pika
+
+    ids = publish(settings, "work", [{} for _ in range(5)])  # no consumer yet
+
+    async def purge() -> int:
+        conn = await aio_pika.connect(settings.amqp_url)
+        try:
+            q = await (await conn.channel()).get_queue(f"{settings.namespace}.work")
+            return (await q.purge()).message_count
+        finally:
+            await conn.close()
+
+    assert asyncio.run(purge()) == 5
+    reaper = procs.reaper(JOBQ_REAPER__LOST_CHECK_S="0.5", JOBQ_REAPER__REPUBLISH_AFTER_S="1")
+    procs.consumer().worker_id()
+    wait_until(lambda: db.val("SELECT count(*) FROM jobq.job WHERE status = 'completed'") == 5,
+               15, "lost jobs to be republished and run")
+    assert "their messages were lost: republishing" in reaper.log()
+    assert db.val("SELECT count(*) FROM test_run") == 5
+    assert sorted(r["job_id"] for r in db.fetch("SELECT job_id FROM test_run")) == sorted(ids)
+
+
+def test_sigterm_stops_a_service_still_waiting_for_its_database(procs, settings, pg_proxy):
+    consumer = procs.consumer(JOBQ_DATABASE_URL=pg_proxy.url(settings.database_url))
+    reaper = procs.reaper(JOBQ_DATABASE_URL=pg_proxy.url(settings.database_url))
+    consumer.wait_log("database not ready")
+    reaper.wait_log("database not ready")
+    consumer.signal(15)
+    reaper.signal(15)
+    assert consumer.wait(5) == 0 and reaper.wait(5) == 0

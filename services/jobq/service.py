@@ -1,0 +1,43 @@
+"""What consumer and reaper share as long-running services: stop signals,
+and start-up waits that a SIGTERM can interrupt (a service waiting for a
+database that is down must still stop when asked)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def install_stop_signals(stop: Callable[[], None]) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop)
+        except (NotImplementedError, RuntimeError):  # not the main thread
+            pass
+
+
+def remove_stop_signals() -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.remove_signal_handler(sig)
+        except (NotImplementedError, RuntimeError):
+            pass
+
+
+async def unless_stopped(work: Awaitable[T], stopped: asyncio.Event) -> tuple[bool, T | None]:
+    """Run ``work`` until it ends or ``stopped`` is set: (finished, result)."""
+    task = asyncio.ensure_future(work)
+    waiter = asyncio.create_task(stopped.wait())
+    done, _ = await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    waiter.cancel()
+    if task in done:
+        return True, task.result()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return False, None
