@@ -19,6 +19,7 @@ import os
 import socket
 import uuid
 from collections.abc import Iterator
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -212,3 +213,23 @@ def procs(env: dict[str, str], tmp_path: "os.PathLike[str]") -> Iterator["Procs"
     factory = Procs(env, Path(tmp_path))
     yield factory
     factory.close()
+
+
+@pytest.fixture
+def report(request: pytest.FixtureRequest) -> Any:
+    """Record a fault scenario's figures; ``bench/faults.py`` turns them into
+    a table (set JOBQ_FAULT_REPORT=path.jsonl to collect)."""
+    import json
+
+    path = os.environ.get("JOBQ_FAULT_REPORT")
+
+    def record(scenario: str, jobs: int, lost: int, duplicate_runs: int,
+               latencies: list[float] | None = None) -> None:
+        if path:
+            with open(path, "a") as f:
+                f.write(json.dumps({"test": request.node.name, "scenario": scenario,
+                                    "jobs": jobs, "lost": lost,
+                                    "duplicate_runs": duplicate_runs,
+                                    "latencies": latencies or []}) + "\n")
+
+    return record

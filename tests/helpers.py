@@ -32,26 +32,46 @@ def wait_until(cond: Callable[[], T], timeout: float, what: str, interval: float
 
 
 class SyncDB:
-    """asyncpg behind a private event loop, for tests that drive processes."""
+    """asyncpg behind a private event loop, for tests that drive processes.
+    Reconnects (and retries once) when the server went away, so a test can
+    keep asserting across a PostgreSQL restart."""
 
     def __init__(self, url: str) -> None:
+        self.url = url
         self.loop = asyncio.new_event_loop()
         self.conn: asyncpg.Connection = self.loop.run_until_complete(asyncpg.connect(url))
 
+    def _run(self, method: str, sql: str, *args: Any) -> Any:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if self.conn.is_closed():
+                    self.conn = self.loop.run_until_complete(asyncpg.connect(self.url))
+                return self.loop.run_until_complete(getattr(self.conn, method)(sql, *args))
+            except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
+                    asyncpg.exceptions.CannotConnectNowError,
+                    asyncpg.exceptions.AdminShutdownError):
+                if time.monotonic() > deadline:
+                    raise
+                if not self.conn.is_closed():
+                    self.conn.terminate()
+                time.sleep(0.2)
+
     def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
-        return self.loop.run_until_complete(self.conn.fetch(sql, *args))
+        return self._run("fetch", sql, *args)  # type: ignore[no-any-return]
 
     def fetchrow(self, sql: str, *args: Any) -> asyncpg.Record | None:
-        return self.loop.run_until_complete(self.conn.fetchrow(sql, *args))
+        return self._run("fetchrow", sql, *args)  # type: ignore[no-any-return]
 
     def val(self, sql: str, *args: Any) -> Any:
-        return self.loop.run_until_complete(self.conn.fetchval(sql, *args))
+        return self._run("fetchval", sql, *args)
 
     def execute(self, sql: str, *args: Any) -> str:
-        return self.loop.run_until_complete(self.conn.execute(sql, *args))
+        return self._run("execute", sql, *args)  # type: ignore[no-any-return]
 
     def close(self) -> None:
-        self.loop.run_until_complete(self.conn.close())
+        if not self.conn.is_closed():
+            self.loop.run_until_complete(self.conn.close())
         self.loop.close()
 
 
@@ -238,3 +258,20 @@ class TcpProxy:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(5)
         self.loop.close()
+
+
+def requeue_latency(db: SyncDB, job_id: Any, since: float, timeout: float) -> float:
+    """Seconds from ``since`` (a kill, time.monotonic()) until the reaper
+    requeued (or failed) the job: its stall count went up."""
+    before = db.val("SELECT stalls FROM jobq.job WHERE id = $1", job_id)
+    wait_until(lambda: db.val("SELECT stalls FROM jobq.job WHERE id = $1", job_id) > before,
+               timeout, f"job {job_id} to be requeued", interval=0.01)
+    return time.monotonic() - since
+
+
+def lost_and_duplicates(db: SyncDB, ids: list[Any]) -> tuple[int, int]:
+    """(jobs not completed, handler runs beyond one per job)."""
+    lost = db.val("SELECT count(*) FROM jobq.job WHERE id = ANY($1) AND status <> 'completed'",
+                  ids)
+    runs_ = db.val("SELECT count(*) FROM test_run WHERE job_id = ANY($1)", ids)
+    return int(lost), int(runs_) - len(ids)

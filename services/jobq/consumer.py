@@ -49,11 +49,19 @@ from jobq.errors import ConfigError, DatabaseUnavailable, Fail, LeaseLost, Retry
 from jobq.job import Job
 from jobq.lease import Failure, Lease
 from jobq.logs import fields
-from jobq.service import install_stop_signals, remove_stop_signals, unless_stopped
+from jobq.service import (
+    database_answers,
+    install_stop_signals,
+    remove_stop_signals,
+    start_health,
+    unless_stopped,
+)
 from jobq.settings import Settings
 from jobq.sql import Q
 
 log = logging.getLogger("jobq.consumer")
+
+SETTLE_TIMEOUT_S = 5.0
 
 
 def new_worker_id() -> str:
@@ -115,6 +123,7 @@ class Consumer:
         self._completions: Coalescer[Lease, bool] = Coalescer(self._complete_batch)
         self._message_tasks: set[asyncio.Task[Any]] = set()
         self._lease_added = asyncio.Event()
+        self._dead = False  # a supervised task died: liveness fails
 
     # ── lifecycle ──
 
@@ -127,17 +136,25 @@ class Consumer:
         """Run until :meth:`request_stop`; drain and release on the way out."""
         crash.configure(self.settings.crash_at)
         install_stop_signals(self.request_stop)
+        health = await start_health(self.settings, lambda: not self._dead, self._readiness)
         try:
             started, _ = await unless_stopped(self._connect(), self._stop)
             if started:
                 await self._serve()
         finally:
             remove_stop_signals()
+            if health is not None:
+                await health.stop()
             await self.broker.close()
             if self.pool is not None:
                 await self.pool.close()
             self._threads.shutdown(wait=False, cancel_futures=True)
         log.info("consumer stopped", extra=fields(worker=self.worker_id, **dict(self.counters)))
+
+    async def _readiness(self) -> dict[str, bool]:
+        return {"database": await database_answers(self.pool),
+                "broker": self.broker.connected,
+                "accepting": self._ready.is_set() and not self._stopping}
 
     async def _connect(self) -> None:
         self.pool = await open_pool(
@@ -163,6 +180,7 @@ class Consumer:
             # Supervision: a dead renewer means leases we cannot keep. Exit
             # non-zero; the orchestrator restarts us and the reaper recovers.
             stopper.cancel()
+            self._dead = True
             exc = renewer.exception()
             raise RuntimeError(f"lease renewer died: {exc!r}") from exc
         await self._drain(stop_intake)
@@ -265,8 +283,10 @@ class Consumer:
         # The channel may be gone (broker restart): then RabbitMQ redelivers
         # the message itself, and a redelivered id for a claimed row is dropped
         # by the next claim attempt.
+        # Bounded: on a channel that died mid-flight an ack can hang, and it
+        # must never hold a slot.
         try:
-            await op
+            await asyncio.wait_for(op, SETTLE_TIMEOUT_S)
         except Exception as exc:
             log.debug("ack/nack failed: %r", exc)
 

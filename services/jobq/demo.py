@@ -44,3 +44,54 @@ def crash(job: Job) -> None:
     times = (job.payload or {}).get("times")
     if times is None or job.attempt <= int(times):
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+# ── a demo producer: python -m jobq.demo --rate 5 ──
+
+async def _produce(rate: float, count: int | None) -> None:
+    import random
+
+    from jobq.producer import Client, NewJob
+    from jobq.settings import Settings
+
+    client = Client(Settings())
+    await client.connect(wait=True)
+    sent = 0
+    try:
+        while count is None or sent < count:
+            kind = random.random()
+            if kind < 0.6:
+                job = NewJob("echo", {"n": sent})
+            elif kind < 0.85:
+                job = NewJob("sleep", {"seconds": round(random.uniform(0.5, 20), 1)})
+            elif kind < 0.99:
+                job = NewJob("flaky", {"fail_times": random.randint(1, 3)})
+            else:
+                job = NewJob("crash", {"times": 1})  # kills one consumer, then succeeds
+            try:
+                await client.publish_many([job])
+                sent += 1
+            except Exception as exc:  # keep trickling through outages
+                log.warning("demo producer: publish failed: %s", exc)
+            await asyncio.sleep(1 / rate)
+    finally:
+        await client.close()
+
+
+def main() -> None:
+    import argparse
+
+    from jobq import logs
+
+    p = argparse.ArgumentParser(description="Publish a steady trickle of demo jobs: mostly "
+                                "echo, some long sleeps, some that fail a few times, and "
+                                "now and then one that kills its consumer once.")
+    p.add_argument("--rate", type=float, default=5.0, help="jobs per second (default 5)")
+    p.add_argument("--count", type=int, default=None, help="stop after this many")
+    args = p.parse_args()
+    logs.setup("INFO")
+    asyncio.run(_produce(args.rate, args.count))
+
+
+if __name__ == "__main__":
+    main()

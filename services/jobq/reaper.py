@@ -40,7 +40,13 @@ from jobq.broker import Broker
 from jobq.db import open_pool, transaction, translated
 from jobq.errors import UnavailableError
 from jobq.logs import fields
-from jobq.service import install_stop_signals, remove_stop_signals, unless_stopped
+from jobq.service import (
+    database_answers,
+    install_stop_signals,
+    remove_stop_signals,
+    start_health,
+    unless_stopped,
+)
 from jobq.settings import Settings
 from jobq.sql import Q
 
@@ -179,14 +185,20 @@ class Reaper:
             self._listener = None
             log.debug("LISTEN unavailable: %r", exc)
 
+    async def _readiness(self) -> dict[str, bool]:
+        return {"database": await database_answers(self.pool), "broker": self.broker.connected}
+
     async def run(self) -> None:
         install_stop_signals(self.request_stop)
+        health = await start_health(self.settings, lambda: True, self._readiness)
         try:
             started, _ = await unless_stopped(self.connect(wait=True), self._stop)
             if started:
                 await self._loop()
         finally:
             remove_stop_signals()
+            if health is not None:
+                await health.stop()
             await self.close()
             log.info("reaper stopped")
 

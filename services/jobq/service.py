@@ -1,5 +1,5 @@
 """What consumer and reaper share as long-running services: stop signals,
-and start-up waits that a SIGTERM can interrupt (a service waiting for a
+health endpoints, and start-up waits that a SIGTERM can interrupt (a service waiting for a
 database that is down must still stop when asked)."""
 
 from __future__ import annotations
@@ -7,9 +7,34 @@ from __future__ import annotations
 import asyncio
 import signal
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+import asyncpg
+
+from jobq.health import Check, HealthServer
+
+if TYPE_CHECKING:
+    from jobq.settings import Settings
 
 T = TypeVar("T")
+
+
+async def start_health(settings: Settings, live: Callable[[], bool],
+                       ready: Check) -> HealthServer | None:
+    if settings.health_port is None:
+        return None
+    server = HealthServer(settings.health_host, settings.health_port, live, ready)
+    await server.start()
+    return server
+
+
+async def database_answers(pool: asyncpg.Pool | None) -> bool:
+    if pool is None:
+        return False
+    try:
+        return bool(await asyncio.wait_for(pool.fetchval("SELECT 1"), 2))
+    except Exception:
+        return False
 
 
 def install_stop_signals(stop: Callable[[], None]) -> None:

@@ -77,6 +77,9 @@ class Settings(BaseSettings):
     # Prefix of the AMQP exchange and queue names: exchange "<ns>", queues
     # "<ns>.<queue>". Lets several deployments (or test runs) share a broker.
     namespace: str = Field(default="jobq", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    # Serve /healthz and /readyz on this port (consume and reap); unset = off.
+    health_port: int | None = Field(default=None, ge=0, le=65535)
+    health_host: str = "0.0.0.0"
     log_level: str = "INFO"
     log_json: bool = False
     # Crash points for fault tests ("consumer.after_claim" or "name:N" for the
