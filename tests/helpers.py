@@ -76,12 +76,15 @@ class SyncDB:
 
 
 class Proc:
-    def __init__(self, name: str, args: list[str], env: dict[str, str], logdir: Path) -> None:
+    def __init__(self, name: str, args: list[str], env: dict[str, str], logdir: Path,
+                 raw: bool = False) -> None:
+        """Runs ``python -m jobq ARGS`` (or ``python ARGS`` with ``raw``)."""
         self.name = name
         self.log_path = logdir / f"{name}.log"
         self._log = open(self.log_path, "wb")
+        argv = [sys.executable, *args] if raw else [sys.executable, "-m", "jobq", *args]
         self.popen = subprocess.Popen(
-            [sys.executable, "-m", "jobq", *args], env=env, stdout=self._log,
+            argv, env=env, stdout=self._log,
             stderr=subprocess.STDOUT, start_new_session=True,
         )
 

@@ -37,6 +37,11 @@ log = logging.getLogger("jobq.broker")
 PUBLISH_TIMEOUT_S = 10.0
 
 
+def queue_arguments(namespace: str) -> dict[str, str]:
+    """Declare arguments of a job queue (deploy/rabbitmq/definitions.json matches)."""
+    return {"x-queue-type": "quorum", "x-dead-letter-exchange": f"{namespace}.dlx"}
+
+
 class Broker:
     def __init__(self, url: str, namespace: str, heartbeat_s: int = 5) -> None:
         parts = urlsplit(url)
@@ -121,7 +126,7 @@ class Broker:
                 return self._declared[queue]
             assert self._conn is not None and self._exchange is not None
             name = self.queue_name(queue)
-            args = {"x-queue-type": "quorum", "x-dead-letter-exchange": f"{self.namespace}.dlx"}
+            args = queue_arguments(self.namespace)
             ch = await self._conn.channel()
             try:
                 q = await ch.declare_queue(name, durable=True, arguments=args)

@@ -1,0 +1,187 @@
+"""deploy/ without Docker: compose.yaml and the Kubernetes manifests validate
+against their schemas, the RabbitMQ definitions match what jobq declares, and
+the exact commands and environment compose.yaml gives each service run as
+local processes against the test PostgreSQL and RabbitMQ."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from jobq.broker import queue_arguments
+from tests.helpers import Proc, free_port, wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def compose() -> dict[str, Any]:
+    return yaml.safe_load((ROOT / "compose.yaml").read_text())
+
+
+def test_compose_file_matches_the_compose_spec() -> None:
+    out = subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema",
+                          "vendor.compose-spec", str(ROOT / "compose.yaml")],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    services = compose()["services"]
+    assert {"postgres", "rabbitmq", "migrate", "consumer", "reaper", "producer"} <= set(services)
+    assert services["consumer"]["deploy"]["replicas"] == 3
+    assert services["reaper"]["deploy"]["replicas"] == 2
+    for name in ("postgres", "rabbitmq", "consumer", "reaper"):
+        assert "healthcheck" in services[name], name
+    assert services["consumer"]["depends_on"]["migrate"]["condition"] == \
+        "service_completed_successfully"
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "deploy" / "k8s").glob("*.yaml")),
+                         ids=lambda p: p.name)
+def test_kubernetes_manifests_are_valid(path: Path) -> None:
+    if path.name == "kustomization.yaml":
+        listed = yaml.safe_load(path.read_text())["resources"]
+        assert sorted(listed) == sorted(p.name for p in path.parent.glob("*.yaml")
+                                        if p.name != "kustomization.yaml")
+        return
+    for doc in yaml.safe_load_all(path.read_text()):
+        kubernetes_validate.validate(doc, "1.30.0", strict=True)
+
+
+def test_consumer_grace_outlasts_its_drain() -> None:
+    consumer = yaml.safe_load((ROOT / "deploy/k8s/consumer.yaml").read_text())
+    config = yaml.safe_load((ROOT / "deploy/k8s/configmap.yaml").read_text())["data"]
+    spec = consumer["spec"]["template"]["spec"]
+    assert spec["terminationGracePeriodSeconds"] > float(config["JOBQ_CONSUMER__SHUTDOWN_GRACE_S"])
+    probes = spec["containers"][0]
+    assert probes["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert probes["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    svc = compose()["services"]["consumer"]
+    assert float(svc["stop_grace_period"].rstrip("s")) > float(
+        svc["environment"]["JOBQ_CONSUMER__SHUTDOWN_GRACE_S"])
+
+
+def test_image_is_small_non_root_and_pinned() -> None:
+    dockerfile = (ROOT / "deploy/Dockerfile").read_text()
+    stages = [ln for ln in dockerfile.splitlines() if ln.startswith("FROM ")]
+    assert len(stages) == 2, "build stage + slim runtime stage"
+    runtime = dockerfile[dockerfile.rindex(stages[1]):]
+    assert "USER jobq" in runtime and 'ENTRYPOINT ["jobq"]' in runtime
+    assert "pip wheel" not in runtime and "gcc" not in runtime
+    lock = [ln for ln in (ROOT / "deploy/requirements.lock").read_text().splitlines()
+            if ln and not ln.startswith("#")]
+    assert lock and all("==" in ln for ln in lock)
+    names = {ln.split("==")[0].lower().replace("_", "-") for ln in lock}
+    assert {"aio-pika", "asyncpg", "pydantic", "pydantic-settings"} <= names
+
+
+def test_rabbitmq_definitions_match_what_jobq_declares() -> None:
+    d = json.loads((ROOT / "deploy/rabbitmq/definitions.json").read_text())
+    queues = {q["name"]: q for q in d["queues"]}
+    for q in ("echo", "sleep", "flaky", "crash"):
+        assert queues[f"jobq.{q}"]["arguments"] == queue_arguments("jobq")
+        assert queues[f"jobq.{q}"]["durable"]
+    assert queues["jobq.dead"]["arguments"] == {}
+    exchanges = {e["name"]: e["type"] for e in d["exchanges"]}
+    assert exchanges == {"jobq": "direct", "jobq.dlx": "fanout"}
+    conf = (ROOT / "deploy/rabbitmq/rabbitmq.conf").read_text()
+    assert "definitions.local.path = /etc/rabbitmq/definitions.json" in conf
+
+
+def _get(port: int, path: str) -> tuple[int, dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=3) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def _service_argv(svc: dict[str, Any]) -> list[str]:
+    entry = svc.get("entrypoint", ["jobq"])
+    prefix = [sys.executable, "-m", "jobq"] if entry == ["jobq"] else [sys.executable, *entry[1:]]
+    return prefix + list(svc.get("command", []))
+
+
+def test_compose_services_run_as_local_processes(settings, db, env, tmp_path) -> None:
+    """The commands and environment of compose.yaml, with only the service
+    addresses swapped for the test ones: jobs flow, health answers, and
+    SIGTERM drains within the stop grace period."""
+    services = compose()["services"]
+
+    def service_env(name: str, port: int) -> dict[str, str]:
+        e = {**env, **{k: str(v) for k, v in services[name]["environment"].items()}}
+        e.update(JOBQ_DATABASE_URL=settings.database_url, JOBQ_AMQP_URL=settings.amqp_url,
+                 JOBQ_NAMESPACE=settings.namespace, JOBQ_HEALTH_PORT=str(port))
+        return e
+
+    def start(name: str, i: int = 0) -> tuple[Proc, int]:
+        port = free_port()
+        argv = _service_argv(services[name])
+        return Proc(f"{name}{i}", argv[1:], service_env(name, port), tmp_path, raw=True), port
+
+    migrate, _ = start("migrate")
+    assert migrate.wait(30) == 0, migrate.log()
+    migrate.close()
+    started = [start("consumer", i) for i in range(services["consumer"]["deploy"]["replicas"])]
+    started += [start("reaper", i) for i in range(services["reaper"]["deploy"]["replicas"])]
+    producer, _ = start("producer")
+    try:
+        for proc, port in started:
+            wait_until(lambda: _get_quiet(port, "/readyz") == 200, 20, f"{proc.name} ready")
+            assert _get(port, "/healthz")[0] == 200
+        wait_until(lambda: db.val("SELECT count(*) FROM jobq.job WHERE status = 'completed'")
+                   >= 10, 30, "demo jobs to flow")
+        grace = float(services["consumer"]["stop_grace_period"].rstrip("s"))
+        consumers = [p for p, _ in started if p.name.startswith("consumer")]
+        for p in consumers:
+            p.signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        for p in consumers:
+            code = p.wait(grace + 5)
+            # -9: the demo's "crash" job killed it on purpose (compose restarts it)
+            assert code in (0, -signal.SIGKILL), p.log()[-2000:]
+        assert time.monotonic() - t0 < grace
+    finally:
+        producer.close()
+        for p, _ in started:
+            p.close()
+
+
+def _get_quiet(port: int, path: str) -> int:
+    try:
+        return _get(port, path)[0]
+    except OSError:
+        return 0
+
+
+def test_readyz_reflects_a_database_outage(settings, procs) -> None:
+    from tests.helpers import TcpProxy
+    from urllib.parse import urlsplit
+
+    u = urlsplit(settings.database_url)
+    proxy = TcpProxy(u.hostname or "127.0.0.1", u.port or 5432)
+    proxy.restore()
+    port = free_port()
+    try:
+        c = procs.consumer(JOBQ_DATABASE_URL=proxy.url(settings.database_url),
+                           JOBQ_HEALTH_PORT=str(port))
+        c.worker_id()
+        assert _get(port, "/readyz") == (200, {"ready": True, "database": True, "broker": True,
+                                               "accepting": True})
+        proxy.cut()
+        status, body = _get(port, "/readyz")
+        assert status == 503 and body["database"] is False
+        assert _get(port, "/healthz")[0] == 200  # alive, just not ready
+        proxy.restore()
+        wait_until(lambda: _get_quiet(port, "/readyz") == 200, 15, "ready again")
+    finally:
+        proxy.close()
