@@ -37,7 +37,36 @@ _QUEUE_FLAGS = [
     ("--stall-cooldown-seconds", "stall_cooldown_s", float,
      "wait before rerunning a job that stalled twice; doubles with each further stall"),
     ("--max-payload-bytes", "max_payload_bytes", int, "largest payload accepted at enqueue"),
+    ("--history", "history", lambda v: _onoff(v), "on/off: record every transition in "
+     "jobq.job_event"),
 ]
+
+
+def _onoff(value: str) -> bool:
+    if value.lower() in ("on", "true", "yes", "1"):
+        return True
+    if value.lower() in ("off", "false", "no", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected on or off, got {value!r}")
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> float:
+    """'90s', '15m', '12h', '7d', '2w' (or plain seconds) -> seconds."""
+    t = text.strip().lower()
+    try:
+        if t and t[-1] in _UNITS:
+            value = float(t[:-1]) * _UNITS[t[-1]]
+        else:
+            value = float(t)
+    except ValueError:
+        raise BadInput(f"bad duration {text!r}: use a number with s, m, h, d or w, "
+                       "e.g. 7d") from None
+    if value < 0 or value != value:
+        raise BadInput(f"bad duration {text!r}: must be positive")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -77,8 +106,19 @@ def _parser() -> argparse.ArgumentParser:
     qsub.add_parser("list", help="show every queue's settings")
 
     sub.add_parser("stats", help="jobs per queue and state (stalled = lease lapsed, not reaped)")
-    ins = sub.add_parser("inspect", help="show one job row")
+    ins = sub.add_parser("inspect", help="show one job row and its history")
     ins.add_argument("id", metavar="ID")
+    rt = sub.add_parser("retry", help="put a failed (or cancelled) job back in line")
+    rt.add_argument("id", metavar="ID")
+    cn = sub.add_parser("cancel", help="cancel a queued job; an active one stops at its "
+                        "worker's next renewal")
+    cn.add_argument("id", metavar="ID")
+    cn.add_argument("--reason", default=None, help="recorded in last_error and the history")
+    pr = sub.add_parser("prune", help="delete finished jobs (and their history) in batches")
+    pr.add_argument("--older-than", required=True, metavar="DURATION",
+                    help="finished more than this long ago: 90s, 15m, 12h, 7d, 2w")
+    pr.add_argument("--batch", type=int, default=1000, metavar="N",
+                    help="rows per delete statement (default 1000)")
     return p
 
 
@@ -174,9 +214,13 @@ async def _inspect(settings: Settings, args: argparse.Namespace) -> None:
 
     job_id = _uuid(args.id)
     pool = await _pool(settings)
+    events: list[Any] = []
     try:
         with translated():
             row = await pool.fetchrow(Q["job_get"], job_id)
+        if row is not None:
+            with translated():
+                events = await pool.fetch(Q["history"], job_id)
     finally:
         await pool.close()
     if row is None:
@@ -184,6 +228,74 @@ async def _inspect(settings: Settings, args: argparse.Namespace) -> None:
     width = max(len(k) for k in row.keys())
     for k, v in row.items():
         print(f"{k:<{width}}  {v}")
+    print()
+    _table([{"at": e["at"].strftime("%Y-%m-%d %H:%M:%S.%f")[:-3], "event": e["event"],
+             "worker": e["worker_id"], "attempt": e["attempt"], "detail": e["detail"]}
+            for e in events])
+
+
+async def _retry(settings: Settings, args: argparse.Namespace) -> None:
+    from jobq.db import translated
+    from jobq.producer import Client
+    from jobq.sql import Q
+
+    job_id = _uuid(args.id)
+    async with Client(settings) as client:
+        assert client.pool is not None
+        with translated():
+            row = await client.pool.fetchrow(Q["retry_failed"], job_id)
+            if row is None:
+                status = await client.pool.fetchval("SELECT status FROM jobq.job WHERE id = $1",
+                                                    job_id)
+        if row is None:
+            if status is None:
+                raise UnknownJob(f"no job with id {job_id}")
+            raise BadInput(f"job {job_id} is {status}: only failed or cancelled jobs can be "
+                           "retried")
+        await client.republish([(row["id"], row["queue"], row["lock"])])
+    print(f"{job_id} queued again")
+
+
+async def _cancel(settings: Settings, args: argparse.Namespace) -> None:
+    from jobq.db import translated
+    from jobq.sql import Q
+
+    job_id = _uuid(args.id)
+    pool = await _pool(settings)
+    try:
+        with translated():
+            done = await pool.fetchval(Q["cancel"], job_id, args.reason)
+            status = None if done else await pool.fetchval(
+                "SELECT status FROM jobq.job WHERE id = $1", job_id)
+    finally:
+        await pool.close()
+    if not done:
+        if status is None:
+            raise UnknownJob(f"no job with id {job_id}")
+        raise BadInput(f"job {job_id} is already {status}")
+    print(f"{job_id} cancelled")
+
+
+async def _prune(settings: Settings, args: argparse.Namespace) -> None:
+    from jobq.db import translated
+    from jobq.sql import Q
+
+    older = parse_duration(args.older_than)
+    if args.batch < 1:
+        raise BadInput("--batch must be at least 1")
+    pool = await _pool(settings)
+    total = 0
+    try:
+        while True:
+            with translated():
+                status = await pool.execute(Q["prune_batch"], older, args.batch)
+            n = int(status.split()[-1])
+            total += n
+            if n < args.batch:
+                break
+    finally:
+        await pool.close()
+    print(f"pruned {total} finished job(s)")
 
 
 def _table(rows: list[dict[str, Any]]) -> None:
@@ -250,6 +362,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             asyncio.run(_stats(settings))
         elif args.command == "inspect":
             asyncio.run(_inspect(settings, args))
+        elif args.command == "retry":
+            asyncio.run(_retry(settings, args))
+        elif args.command == "cancel":
+            asyncio.run(_cancel(settings, args))
+        elif args.command == "prune":
+            asyncio.run(_prune(settings, args))
     except ConfigError as exc:
         print(f"jobq: error: {exc}", file=sys.stderr)
         code = 2

@@ -40,7 +40,7 @@ import asyncpg
 from aio_pika.abc import AbstractIncomingMessage
 from pydantic import ValidationError
 
-from jobq import crash, lease
+from jobq import crash, lease, metrics
 from jobq.app import App, Handler
 from jobq.batch import Coalescer
 from jobq.broker import Broker
@@ -125,6 +125,20 @@ class Consumer:
         self._lease_added = asyncio.Event()
         self._dead = False  # a supervised task died: liveness fails
 
+    # ── counting ──
+
+    _METRIC = {"claimed": metrics.JOBS_CLAIMED, "completed": metrics.JOBS_COMPLETED,
+               "retried": metrics.JOBS_RETRIED, "failed": metrics.JOBS_FAILED,
+               "released": metrics.JOBS_RELEASED, "lease_lost": metrics.LEASES_LOST}
+
+    def _count(self, what: str, queue: str) -> None:
+        self.counters[what] += 1
+        self._METRIC[what].labels(queue).inc()
+
+    def _drop(self, reason: str) -> None:
+        self.counters[reason] += 1
+        metrics.BAD_MESSAGES.labels(reason).inc()
+
     # ── lifecycle ──
 
     def request_stop(self) -> None:
@@ -168,6 +182,7 @@ class Consumer:
 
     async def _serve(self) -> None:
         renewer = asyncio.create_task(self._renew_loop(), name="jobq-renewer")
+        lag = asyncio.create_task(metrics.watch_loop_lag())
         stop_intake = await self.broker.consume(
             self.queues, self._on_message, self.cfg.prefetch or self.concurrency
         )
@@ -185,7 +200,8 @@ class Consumer:
             raise RuntimeError(f"lease renewer died: {exc!r}") from exc
         await self._drain(stop_intake)
         renewer.cancel()
-        await asyncio.gather(renewer, return_exceptions=True)
+        lag.cancel()
+        await asyncio.gather(renewer, lag, return_exceptions=True)
 
     async def _drain(self, stop_intake: Any) -> None:
         """SIGTERM: stop intake, let jobs finish within the grace, release the rest."""
@@ -214,7 +230,7 @@ class Consumer:
                         len(runs), exc)
             return
         for row in rows:
-            self.counters["released"] += 1
+            self._count("released", row["queue"])
             log.info("released on shutdown", extra=fields(
                 event="released", job=row["id"], queue=row["queue"], worker=self.worker_id))
         # Publish them ourselves so they run at once; the relay is the fallback.
@@ -248,7 +264,7 @@ class Consumer:
         try:
             job_id = uuid.UUID(msg.body.decode("ascii").strip())
         except (UnicodeDecodeError, ValueError):
-            self.counters["malformed"] += 1
+            self._drop("malformed")
             log.warning("malformed message: body is not a job id; dead-lettered",
                         extra=fields(event="malformed", body=repr(msg.body[:80])))
             await self._settle(msg.reject(requeue=False))
@@ -306,21 +322,21 @@ class Consumer:
         for i in ids:
             row = found.get(i)
             if row is None:
-                self.counters["unknown_job"] += 1
+                self._drop("unknown_job")
                 log.warning("message for unknown job id; dropped",
                             extra=fields(event="unknown_job", job=i))
             elif row["status"] == "queued" and row["queue"] not in self.queues:
                 foreign.append(i)
-                self.counters["foreign_queue"] += 1
+                self._drop("foreign_queue")
                 log.warning("job belongs to queue %s, which this worker does not handle; "
                             "handed back to the relay", row["queue"],
                             extra=fields(event="foreign_queue", job=i, queue=row["queue"]))
             elif row["status"] == "queued" and row["not_due"]:
-                self.counters["not_due"] += 1
+                self._drop("not_due")
                 log.info("early delivery for a job not due yet; dropped (the relay "
                          "publishes it when due)", extra=fields(event="not_due", job=i))
             else:
-                self.counters["duplicate"] += 1
+                self._drop("duplicate")
                 log.info("duplicate delivery: job is %s; dropped", row["status"],
                          extra=fields(event="duplicate", job=i, status=row["status"]))
         if foreign:
@@ -338,8 +354,10 @@ class Consumer:
         )
         run = _Running(job, lease_)
         self.running[job.id] = run
+        metrics.IN_FLIGHT.set(len(self.running))
         self._lease_added.set()
-        self.counters["claimed"] += 1
+        started = loop.time()
+        self._count("claimed", job.queue)
         log.info("claimed", extra=fields(event="claimed", job=job.id, queue=job.queue,
                                          attempt=job.attempt, worker=self.worker_id))
         handler = self.app.handlers[job.queue]
@@ -366,12 +384,18 @@ class Consumer:
             else:
                 await self._finish_error(run, handler, outcome)
         finally:
+            outcome_label = run.stop_reason or ("error" if run.task is not None and not
+                                                run.task.cancelled() and run.task.done() and
+                                                run.task.exception() is not None else "ok")
+            metrics.HANDLER_SECONDS.labels(job.queue, outcome_label).observe(
+                loop.time() - started)
             if run.timeout is not None:
                 run.timeout.cancel()
             if lease_._fence is not None:
                 lease_._fence.cancel()
             if run.stop_reason != "shutdown":
                 self.running.pop(job.id, None)
+            metrics.IN_FLIGHT.set(len(self.running))
 
     async def _call(self, handler: Handler, job: Job) -> Any:
         if handler.payload_model is not None:
@@ -393,11 +417,17 @@ class Consumer:
         if run.lease.finishing or run.stop_reason is not None:
             return
         run.lease.lost = "not renewed in time (self-fenced)"
-        self.counters["lease_lost"] += 1
+        self._count("lease_lost", run.job.queue)
         log.warning("lease not renewed in time: handler stopped before the lease can lapse",
                     extra=fields(event="lease_lost", job=run.job.id, queue=run.job.queue,
                                  attempt=run.job.attempt, worker=self.worker_id))
         run.stop("lost")
+        self._spawn(lease.record_lost(self.pool, run.lease, self.worker_id, run.job.attempt))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._message_tasks.add(task)
+        task.add_done_callback(self._message_tasks.discard)
 
     async def _after_stop(self, run: _Running) -> None:
         job = run.job
@@ -415,7 +445,7 @@ class Consumer:
         run.lease.finishing = True
         ok = await self._retrying(run, self._completions.submit, run.lease)
         if ok:
-            self.counters["completed"] += 1
+            self._count("completed", job.queue)
             log.info("completed", extra=fields(event="completed", job=job.id, queue=job.queue,
                                                attempt=job.attempt, worker=self.worker_id))
         elif ok is False:
@@ -446,12 +476,12 @@ class Consumer:
             self._lease_lost_at_finish(run, "failure")
             return
         if row["status"] == "queued":
-            self.counters["retried"] += 1
+            self._count("retried", job.queue)
             log.info("handler failed; retry in %.1fs: %s", row["retry_in_s"], failure.error,
                      extra=fields(event="retry", job=job.id, queue=job.queue,
                                   attempt=job.attempt, worker=self.worker_id))
         else:
-            self.counters["failed"] += 1
+            self._count("failed", job.queue)
             log.warning("failed: %s", failure.error, extra=fields(
                 event="failed", job=job.id, queue=job.queue, attempt=job.attempt,
                 worker=self.worker_id))
@@ -479,7 +509,9 @@ class Consumer:
                 delay = min(delay * 2, 1.0)
 
     def _lease_lost_at_finish(self, run: _Running, what: str) -> None:
-        self.counters["lease_lost"] += 1
+        self._count("lease_lost", run.job.queue)
+        run.lease.lost = f"{what} rejected"
+        self._spawn(lease.record_lost(self.pool, run.lease, self.worker_id, run.job.attempt))
         log.warning("%s rejected: lease lost (lapsed, reaped or cancelled)", what,
                     extra=fields(event="lease_lost", job=run.job.id, queue=run.job.queue,
                                  attempt=run.job.attempt, worker=self.worker_id))
@@ -513,7 +545,10 @@ class Consumer:
             sent_at = loop.time()
             try:
                 held = await lease.renew(self.pool, [r.lease for r in runs])
+                metrics.RENEW_SECONDS.observe(loop.time() - sent_at)
+                metrics.RENEWALS.labels("ok").inc()
             except UnavailableError as exc:
+                metrics.RENEWALS.labels("failed").inc()
                 failures += 1
                 for r in runs:  # retry after a short pause, not a whole interval
                     r.lease.renewed_at = min(r.lease.renewed_at, sent_at) + 0.1
@@ -529,11 +564,13 @@ class Consumer:
                         self._arm_fence(r)
                 elif not r.lease.finishing and r.stop_reason is None:
                     r.lease.lost = "renewal matched no row"
-                    self.counters["lease_lost"] += 1
+                    self._count("lease_lost", r.job.queue)
                     log.warning("lease lost: renewal matched no row (lapsed, reaped or "
                                 "cancelled); stopping the handler", extra=fields(
                                     event="lease_lost", job=r.job.id, queue=r.job.queue,
                                     attempt=r.job.attempt, worker=self.worker_id))
                     r.stop("lost")
+                    self._spawn(lease.record_lost(self.pool, r.lease, self.worker_id,
+                                                  r.job.attempt))
                 else:
                     r.lease.renewed_at = sent_at  # finishing: no need to hurry

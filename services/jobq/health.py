@@ -1,4 +1,4 @@
-"""``/healthz`` and ``/readyz`` for orchestrators (compose, Kubernetes).
+"""``/healthz``, ``/readyz`` (for orchestrators) and ``/metrics`` (Prometheus).
 
 - ``/healthz`` (liveness): answered by the service's own event loop, so a
   reply proves the loop is responsive; 503 once a supervised task died.
@@ -48,6 +48,14 @@ class HealthServer:
             if path == "/healthz":
                 ok = self._live()
                 status, body = (200, {"status": "ok"}) if ok else (503, {"status": "dead"})
+            elif path == "/metrics":
+                from jobq.metrics import exposition
+
+                payload = exposition()
+                writer.write(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
+                             + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+                await writer.drain()
+                return
             elif path == "/readyz":
                 try:
                     checks = await asyncio.wait_for(self._ready(), 3)
@@ -57,7 +65,7 @@ class HealthServer:
                 ok = all(checks.values())
                 status, body = (200 if ok else 503), {"ready": ok, **checks}
             else:
-                status, body = 404, {"error": "try /healthz or /readyz"}
+                status, body = 404, {"error": "try /healthz, /readyz or /metrics"}
             payload = json.dumps(body).encode()
             reason = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}[status]
             writer.write(f"HTTP/1.0 {status} {reason}\r\nContent-Type: application/json\r\n"

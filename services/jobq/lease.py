@@ -136,7 +136,17 @@ async def release(pool: asyncpg.Pool, leases: Iterable[Lease]) -> list[Any]:
 
 # ── reaper side ──
 
-async def requeue_lapsed(pool: asyncpg.Pool, limit: int) -> list[Any]:
+async def requeue_lapsed(pool: asyncpg.Pool, limit: int, reaper_id: str) -> list[Any]:
     """Requeue (or fail, past max_stalls) active jobs whose lease lapsed."""
     with translated():
-        return list(await pool.fetch(Q["requeue_lapsed"], limit))
+        return list(await pool.fetch(Q["requeue_lapsed"], limit, reaper_id))
+
+
+async def record_lost(pool: asyncpg.Pool, lease_: Lease, worker_id: str, attempt: int) -> None:
+    """History only: the worker learned it lost this lease. Best effort."""
+    try:
+        with translated():
+            await pool.execute(Q["lease_lost_event"], lease_.job_id, worker_id, attempt,
+                               lease_.lost)
+    except Exception:  # the database may be why the lease was lost
+        pass

@@ -119,6 +119,20 @@ class Client:
                 await self.pool.execute(Q["mark_published"], list(confirmed),
                                         [None] * len(confirmed))
 
+    async def republish(self, rows: Sequence[tuple[uuid.UUID, str, uuid.UUID | None]]) -> None:
+        """Publish ids of rows put back in line (id, queue, lock token); the
+        relay is the fallback if this fails."""
+        try:
+            confirmed = await self.broker.publish([(i, q) for i, q, _ in rows])
+        except Exception as exc:
+            log.warning("could not publish now (%s); the reaper will", exc)
+            return
+        locks = {i: lk for i, _, lk in rows}
+        assert self.pool is not None
+        with translated():
+            await self.pool.execute(Q["mark_published"], list(confirmed),
+                                    [locks[i] for i in confirmed])
+
     async def enqueue(self, conn: asyncpg.Connection, queue: str, payload: Any = None, *,
                       delay_s: float = 0.0, idempotency_key: str | None = None) -> uuid.UUID:
         """Insert a job inside the caller's open transaction (``conn``).

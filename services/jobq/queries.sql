@@ -12,6 +12,8 @@
 --   * the lock column keeps the token of the latest claim after the lease
 --     ends: a retried completion recognises itself, and a publisher's
 --     "published" mark only hits the queued spell it published.
+--   * every transition also appends to jobq.job_event in the same statement
+--     (a data-modifying CTE), when the queue's history is on.
 
 -- ───────────────────────────── publish ─────────────────────────────
 
@@ -25,13 +27,19 @@ ORDER BY t.n;
 -- name: mark_published
 -- After the broker confirmed the ids. Only the queued spell that was
 -- published (same lock token as read) is marked.
-UPDATE jobq.job j
-SET published_at = now()
-FROM unnest($1::uuid[], $2::uuid[]) AS t(id, lock)
-WHERE j.id = t.id
-  AND j.lock IS NOT DISTINCT FROM t.lock
-  AND j.status = 'queued'
-  AND j.published_at IS NULL;
+WITH marked AS (
+    UPDATE jobq.job j
+    SET published_at = now()
+    FROM unnest($1::uuid[], $2::uuid[]) AS t(id, lock), jobq.queue q
+    WHERE j.id = t.id
+      AND j.lock IS NOT DISTINCT FROM t.lock
+      AND j.status = 'queued'
+      AND j.published_at IS NULL
+      AND q.name = j.queue
+    RETURNING j.id, q.history
+)
+INSERT INTO jobq.job_event (job_id, event)
+SELECT id, 'published' FROM marked WHERE history;
 
 -- name: relay_take
 -- Reaper relay, inside a transaction that stays open until the broker
@@ -45,29 +53,40 @@ LIMIT $1
 FOR UPDATE SKIP LOCKED;
 
 -- name: relay_mark
-UPDATE jobq.job SET published_at = now() WHERE id = ANY($1::uuid[]);
-
--- ───────────────────────────── lease ─────────────────────────────
+WITH marked AS (
+    UPDATE jobq.job j SET published_at = now()
+    FROM jobq.queue q
+    WHERE j.id = ANY($1::uuid[]) AND q.name = j.queue
+    RETURNING j.id, q.history
+)
+INSERT INTO jobq.job_event (job_id, event, detail)
+SELECT id, 'published', 'by the reaper relay' FROM marked WHERE history;
 
 -- name: claim
 -- queued -> active for every id that is claimable now by a worker handling
 -- the queues in $3. Ids missing from the result were not claimable (see
 -- claim_misses).
-UPDATE jobq.job j
-SET status = 'active',
-    lock = gen_random_uuid(),
-    worker_id = $2,
-    attempts = j.attempts + 1,
-    lease_expires_at = now() + make_interval(secs => q.lease_s),
-    started_at = now()
-FROM jobq.queue q
-WHERE j.id = ANY($1::uuid[])
-  AND j.status = 'queued'
-  AND j.run_at <= now()
-  AND j.queue = ANY($3::text[])
-  AND q.name = j.queue
-RETURNING j.id, j.queue, j.payload, j.attempts, j.errors, j.stalls, j.lock, j.created_at,
-          q.lease_s, q.timeout_s, q.max_attempts;
+WITH claimed AS (
+    UPDATE jobq.job j
+    SET status = 'active',
+        lock = gen_random_uuid(),
+        worker_id = $2,
+        attempts = j.attempts + 1,
+        lease_expires_at = now() + make_interval(secs => q.lease_s),
+        started_at = now()
+    FROM jobq.queue q
+    WHERE j.id = ANY($1::uuid[])
+      AND j.status = 'queued'
+      AND j.run_at <= now()
+      AND j.queue = ANY($3::text[])
+      AND q.name = j.queue
+    RETURNING j.id, j.queue, j.payload, j.attempts, j.errors, j.stalls, j.lock, j.created_at,
+              q.lease_s, q.timeout_s, q.max_attempts, q.history
+), logged AS (
+    INSERT INTO jobq.job_event (job_id, event, worker_id, attempt)
+    SELECT id, 'claimed', $2, attempts FROM claimed WHERE history
+)
+SELECT * FROM claimed;
 
 -- name: claim_misses
 -- Why ids could not be claimed: for the log line and counters only.
@@ -96,16 +115,23 @@ WHERE j.id = t.id
 RETURNING j.id;
 
 -- name: complete
-UPDATE jobq.job j
-SET status = 'completed',
-    lease_expires_at = NULL,
-    finished_at = now()
-FROM unnest($1::uuid[], $2::uuid[]) AS t(id, lock)
-WHERE j.id = t.id
-  AND j.lock = t.lock
-  AND j.status = 'active'
-  AND j.lease_expires_at > now()
-RETURNING j.id;
+WITH done AS (
+    UPDATE jobq.job j
+    SET status = 'completed',
+        lease_expires_at = NULL,
+        finished_at = now()
+    FROM unnest($1::uuid[], $2::uuid[]) AS t(id, lock), jobq.queue q
+    WHERE j.id = t.id
+      AND j.lock = t.lock
+      AND j.status = 'active'
+      AND j.lease_expires_at > now()
+      AND q.name = j.queue
+    RETURNING j.id, j.worker_id, j.attempts, q.history
+), logged AS (
+    INSERT INTO jobq.job_event (job_id, event, worker_id, attempt)
+    SELECT id, 'completed', worker_id, attempts FROM done WHERE history
+)
+SELECT id FROM done;
 
 -- name: finished_by
 -- After a fenced write matched nothing: did *this* token already finish the
@@ -119,49 +145,66 @@ JOIN unnest($1::uuid[], $2::uuid[]) AS t(id, lock) ON j.id = t.id AND j.lock = t
 -- max_attempts runs have failed (and retry = true), else failed. The retry is
 -- published by the reaper's relay once run_at comes (published_at = NULL,
 -- relay_after = run_at). Backoff: backoff_base_s * 2^(errors so far).
-UPDATE jobq.job j
-SET errors = j.errors + 1,
-    status = CASE WHEN t.retry AND j.errors + 1 < q.max_attempts
-                  THEN 'queued' ELSE 'failed' END,
-    last_error = t.error,
-    lease_expires_at = NULL,
-    run_at = CASE WHEN t.retry AND j.errors + 1 < q.max_attempts
-                  THEN now() + make_interval(secs => coalesce(t.delay_s,
-                           least(q.backoff_max_s, q.backoff_base_s * power(2, j.errors))))
-                  ELSE j.run_at END,
-    relay_after = CASE WHEN t.retry AND j.errors + 1 < q.max_attempts
-                  THEN now() + make_interval(secs => coalesce(t.delay_s,
-                           least(q.backoff_max_s, q.backoff_base_s * power(2, j.errors))))
-                  ELSE j.relay_after END,
-    published_at = NULL,
-    finished_at = CASE WHEN t.retry AND j.errors + 1 < q.max_attempts
-                       THEN NULL ELSE now() END
-FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bool[], $5::float8[])
-         AS t(id, lock, error, retry, delay_s),
-     jobq.queue q
-WHERE j.id = t.id
-  AND j.lock = t.lock
-  AND j.status = 'active'
-  AND j.lease_expires_at > now()
-  AND q.name = j.queue
-RETURNING j.id, j.status, extract(epoch FROM j.run_at - now())::float8 AS retry_in_s;
+WITH failing AS (
+    SELECT j.id, t.lock, t.error,
+           t.retry AND j.errors + 1 < q.max_attempts AS again,
+           now() + make_interval(secs => coalesce(t.delay_s,
+               least(q.backoff_max_s, q.backoff_base_s * power(2, j.errors)))) AS retry_at
+    FROM jobq.job j
+    JOIN unnest($1::uuid[], $2::uuid[], $3::text[], $4::bool[], $5::float8[])
+         AS t(id, lock, error, retry, delay_s) ON j.id = t.id
+    JOIN jobq.queue q ON q.name = j.queue
+), failed AS (
+    UPDATE jobq.job j
+    SET errors = j.errors + 1,
+        status = CASE WHEN f.again THEN 'queued' ELSE 'failed' END,
+        last_error = f.error,
+        lease_expires_at = NULL,
+        run_at = CASE WHEN f.again THEN f.retry_at ELSE j.run_at END,
+        relay_after = CASE WHEN f.again THEN f.retry_at ELSE j.relay_after END,
+        published_at = NULL,
+        finished_at = CASE WHEN f.again THEN NULL ELSE now() END
+    FROM failing f, jobq.queue q
+    WHERE j.id = f.id
+      AND j.lock = f.lock
+      AND j.status = 'active'
+      AND j.lease_expires_at > now()
+      AND q.name = j.queue
+    RETURNING j.id, j.status, j.worker_id, j.attempts, j.last_error, j.run_at, q.history
+), logged AS (
+    INSERT INTO jobq.job_event (job_id, event, worker_id, attempt, detail)
+    SELECT id, CASE WHEN status = 'queued' THEN 'retry' ELSE 'failed' END, worker_id,
+           attempts, CASE WHEN status = 'queued'
+                          THEN format('%s; retry at %s', last_error, run_at)
+                          ELSE last_error END
+    FROM failed WHERE history
+)
+SELECT id, status, extract(epoch FROM run_at - now())::float8 AS retry_in_s FROM failed;
 
 -- name: release
 -- Graceful shutdown: give the job back at once, without counting a stall or
 -- an error. The releasing worker publishes the id itself; the relay is the
 -- fallback (relay_after = now()).
-UPDATE jobq.job j
-SET status = 'queued',
-    lease_expires_at = NULL,
-    run_at = now(),
-    relay_after = now(),
-    published_at = NULL
-FROM unnest($1::uuid[], $2::uuid[]) AS t(id, lock)
-WHERE j.id = t.id
-  AND j.lock = t.lock
-  AND j.status = 'active'
-  AND j.lease_expires_at > now()
-RETURNING j.id, j.queue, j.lock;
+WITH released AS (
+    UPDATE jobq.job j
+    SET status = 'queued',
+        lease_expires_at = NULL,
+        run_at = now(),
+        relay_after = now(),
+        published_at = NULL
+    FROM unnest($1::uuid[], $2::uuid[]) AS t(id, lock), jobq.queue q
+    WHERE j.id = t.id
+      AND j.lock = t.lock
+      AND j.status = 'active'
+      AND j.lease_expires_at > now()
+      AND q.name = j.queue
+    RETURNING j.id, j.queue, j.lock, j.worker_id, j.attempts, q.history
+), logged AS (
+    INSERT INTO jobq.job_event (job_id, event, worker_id, attempt, detail)
+    SELECT id, 'released', worker_id, attempts, 'worker shutting down'
+    FROM released WHERE history
+)
+SELECT id, queue, lock FROM released;
 
 -- name: requeue_lapsed
 -- The reaper's half of the lease. SKIP LOCKED makes reapers symmetric peers:
@@ -176,24 +219,34 @@ WITH lapsed AS (
     ORDER BY lease_expires_at
     LIMIT $1
     FOR UPDATE SKIP LOCKED
+), requeued AS (
+    UPDATE jobq.job j
+    SET stalls = j.stalls + 1,
+        status = CASE WHEN j.stalls + 1 > q.max_stalls THEN 'failed' ELSE 'queued' END,
+        last_error = CASE WHEN j.stalls + 1 > q.max_stalls
+            THEN format('job of death: its lease lapsed %s times (max_stalls=%s), '
+                        'last held by worker %s', j.stalls + 1, q.max_stalls, j.worker_id)
+            ELSE j.last_error END,
+        finished_at = CASE WHEN j.stalls + 1 > q.max_stalls THEN now() ELSE NULL END,
+        lease_expires_at = NULL,
+        run_at = now() + make_interval(secs => CASE WHEN j.stalls = 0 THEN 0
+            ELSE least(q.backoff_max_s, q.stall_cooldown_s * power(2, j.stalls - 1)) END),
+        relay_after = now() + make_interval(secs => CASE WHEN j.stalls = 0 THEN 0
+            ELSE least(q.backoff_max_s, q.stall_cooldown_s * power(2, j.stalls - 1)) END),
+        published_at = NULL
+    FROM lapsed, jobq.queue q
+    WHERE j.id = lapsed.id AND q.name = j.queue
+    RETURNING j.id, j.queue, j.status, j.stalls, j.worker_id, j.attempts, j.last_error,
+              q.history
+), logged AS (
+    INSERT INTO jobq.job_event (job_id, event, worker_id, attempt, detail)
+    SELECT id, CASE WHEN status = 'failed' THEN 'failed' ELSE 'stalled' END, $2, attempts,
+           CASE WHEN status = 'failed' THEN last_error
+                ELSE format('lease of worker %s lapsed (stall %s); requeued', worker_id, stalls)
+           END
+    FROM requeued WHERE history
 )
-UPDATE jobq.job j
-SET stalls = j.stalls + 1,
-    status = CASE WHEN j.stalls + 1 > q.max_stalls THEN 'failed' ELSE 'queued' END,
-    last_error = CASE WHEN j.stalls + 1 > q.max_stalls
-        THEN format('job of death: its lease lapsed %s times (max_stalls=%s), '
-                    'last held by worker %s', j.stalls + 1, q.max_stalls, j.worker_id)
-        ELSE j.last_error END,
-    finished_at = CASE WHEN j.stalls + 1 > q.max_stalls THEN now() ELSE NULL END,
-    lease_expires_at = NULL,
-    run_at = now() + make_interval(secs => CASE WHEN j.stalls = 0 THEN 0
-        ELSE least(q.backoff_max_s, q.stall_cooldown_s * power(2, j.stalls - 1)) END),
-    relay_after = now() + make_interval(secs => CASE WHEN j.stalls = 0 THEN 0
-        ELSE least(q.backoff_max_s, q.stall_cooldown_s * power(2, j.stalls - 1)) END),
-    published_at = NULL
-FROM lapsed, jobq.queue q
-WHERE j.id = lapsed.id AND q.name = j.queue
-RETURNING j.id, j.queue, j.status, j.stalls, j.worker_id;
+SELECT id, queue, status, stalls, worker_id FROM requeued;
 
 -- name: lost_candidates
 -- Queues holding due rows that were published a while ago and are still
@@ -209,12 +262,22 @@ GROUP BY queue;
 -- name: unpublish_lost
 -- Hand such rows back to the relay. A message that was in fact still in a
 -- consumer's prefetch buffer becomes a duplicate, which consumers drop.
-UPDATE jobq.job
-SET published_at = NULL, relay_after = now()
-WHERE status = 'queued'
-  AND queue = $1
-  AND published_at < now() - make_interval(secs => $2)
-  AND run_at <= now();
+WITH lost AS (
+    UPDATE jobq.job j
+    SET published_at = NULL, relay_after = now()
+    FROM jobq.queue q
+    WHERE j.status = 'queued'
+      AND j.queue = $1
+      AND j.published_at < now() - make_interval(secs => $2)
+      AND j.run_at <= now()
+      AND q.name = j.queue
+    RETURNING j.id, q.history
+), logged AS (
+    INSERT INTO jobq.job_event (job_id, event, detail)
+    SELECT id, 'republished', 'message lost by the broker (its queue was empty)'
+    FROM lost WHERE history
+)
+SELECT count(*) FROM lost;
 
 -- name: next_deadline_s
 -- Seconds until the reaper has something to do: the earliest lease deadline
@@ -225,6 +288,73 @@ SELECT extract(epoch FROM least(
              WHERE status = 'queued' AND published_at IS NULL)
        ) - now())::float8 AS seconds;
 
+-- name: lease_lost_event
+-- Worker side: it learned it lost a lease (renewal matched nothing, or it
+-- fenced itself). Best effort, for the history only.
+INSERT INTO jobq.job_event (job_id, event, worker_id, attempt, detail)
+SELECT j.id, 'lease_lost', $2, $3, $4
+FROM jobq.job j JOIN jobq.queue q ON q.name = j.queue
+WHERE j.id = $1 AND q.history;
+
+-- name: cancel
+-- queued -> cancelled at once; active -> cancelled, and the worker learns it
+-- on its next renewal (fenced writes need status = 'active') and stops.
+WITH cancelled AS (
+    UPDATE jobq.job j
+    SET status = 'cancelled', lease_expires_at = NULL, finished_at = now(),
+        last_error = coalesce($2, 'cancelled')
+    FROM jobq.queue q
+    WHERE j.id = $1 AND j.status IN ('queued', 'active') AND q.name = j.queue
+    RETURNING j.id, j.worker_id, j.attempts, q.history
+), logged AS (
+    INSERT INTO jobq.job_event (job_id, event, worker_id, attempt, detail)
+    SELECT id, 'cancelled', worker_id, attempts, $2 FROM cancelled WHERE history
+)
+SELECT id FROM cancelled;
+
+-- name: retry_failed
+-- failed/cancelled -> queued with fresh error and stall allowances.
+WITH again AS (
+    UPDATE jobq.job j
+    SET status = 'queued', errors = 0, stalls = 0, run_at = now(), relay_after = now(),
+        published_at = NULL, finished_at = NULL, lease_expires_at = NULL
+    FROM jobq.queue q
+    WHERE j.id = $1 AND j.status IN ('failed', 'cancelled') AND q.name = j.queue
+    RETURNING j.id, j.queue, j.lock, q.history
+), logged AS (
+    INSERT INTO jobq.job_event (job_id, event, detail)
+    SELECT id, 'retried', 'by an operator' FROM again WHERE history
+)
+SELECT id, queue, lock FROM again;
+
+-- name: prune_batch
+-- Delete finished jobs in small batches (short locks; history goes with them).
+WITH doomed AS (
+    SELECT id FROM jobq.job
+    WHERE status IN ('completed', 'failed', 'cancelled')
+      AND finished_at < now() - make_interval(secs => $1)
+    ORDER BY finished_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM jobq.job j USING doomed WHERE j.id = doomed.id;
+
+-- name: history
+SELECT n, at, event, worker_id, attempt, detail
+FROM jobq.job_event
+WHERE job_id = $1
+ORDER BY n;
+
+-- name: reaper_register
+INSERT INTO jobq.reaper (reaper_id, host, pid) VALUES ($1, $2, $3)
+ON CONFLICT (reaper_id) DO NOTHING;
+
+-- name: reaper_swept
+UPDATE jobq.reaper SET last_sweep_at = now(), sweeps = sweeps + $2 WHERE reaper_id = $1;
+
+-- name: overdue
+SELECT overdue_leases, oldest_overdue_s FROM jobq.overdue;
+
 -- ───────────────────────────── queues ─────────────────────────────
 
 -- name: queue_ensure
@@ -232,7 +362,7 @@ INSERT INTO jobq.queue (name) VALUES ($1) ON CONFLICT (name) DO NOTHING;
 
 -- name: queue_list
 SELECT name, lease_s, max_stalls, max_attempts, timeout_s, backoff_base_s,
-       backoff_max_s, stall_cooldown_s, max_payload_bytes
+       backoff_max_s, stall_cooldown_s, max_payload_bytes, history
 FROM jobq.queue
 ORDER BY name;
 
@@ -247,16 +377,18 @@ SET lease_s = coalesce($2, lease_s),
     backoff_base_s = coalesce($6, backoff_base_s),
     backoff_max_s = coalesce($7, backoff_max_s),
     stall_cooldown_s = coalesce($8, stall_cooldown_s),
-    max_payload_bytes = coalesce($9, max_payload_bytes)
+    max_payload_bytes = coalesce($9, max_payload_bytes),
+    history = coalesce($10, history)
 WHERE name = $1
 RETURNING name, lease_s, max_stalls, max_attempts, timeout_s, backoff_base_s,
-          backoff_max_s, stall_cooldown_s, max_payload_bytes;
+          backoff_max_s, stall_cooldown_s, max_payload_bytes, history;
 
 -- ───────────────────────────── inspect ─────────────────────────────
 
 -- name: stats
 SELECT queue, queued, delayed, running, stalled, completed, failed, cancelled,
-       extract(epoch FROM oldest_queued_age)::float8 AS oldest_queued_s
+       extract(epoch FROM oldest_queued_age)::float8 AS oldest_queued_s,
+       completed_last_minute AS done_1m
 FROM jobq.queue_stats
 ORDER BY queue;
 

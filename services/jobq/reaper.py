@@ -30,12 +30,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import time
+import uuid
 from dataclasses import dataclass, field
 
 import asyncpg
 
-from jobq import crash, lease
+from jobq import crash, lease, metrics
 from jobq.broker import Broker
 from jobq.db import open_pool, transaction, translated
 from jobq.errors import UnavailableError
@@ -75,6 +78,8 @@ class Reaper:
         self._listener: asyncpg.Connection | None = None
         self.sweeps = 0
         self.last_sweep_at: float | None = None
+        self.reaper_id = f"reaper-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._registered = False
 
     async def connect(self, *, wait: bool = True) -> None:
         crash.configure(self.settings.crash_at)
@@ -100,14 +105,16 @@ class Reaper:
         started = time.monotonic()
         sweep = Sweep()
         while True:
-            rows = await lease.requeue_lapsed(self.pool, self.cfg.batch_size)
+            rows = await lease.requeue_lapsed(self.pool, self.cfg.batch_size, self.reaper_id)
             for r in rows:
                 if r["status"] == "failed":
+                    metrics.JOBS_OF_DEATH.labels(r["queue"]).inc()
                     sweep.failed.append(str(r["id"]))
                     log.warning("job of death: lease lapsed %d times; failed", r["stalls"],
                                 extra=fields(event="failed", job=r["id"], queue=r["queue"],
                                              worker=r["worker_id"], stalls=r["stalls"]))
                 else:
+                    metrics.JOBS_STALLED.labels(r["queue"]).inc()
                     sweep.requeued.append(str(r["id"]))
                     log.info("lease lapsed; requeued", extra=fields(
                         event="stalled", job=r["id"], queue=r["queue"], worker=r["worker_id"],
@@ -119,8 +126,32 @@ class Reaper:
         sweep.published = await self.relay()
         sweep.duration_s = time.monotonic() - started
         self.sweeps += 1
-        self.last_sweep_at = time.time()
+        metrics.SWEEP_SECONDS.observe(sweep.duration_s)
+        metrics.SWEEP_ROWS.labels("requeued").inc(len(sweep.requeued))
+        metrics.SWEEP_ROWS.labels("failed").inc(len(sweep.failed))
+        metrics.SWEEP_ROWS.labels("published").inc(sweep.published)
+        metrics.LAST_SWEEP.set(time.time())
+        await self._record_sweep()
         return sweep
+
+    async def _record_sweep(self) -> None:
+        """Monitor the monitor: last sweep per reaper, at most once a second."""
+        assert self.pool is not None
+        now = time.monotonic()
+        if self.last_sweep_at is not None and now - self.last_sweep_at < 1.0:
+            return
+        with translated():
+            if not self._registered:
+                await self.pool.execute(Q["reaper_register"], self.reaper_id,
+                                        socket.gethostname(), os.getpid())
+                self._registered = True
+            await self.pool.execute(Q["reaper_swept"], self.reaper_id, self.sweeps)
+            overdue = await self.pool.fetchrow(Q["overdue"])
+        assert overdue is not None
+        metrics.OVERDUE.set(overdue["overdue_leases"])
+        metrics.OLDEST_OVERDUE.set(overdue["oldest_overdue_s"])
+        self.sweeps = 0
+        self.last_sweep_at = now
 
     async def relay(self) -> int:
         """Publish due rows nobody is known to have published; returns how many."""
@@ -155,9 +186,9 @@ class Reaper:
             if ready:
                 continue  # a backlog, not a loss
             with translated():
-                status = await self.pool.execute(Q["unpublish_lost"], row["queue"], after)
-            n = int(status.split()[-1])
+                n = int(await self.pool.fetchval(Q["unpublish_lost"], row["queue"], after))
             total += n
+            metrics.SWEEP_ROWS.labels("republished_lost").inc(n)
             if n:
                 log.warning("queue %s: broker queue empty but %d published job(s) waited over "
                             "%.0fs; their messages were lost: republishing", row["queue"], n,

@@ -185,3 +185,20 @@ def test_readyz_reflects_a_database_outage(settings, procs) -> None:
         wait_until(lambda: _get_quiet(port, "/readyz") == 200, 15, "ready again")
     finally:
         proxy.close()
+
+
+def test_grafana_dashboard_uses_only_metrics_jobq_exports() -> None:
+    import re
+
+    from jobq import metrics
+
+    dash = json.loads((ROOT / "deploy/grafana/jobq-dashboard.json").read_text())
+    exported = set()
+    suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_count", "_sum"], "gauge": [""]}
+    for family in metrics.REGISTRY.collect():
+        exported |= {family.name + sfx for sfx in suffixes[family.type]}
+    used = set()
+    for panel in dash["panels"]:
+        for target in panel["targets"]:
+            used |= set(re.findall(r"\bjobq_[a-z_]+", target["expr"]))
+    assert used and used <= exported, used - exported

@@ -154,7 +154,7 @@ def test_concurrent_reapers_requeue_each_lapsed_lease_once(db_url: str) -> None:
 
         async def reaper() -> list[Any]:
             got = []
-            while rows := await lease.requeue_lapsed(pool, 7):
+            while rows := await lease.requeue_lapsed(pool, 7, "r"):
                 got += rows
             return got
 
@@ -171,12 +171,12 @@ def test_job_of_death_and_stall_cooldown(db_url: str) -> None:
         jid = await new_job(pool, max_stalls=1, stall_cooldown_s=30)
         await claim(pool, jid)
         await lapse(pool, jid)
-        (r,) = await lease.requeue_lapsed(pool, 10)
+        (r,) = await lease.requeue_lapsed(pool, 10, "r")
         j = await status(pool, jid)
         assert r["status"] == "queued" and j["run_at"] <= await pool.fetchval("SELECT now()")
         await claim(pool, jid)
         await lapse(pool, jid)
-        (r,) = await lease.requeue_lapsed(pool, 10)
+        (r,) = await lease.requeue_lapsed(pool, 10, "r")
         j = await status(pool, jid)
         assert r["status"] == "failed" and j["stalls"] == 2
         assert "job of death" in j["last_error"] and "max_stalls=1" in j["last_error"]
@@ -192,7 +192,7 @@ def test_stall_cooldown_grows_after_the_first_stall(db_url: str) -> None:
             await pool.execute("UPDATE jobq.job SET run_at = now() WHERE id = $1", jid)
             assert await claim(pool, jid) is not None
             await lapse(pool, jid)
-            await lease.requeue_lapsed(pool, 10)
+            await lease.requeue_lapsed(pool, 10, "r")
             delays.append(await pool.fetchval(
                 "SELECT round(extract(epoch FROM run_at - now())) FROM jobq.job WHERE id = $1",
                 jid))

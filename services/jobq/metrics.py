@@ -1,0 +1,72 @@
+"""Prometheus metrics of consumers and reapers, served on the health port at
+``/metrics``. Names follow the Prometheus conventions (``_total`` counters,
+``_seconds`` units); ``queue`` is the label wherever a job is involved.
+
+Monitor the monitor: ``jobq_reaper_last_sweep_timestamp_seconds``,
+``jobq_leases_overdue`` (due but not reaped) and
+``jobq_oldest_overdue_lease_seconds`` turn a stopped reaper into an alert.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+# ── consumer ──
+JOBS_CLAIMED = Counter("jobq_jobs_claimed_total", "Jobs claimed (handler runs started).",
+                       ["queue"], registry=REGISTRY)
+JOBS_COMPLETED = Counter("jobq_jobs_completed_total", "Jobs completed.", ["queue"],
+                         registry=REGISTRY)
+JOBS_RETRIED = Counter("jobq_jobs_retried_total", "Handler errors that will be retried.",
+                       ["queue"], registry=REGISTRY)
+JOBS_FAILED = Counter("jobq_jobs_failed_total", "Jobs failed for good by a consumer.",
+                      ["queue"], registry=REGISTRY)
+JOBS_RELEASED = Counter("jobq_jobs_released_total", "Leases released on shutdown.", ["queue"],
+                        registry=REGISTRY)
+LEASES_LOST = Counter("jobq_leases_lost_total", "Leases a consumer lost (lapsed, reaped, "
+                      "cancelled, or self-fenced).", ["queue"], registry=REGISTRY)
+BAD_MESSAGES = Counter("jobq_messages_dropped_total", "Deliveries not run: malformed, unknown "
+                       "job, duplicate, not due, foreign queue.", ["reason"], registry=REGISTRY)
+HANDLER_SECONDS = Histogram("jobq_handler_duration_seconds", "Handler run time.",
+                            ["queue", "outcome"], registry=REGISTRY)
+RENEW_SECONDS = Histogram("jobq_lease_renewal_duration_seconds",
+                          "Time of one batched renewal statement.", registry=REGISTRY,
+                          buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5))
+RENEWALS = Counter("jobq_lease_renewals_total", "Batched renewal statements.", ["result"],
+                   registry=REGISTRY)
+IN_FLIGHT = Gauge("jobq_jobs_in_flight", "Jobs this consumer runs now.", registry=REGISTRY)
+LOOP_LAG = Gauge("jobq_event_loop_lag_seconds", "How late the event loop ran a 0.25 s timer "
+                 "(last sample).", registry=REGISTRY)
+
+# ── reaper ──
+JOBS_STALLED = Counter("jobq_jobs_stalled_total", "Lapsed leases requeued by the reaper.",
+                       ["queue"], registry=REGISTRY)
+JOBS_OF_DEATH = Counter("jobq_jobs_of_death_total", "Jobs failed after max_stalls.", ["queue"],
+                        registry=REGISTRY)
+SWEEP_SECONDS = Histogram("jobq_reaper_sweep_duration_seconds", "One reaper sweep.",
+                          registry=REGISTRY,
+                          buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5))
+SWEEP_ROWS = Counter("jobq_reaper_rows_total", "Rows a reaper acted on.", ["action"],
+                     registry=REGISTRY)
+LAST_SWEEP = Gauge("jobq_reaper_last_sweep_timestamp_seconds", "Unix time of the last "
+                   "completed sweep of this reaper.", registry=REGISTRY)
+OVERDUE = Gauge("jobq_leases_overdue", "Active jobs whose lease lapsed and that no reaper "
+                "requeued yet (all queues).", registry=REGISTRY)
+OLDEST_OVERDUE = Gauge("jobq_oldest_overdue_lease_seconds", "How long ago the oldest "
+                       "unreaped lease lapsed.", registry=REGISTRY)
+
+
+def exposition() -> bytes:
+    return generate_latest(REGISTRY)
+
+
+async def watch_loop_lag(interval_s: float = 0.25) -> None:
+    """Sample event-loop lag forever (cancel to stop)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        start = loop.time()
+        await asyncio.sleep(interval_s)
+        LOOP_LAG.set(max(0.0, loop.time() - start - interval_s))

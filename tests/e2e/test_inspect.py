@@ -1,0 +1,145 @@
+"""Seeing everything (issue #5): views, job history, the inspection CLI,
+cancellation, metrics and structured logs, on real services and processes."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+import uuid
+
+import pytest
+
+from tests.helpers import free_port, job, publish, run_cli, runs, set_queue, wait_until
+
+pytestmark = pytest.mark.e2e
+
+
+def events(db, jid):
+    return [(r["event"], r["worker_id"]) for r in db.fetch(
+        "SELECT event, worker_id FROM jobq.history WHERE job_id = $1 ORDER BY n", jid)]
+
+
+def metric(port: int, line_start: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=3) as r:
+        text = r.read().decode()
+    for line in text.splitlines():
+        if line.startswith(line_start):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_stalled_job_is_visible_before_the_reaper_and_its_history_says_why_it_ran_twice(
+        db, procs, settings, env):
+    set_queue(db, "work", lease_s=1)
+    a = procs.consumer()
+    a_id = a.worker_id()
+    (jid,) = publish(settings, "work", [{"sleep_first": 60}])
+    wait_until(lambda: runs(db, jid), 10, "A runs the job")
+    a.kill()
+    # No reaper yet: SQL alone shows the job as stalled, not running.
+    wait_until(lambda: db.val("SELECT count(*) FROM jobq.stalled WHERE id = $1", jid) == 1,
+               3, "the job in jobq.stalled")
+    stats = db.fetchrow("SELECT * FROM jobq.queue_stats WHERE queue = 'work'")
+    assert (stats["stalled"], stats["running"]) == (1, 0)
+    assert db.fetchrow("SELECT * FROM jobq.overdue")["overdue_leases"] == 1
+    assert "1 (!)" in run_cli(env, "stats").stdout
+    reaper_port = free_port()
+    procs.reaper(JOBQ_HEALTH_PORT=str(reaper_port))
+    b = procs.consumer()
+    b_id = b.worker_id()
+    wait_until(lambda: job(db, jid)["status"] == "completed", 10, "B completes it")
+    assert events(db, jid) == [
+        ("enqueued", None), ("published", None), ("claimed", a_id),
+        ("stalled", events(db, jid)[3][1]), ("published", None),
+        ("claimed", b_id), ("completed", b_id)]
+    detail = db.val("SELECT detail FROM jobq.history WHERE job_id = $1 AND event = 'stalled'",
+                    jid)
+    assert f"lease of worker {a_id} lapsed" in detail
+    assert db.fetchrow("SELECT * FROM jobq.stalled_ever WHERE id = $1", jid)["stalls"] == 1
+    shown = run_cli(env, "inspect", str(jid)).stdout
+    assert "stalled" in shown and a_id in shown and b_id in shown
+    # Monitor the monitor: the reaper's sweeps are visible in SQL and metrics.
+    wait_until(lambda: db.val("SELECT count(*) FROM jobq.reaper_status "
+                              "WHERE seconds_since_sweep < 5"), 5, "a recent sweep")
+    assert metric(reaper_port, "jobq_jobs_stalled_total{queue=\"work\"}") == 1
+    assert time.time() - metric(reaper_port, "jobq_reaper_last_sweep_timestamp_seconds") < 5
+    assert metric(reaper_port, "jobq_leases_overdue") == 0
+
+
+def test_cancel_a_running_job_stops_its_handler_at_the_next_renewal(db, procs, settings, env):
+    set_queue(db, "work", lease_s=1)
+    procs.reaper()
+    port = free_port()
+    c = procs.consumer(JOBQ_HEALTH_PORT=str(port))
+    c.worker_id()
+    (jid,) = publish(settings, "work", [{"sleep": 60}])
+    wait_until(lambda: runs(db, jid), 10, "the job runs")
+    out = run_cli(env, "cancel", str(jid), "--reason", "customer asked")
+    assert out.returncode == 0 and "cancelled" in out.stdout
+    wait_until(lambda: runs(db, jid)[0]["outcome"] == "cancelled", 3, "handler stopped")
+    row = job(db, jid)
+    assert row["status"] == "cancelled" and row["last_error"] == "customer asked"
+    assert [e for e, _ in events(db, jid)][-2:] == ["cancelled", "lease_lost"]
+    assert metric(port, 'jobq_leases_lost_total{queue="work"}') == 1
+    time.sleep(1.5)
+    assert job(db, jid)["status"] == "cancelled" and len(runs(db, jid)) == 1
+    # queued jobs cancel at once; finished ones cannot be cancelled
+    (later,) = publish(settings, "work", [{}])
+    wait_until(lambda: job(db, later)["status"] == "completed", 10, "later completes")
+    out = run_cli(env, "cancel", str(later))
+    assert out.returncode == 1 and "already completed" in out.stderr
+
+
+def test_retry_prune_and_errors_of_the_cli(db, procs, settings, env):
+    set_queue(db, "work", lease_s=1, max_attempts=1)
+    procs.reaper()
+    port = free_port()
+    procs.consumer(JOBQ_HEALTH_PORT=str(port)).worker_id()
+    (bad,) = publish(settings, "work", [{"fail_times": 1}])
+    wait_until(lambda: job(db, bad)["status"] == "failed", 10, "the job fails")
+    assert db.val("SELECT count(*) FROM jobq.failed WHERE id = $1", bad) == 1
+    out = run_cli(env, "retry", str(bad))
+    assert out.returncode == 0, out.stderr
+    wait_until(lambda: job(db, bad)["status"] == "completed", 10, "retried job completes")
+    assert [e for e, _ in events(db, bad)].count("retried") == 1
+    assert run_cli(env, "retry", str(bad)).returncode == 1  # completed: nothing to retry
+    assert run_cli(env, "retry", str(uuid.uuid4())).stderr.startswith("jobq: error: no job")
+    assert metric(port, 'jobq_jobs_failed_total{queue="work"}') == 1
+    assert metric(port, 'jobq_jobs_completed_total{queue="work"}') == 1
+    assert metric(port, 'jobq_handler_duration_seconds_count{outcome="ok",queue="work"}') == 1
+
+    publish(settings, "work", [{} for _ in range(5)])
+    wait_until(lambda: db.val("SELECT count(*) FROM jobq.job WHERE status = 'completed'") == 6,
+               10, "all complete")
+    db.execute("UPDATE jobq.job SET finished_at = now() - interval '2 days'")
+    (fresh,) = publish(settings, "work", [{}])
+    wait_until(lambda: job(db, fresh)["status"] == "completed", 10, "fresh completes")
+    out = run_cli(env, "prune", "--older-than", "1d", "--batch", "2")
+    assert out.returncode == 0 and "pruned 6" in out.stdout, out.stdout + out.stderr
+    assert db.val("SELECT count(*) FROM jobq.job") == 1
+    assert db.val("SELECT count(*) FROM jobq.job_event WHERE job_id <> $1", fresh) == 0
+    for bad_duration in ("soon", "-3d", "7x"):
+        out = run_cli(env, "prune", f"--older-than={bad_duration}")
+        assert out.returncode == 1 and "bad duration" in out.stderr, out.stderr
+
+
+def test_history_can_be_switched_off_per_queue(db, procs, settings, env):
+    assert run_cli(env, "queue", "set", "quiet", "--history", "off").returncode == 0
+    c = run_cli(env, "consume", "tests.apps:app", "--queue", "quiet")
+    assert c.returncode == 2  # the test app has no 'quiet' handler: refused, not run
+    (jid,) = publish(settings, "quiet", [{}])
+    assert db.val("SELECT count(*) FROM jobq.job_event WHERE job_id = $1", jid) == 0
+    assert run_cli(env, "queue", "set", "quiet", "--history", "maybe").returncode == 2
+
+
+def test_json_logs_carry_job_queue_attempt_and_worker(db, procs, settings):
+    c = procs.consumer(JOBQ_LOG_JSON="true")
+    wait_until(lambda: '"msg": "consumer ready"' in c.log(), 15, "ready line")
+    (jid,) = publish(settings, "work", [{}])
+    wait_until(lambda: job(db, jid)["status"] == "completed", 10, "completion")
+    wait_until(lambda: '"event": "completed"' in c.log(), 5, "completed line")
+    lines = [json.loads(ln) for ln in c.log().splitlines() if ln.startswith("{")]
+    done = [ln for ln in lines if ln.get("event") == "completed"]
+    assert done and done[0]["job"] == str(jid) and done[0]["queue"] == "work"
+    assert done[0]["attempt"] == 1 and done[0]["worker"]
