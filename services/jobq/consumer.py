@@ -31,6 +31,7 @@ import functools
 import json
 import logging
 import os
+import random
 import socket
 import traceback
 import uuid
@@ -112,6 +113,7 @@ class Consumer:
         self.broker = Broker(settings.amqp_url, settings.namespace,
                              settings.amqp_heartbeat_s)
         self._slots = asyncio.Semaphore(self.concurrency)
+        self._alone = asyncio.Lock()  # one suspect at a time takes every slot
         self._stopping = False
         self._stop = asyncio.Event()
         self._ready = asyncio.Event()
@@ -123,6 +125,11 @@ class Consumer:
         self._completions: Coalescer[Lease, bool] = Coalescer(self._complete_batch)
         self._message_tasks: set[asyncio.Task[Any]] = set()
         self._lease_added = asyncio.Event()
+        self._renew_now = False
+        # The registry session: holds this worker's advisory lock for its life
+        # and carries the heartbeats (see schema/0003_worker_registry.sql).
+        self._registry: asyncpg.Connection | None = None
+        self._registered = asyncio.Event()
         self._dead = False  # a supervised task died: liveness fails
 
     # ── counting ──
@@ -157,6 +164,7 @@ class Consumer:
                 await self._serve()
         finally:
             remove_stop_signals()
+            await self._deregister()
             if health is not None:
                 await health.stop()
             await self.broker.close()
@@ -179,6 +187,8 @@ class Consumer:
         with translated():
             for q in self.queues:
                 await self.pool.execute(Q["queue_ensure"], q)
+        self._registry_task = asyncio.create_task(self._registry_loop(), name="jobq-registry")
+        await self._registered.wait()
 
     async def _serve(self) -> None:
         renewer = asyncio.create_task(self._renew_loop(), name="jobq-renewer")
@@ -361,8 +371,26 @@ class Consumer:
         log.info("claimed", extra=fields(event="claimed", job=job.id, queue=job.queue,
                                          attempt=job.attempt, worker=self.worker_id))
         handler = self.app.handlers[job.queue]
+        extra_slots = 0
         try:
             self._arm_fence(run)
+            if row["suspect"] and self.concurrency > 1:
+                # A suspect runs alone: wait for the jobs in flight to finish and
+                # take no new ones, so that if it crashes this process it is the
+                # only job charged. Its lease is renewed while it waits.
+                log.info("suspect job: waiting to run it alone", extra=fields(
+                    event="suspect", job=job.id, queue=job.queue, worker=self.worker_id))
+                # Give back our slot first: suspects waiting for the lock must
+                # not hold slots the one holding it needs.
+                self._slots.release()
+                extra_slots = -1
+                async with self._alone:
+                    while extra_slots < self.concurrency - 1 and run.stop_reason is None:
+                        await self._slots.acquire()
+                        extra_slots += 1
+                if run.stop_reason is not None:
+                    await self._after_stop(run)
+                    return
             if row["timeout_s"]:
                 run.timeout = loop.call_later(float(row["timeout_s"]), run.stop, "timeout")
             run.task = asyncio.create_task(self._call(handler, job))
@@ -396,6 +424,11 @@ class Consumer:
             if run.stop_reason != "shutdown":
                 self.running.pop(job.id, None)
             metrics.IN_FLIGHT.set(len(self.running))
+            # Keep exactly one slot for the caller's `async with self._slots`.
+            if extra_slots < 0:
+                await self._slots.acquire()
+            for _ in range(max(0, extra_slots)):
+                self._slots.release()
 
     async def _call(self, handler: Handler, job: Job) -> Any:
         if handler.payload_model is not None:
@@ -520,6 +553,68 @@ class Consumer:
         assert self.pool is not None
         return await lease.complete(self.pool, leases)
 
+    # ── registry ──
+
+    async def _registry_loop(self) -> None:
+        """Hold a dedicated session with this worker's advisory lock for as
+        long as the process lives, so its death is visible to reapers at once.
+        If the session ends while we live, re-establish it right away and
+        renew every lease: a reaper may have cut them to the grace period."""
+        loop = asyncio.get_running_loop()
+        delay = 0.1
+        while True:
+            conn: asyncpg.Connection | None = None
+            try:
+                conn = await asyncpg.connect(
+                    self.settings.database_url, timeout=5,
+                    server_settings={"application_name": "jobq-consumer-registry"})
+                ended = asyncio.Event()
+                conn.add_termination_listener(lambda _c: ended.set())
+                key = random.randrange(1, 2**31)
+                while not await conn.fetchval(Q["worker_lock"], key):
+                    key = random.randrange(1, 2**31)
+                await conn.execute(Q["worker_register"], self.worker_id, socket.gethostname(),
+                                   os.getpid(), key)
+                self._registry = conn
+                self._registered.set()
+                self._renew_now = True
+                self._lease_added.set()
+                delay = 0.1
+                await ended.wait()
+            except asyncio.CancelledError:
+                if conn is not None:
+                    conn.terminate()
+                raise
+            except Exception as exc:
+                log.warning("worker registry session unavailable: %s; retrying in %.1fs",
+                            exc, delay, extra=fields(worker=self.worker_id))
+            if conn is not None and not conn.is_closed():
+                conn.terminate()
+            if self._registry is not None:
+                self._registry = None
+                lost_at = loop.time()
+                log.warning("worker registry session ended; re-registering (leases are "
+                            "trusted for their grace period only until then)",
+                            extra=fields(worker=self.worker_id))
+                for r in list(self.running.values()):
+                    r.lease.session_lost(lost_at)
+                    if r.stop_reason is None and not r.lease.finishing:
+                        self._arm_fence(r)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    async def _deregister(self) -> None:
+        task = getattr(self, "_registry_task", None)
+        conn = self._registry
+        if conn is not None:
+            try:
+                await conn.execute(Q["worker_gone"], self.worker_id)
+            except Exception as exc:  # best effort: the reaper copes either way
+                log.debug("deregister: %r", exc)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
     # ── heartbeat ──
 
     async def _renew_loop(self) -> None:
@@ -531,6 +626,8 @@ class Consumer:
             runs = [r for r in self.running.values() if r.stop_reason is None]
             due = min((r.lease.renewed_at + r.lease.lease_s * self.cfg.renew_fraction
                        for r in runs), default=loop.time() + 1.0)
+            if self._renew_now:
+                due, self._renew_now = loop.time(), False
             self._lease_added.clear()
             try:
                 # A new lease may be due sooner than anything we hold: wake up.
@@ -544,7 +641,10 @@ class Consumer:
             assert self.pool is not None
             sent_at = loop.time()
             try:
-                held = await lease.renew(self.pool, [r.lease for r in runs])
+                if self._registry is None:
+                    raise DatabaseUnavailable("worker registry session is down")
+                held = await lease.renew(self._registry, [r.lease for r in runs],
+                                         self.worker_id)
                 metrics.RENEW_SECONDS.observe(loop.time() - sent_at)
                 metrics.RENEWALS.labels("ok").inc()
             except UnavailableError as exc:

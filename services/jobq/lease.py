@@ -34,6 +34,7 @@ class Lease:
     margin_fraction: float
     trusted_until: float  # event-loop time
     renewed_at: float = 0.0  # event-loop time the last successful claim/renewal was sent
+    grace_s: float = 2.0  # the queue's vanished_grace_s: how short the reaper may cut it
     lost: str | None = None  # why the lease was lost, once it is
     finishing: bool = False  # final write (complete/fail/release) under way
     _fence: asyncio.TimerHandle | None = field(default=None, repr=False)
@@ -42,7 +43,14 @@ class Lease:
     def from_claim(cls, row: asyncpg.Record, sent_at: float, margin_fraction: float) -> Lease:
         lease_s = float(row["lease_s"])
         return cls(row["id"], row["queue"], row["lock"], lease_s, margin_fraction,
-                   sent_at + lease_s * (1 - margin_fraction), sent_at)
+                   sent_at + lease_s * (1 - margin_fraction), sent_at,
+                   float(row["vanished_grace_s"]))
+
+    def session_lost(self, at: float) -> None:
+        """Our registry session ended at ``at``: a reaper may now cut the lease
+        to ``grace_s``, so trust it no longer than that (minus the margin)."""
+        self.trusted_until = min(self.trusted_until,
+                                 at + self.grace_s * (1 - self.margin_fraction))
 
     def extend(self, sent_at: float) -> None:
         """A renewal sent at ``sent_at`` succeeded."""
@@ -76,14 +84,15 @@ async def hand_back(pool: asyncpg.Pool, ids: Sequence[uuid.UUID]) -> None:
         await pool.execute(Q["hand_back"], list(ids))
 
 
-async def renew(pool: asyncpg.Pool, leases: Sequence[Lease]) -> set[uuid.UUID]:
+async def renew(conn: asyncpg.Connection | asyncpg.Pool, leases: Sequence[Lease],
+                worker_id: str) -> set[uuid.UUID]:
     """One statement for all leases; returns the ids still held."""
     if not leases:
         return set()
     with translated():
-        rows = await pool.fetch(
+        rows = await conn.fetch(
             Q["renew"], [le.job_id for le in leases], [le.lock for le in leases],
-            [le.lease_s for le in leases],
+            [le.lease_s for le in leases], worker_id,
         )
     return {r["id"] for r in rows}
 
@@ -140,6 +149,12 @@ async def requeue_lapsed(pool: asyncpg.Pool, limit: int, reaper_id: str) -> list
     """Requeue (or fail, past max_stalls) active jobs whose lease lapsed."""
     with translated():
         return list(await pool.fetch(Q["requeue_lapsed"], limit, reaper_id))
+
+
+async def cut_vanished(pool: asyncpg.Pool) -> list[Any]:
+    """Workers whose registry session ended: cut their leases to the grace."""
+    with translated():
+        return list(await pool.fetch(Q["workers_vanished"]))
 
 
 async def record_lost(pool: asyncpg.Pool, lease_: Lease, worker_id: str, attempt: int) -> None:

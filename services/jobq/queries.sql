@@ -81,7 +81,7 @@ WITH claimed AS (
       AND j.queue = ANY($3::text[])
       AND q.name = j.queue
     RETURNING j.id, j.queue, j.payload, j.attempts, j.errors, j.stalls, j.lock, j.created_at,
-              q.lease_s, q.timeout_s, q.max_attempts, q.history
+              j.suspect, q.lease_s, q.timeout_s, q.max_attempts, q.vanished_grace_s, q.history
 ), logged AS (
     INSERT INTO jobq.job_event (job_id, event, worker_id, attempt)
     SELECT id, 'claimed', $2, attempts FROM claimed WHERE history
@@ -103,16 +103,23 @@ SET published_at = NULL, relay_after = now()
 WHERE id = ANY($1::uuid[]) AND status = 'queued';
 
 -- name: renew
--- The heartbeat: one statement for every lease the process holds. It only
--- touches lease_expires_at, which no index mentions, so it is a HOT update.
-UPDATE jobq.job j
-SET lease_expires_at = now() + make_interval(secs => t.lease_s)
-FROM unnest($1::uuid[], $2::uuid[], $3::float8[]) AS t(id, lock, lease_s)
-WHERE j.id = t.id
-  AND j.lock = t.lock
-  AND j.status = 'active'
-  AND j.lease_expires_at > now()
-RETURNING j.id;
+-- The heartbeat: one statement for every lease the process holds, sent on
+-- the worker's registry session (the one holding its advisory lock), so a
+-- successful renewal also proves that session alive. It only touches
+-- lease_expires_at, which no index mentions, so it is a HOT update.
+WITH renewed AS (
+    UPDATE jobq.job j
+    SET lease_expires_at = now() + make_interval(secs => t.lease_s)
+    FROM unnest($1::uuid[], $2::uuid[], $3::float8[]) AS t(id, lock, lease_s)
+    WHERE j.id = t.id
+      AND j.lock = t.lock
+      AND j.status = 'active'
+      AND j.lease_expires_at > now()
+    RETURNING j.id
+), seen AS (
+    UPDATE jobq.worker SET last_seen_at = now() WHERE worker_id = $4
+)
+SELECT id FROM renewed;
 
 -- name: complete
 WITH done AS (
@@ -163,6 +170,7 @@ WITH failing AS (
         run_at = CASE WHEN f.again THEN f.retry_at ELSE j.run_at END,
         relay_after = CASE WHEN f.again THEN f.retry_at ELSE j.relay_after END,
         published_at = NULL,
+        suspect = false,  -- it ran and returned an error: it does not crash workers
         finished_at = CASE WHEN f.again THEN NULL ELSE now() END
     FROM failing f, jobq.queue q
     WHERE j.id = f.id
@@ -210,43 +218,63 @@ SELECT id, queue, lock FROM released;
 -- The reaper's half of the lease. SKIP LOCKED makes reapers symmetric peers:
 -- a row another reaper is handling is skipped, and a row it already requeued
 -- fails the re-checked status filter, so each lapsed lease is requeued once.
--- First stall: republished at once. Later stalls: a cool-down that doubles.
--- Past max_stalls: failed as a job of death.
+--
+-- Poison isolation: when the dead worker held several jobs, any of them may
+-- be the cause. Such a job becomes a *suspect* (suspect_stalls + 1) and is
+-- rerun alone. A job that lapses alone, or that was already a suspect, is
+-- charged a real stall (stalls + 1): at once after the first, after a
+-- doubling cool-down after the next; past max_stalls it fails as a job of
+-- death.
 WITH lapsed AS (
-    SELECT id
+    SELECT id, worker_id
     FROM jobq.job
     WHERE status = 'active' AND lease_expires_at < now()
     ORDER BY lease_expires_at
     LIMIT $1
     FOR UPDATE SKIP LOCKED
+), held AS (
+    SELECT worker_id, count(*) AS n
+    FROM jobq.job
+    WHERE status = 'active' AND worker_id IN (SELECT worker_id FROM lapsed)
+    GROUP BY worker_id
+), judged AS (
+    SELECT l.id, (j.suspect OR coalesce(h.n, 1) <= 1) AS own, coalesce(h.n, 1) AS held
+    FROM lapsed l
+    JOIN jobq.job j ON j.id = l.id
+    LEFT JOIN held h ON h.worker_id = l.worker_id
 ), requeued AS (
     UPDATE jobq.job j
-    SET stalls = j.stalls + 1,
-        status = CASE WHEN j.stalls + 1 > q.max_stalls THEN 'failed' ELSE 'queued' END,
-        last_error = CASE WHEN j.stalls + 1 > q.max_stalls
+    SET stalls = j.stalls + CASE WHEN d.own THEN 1 ELSE 0 END,
+        suspect_stalls = j.suspect_stalls + CASE WHEN d.own THEN 0 ELSE 1 END,
+        suspect = true,
+        status = CASE WHEN d.own AND j.stalls + 1 > q.max_stalls THEN 'failed' ELSE 'queued' END,
+        last_error = CASE WHEN d.own AND j.stalls + 1 > q.max_stalls
             THEN format('job of death: its lease lapsed %s times (max_stalls=%s), '
                         'last held by worker %s', j.stalls + 1, q.max_stalls, j.worker_id)
             ELSE j.last_error END,
-        finished_at = CASE WHEN j.stalls + 1 > q.max_stalls THEN now() ELSE NULL END,
+        finished_at = CASE WHEN d.own AND j.stalls + 1 > q.max_stalls THEN now() ELSE NULL END,
         lease_expires_at = NULL,
-        run_at = now() + make_interval(secs => CASE WHEN j.stalls = 0 THEN 0
+        run_at = now() + make_interval(secs => CASE WHEN NOT d.own OR j.stalls = 0 THEN 0
             ELSE least(q.backoff_max_s, q.stall_cooldown_s * power(2, j.stalls - 1)) END),
-        relay_after = now() + make_interval(secs => CASE WHEN j.stalls = 0 THEN 0
+        relay_after = now() + make_interval(secs => CASE WHEN NOT d.own OR j.stalls = 0 THEN 0
             ELSE least(q.backoff_max_s, q.stall_cooldown_s * power(2, j.stalls - 1)) END),
         published_at = NULL
-    FROM lapsed, jobq.queue q
-    WHERE j.id = lapsed.id AND q.name = j.queue
-    RETURNING j.id, j.queue, j.status, j.stalls, j.worker_id, j.attempts, j.last_error,
-              q.history
+    FROM judged d, jobq.queue q
+    WHERE j.id = d.id AND q.name = j.queue
+    RETURNING j.id, j.queue, j.status, j.stalls, j.suspect_stalls, j.worker_id, j.attempts,
+              j.last_error, d.own, d.held, q.history
 ), logged AS (
     INSERT INTO jobq.job_event (job_id, event, worker_id, attempt, detail)
     SELECT id, CASE WHEN status = 'failed' THEN 'failed' ELSE 'stalled' END, $2, attempts,
            CASE WHEN status = 'failed' THEN last_error
-                ELSE format('lease of worker %s lapsed (stall %s); requeued', worker_id, stalls)
+                WHEN own THEN format('lease of worker %s lapsed (stall %s); requeued, '
+                                     'runs alone', worker_id, stalls)
+                ELSE format('lease of worker %s lapsed while it held %s jobs; requeued as '
+                            'a suspect, runs alone', worker_id, held)
            END
     FROM requeued WHERE history
 )
-SELECT id, queue, status, stalls, worker_id FROM requeued;
+SELECT id, queue, status, stalls, suspect_stalls, own, worker_id FROM requeued;
 
 -- name: lost_candidates
 -- Queues holding due rows that were published a while ago and are still
@@ -287,6 +315,58 @@ SELECT extract(epoch FROM least(
            (SELECT min(relay_after) FROM jobq.job
              WHERE status = 'queued' AND published_at IS NULL)
        ) - now())::float8 AS seconds;
+
+-- name: worker_lock
+-- A session-level advisory lock held for the worker's life on its registry
+-- connection; it vanishes with the session.
+SELECT pg_try_advisory_lock($1);
+
+-- name: worker_register
+INSERT INTO jobq.worker (worker_id, host, pid, lock_key, backend_pid)
+VALUES ($1, $2, $3, $4, pg_backend_pid())
+ON CONFLICT (worker_id) DO UPDATE
+SET lock_key = excluded.lock_key, backend_pid = excluded.backend_pid,
+    last_seen_at = now(), vanished_at = NULL;
+
+-- name: worker_gone
+-- Graceful stop: the worker released its leases; nothing to shorten.
+UPDATE jobq.worker SET vanished_at = now() WHERE worker_id = $1;
+
+-- name: workers_vanished
+-- Reaper: registered workers whose registry session (advisory lock) is gone.
+-- Their leases are shortened to the queue's vanished_grace_s, not reclaimed:
+-- a worker that only lost its connection re-registers and renews in time.
+WITH gone AS (
+    UPDATE jobq.worker w
+    SET vanished_at = now()
+    WHERE w.vanished_at IS NULL
+      AND NOT EXISTS (
+          SELECT 1 FROM pg_locks l
+          WHERE l.locktype = 'advisory'
+            AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+            AND l.classid = (w.lock_key >> 32)::bigint::oid
+            AND l.objid = (w.lock_key & 4294967295)::bigint::oid
+            AND l.objsubid = 1
+            AND l.granted)
+    RETURNING w.worker_id
+), shortened AS (
+    UPDATE jobq.job j
+    SET lease_expires_at = least(j.lease_expires_at,
+                                 now() + make_interval(secs => q.vanished_grace_s))
+    FROM gone, jobq.queue q
+    WHERE j.worker_id = gone.worker_id AND j.status = 'active' AND q.name = j.queue
+    RETURNING j.id, j.worker_id, j.attempts, q.history, q.vanished_grace_s
+), logged AS (
+    INSERT INTO jobq.job_event (job_id, event, worker_id, attempt, detail)
+    SELECT id, 'worker_vanished', worker_id, attempts,
+           format('its database session ended; lease shortened to %ss', vanished_grace_s)
+    FROM shortened WHERE history
+)
+SELECT g.worker_id, (SELECT count(*) FROM shortened s WHERE s.worker_id = g.worker_id) AS jobs
+FROM gone g;
+
+-- name: workers_prune
+DELETE FROM jobq.worker WHERE vanished_at < now() - interval '1 day';
 
 -- name: lease_lost_event
 -- Worker side: it learned it lost a lease (renewal matched nothing, or it

@@ -60,6 +60,7 @@ IDLE_IN_TX_S = 5.0
 
 @dataclass
 class Sweep:
+    vanished: list[str] = field(default_factory=list)
     requeued: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     published: int = 0
@@ -104,6 +105,11 @@ class Reaper:
         assert self.pool is not None
         started = time.monotonic()
         sweep = Sweep()
+        for w in await lease.cut_vanished(self.pool):
+            sweep.vanished.append(w["worker_id"])
+            log.warning("worker %s vanished (its database session ended): %d lease(s) cut to "
+                        "the grace period", w["worker_id"], w["jobs"],
+                        extra=fields(event="worker_vanished", worker=w["worker_id"]))
         while True:
             rows = await lease.requeue_lapsed(self.pool, self.cfg.batch_size, self.reaper_id)
             for r in rows:
@@ -116,9 +122,10 @@ class Reaper:
                 else:
                     metrics.JOBS_STALLED.labels(r["queue"]).inc()
                     sweep.requeued.append(str(r["id"]))
-                    log.info("lease lapsed; requeued", extra=fields(
-                        event="stalled", job=r["id"], queue=r["queue"], worker=r["worker_id"],
-                        stalls=r["stalls"]))
+                    log.info("lease lapsed; requeued%s", "" if r["own"] else " as a suspect",
+                             extra=fields(event="stalled", job=r["id"], queue=r["queue"],
+                                          worker=r["worker_id"], stalls=r["stalls"],
+                                          suspect_stalls=r["suspect_stalls"]))
             if len(rows) < self.cfg.batch_size:
                 break
         if sweep.requeued or sweep.failed:
@@ -176,6 +183,8 @@ class Reaper:
         after = self.cfg.republish_after_s
         with translated():
             candidates = await self.pool.fetch(Q["lost_candidates"], after)
+        with translated():
+            await self.pool.execute(Q["workers_prune"])
         total = 0
         for row in candidates:
             try:

@@ -81,14 +81,14 @@ def test_fenced_writes_need_the_token_and_a_live_lease(db_url: str) -> None:
         mine = await claim(pool, jid)
         assert mine is not None
         forged = Lease(jid, "q", uuid.uuid4(), 30, 0.15, 0.0)
-        assert await lease.renew(pool, [forged]) == set()
+        assert await lease.renew(pool, [forged], "w1") == set()
         assert await lease.complete(pool, [forged]) == [False]
         assert await lease.fail(pool, [Failure(forged, "x", True)]) == [None]
         assert await lease.release(pool, [forged]) == []
-        assert await lease.renew(pool, [mine]) == {jid}
+        assert await lease.renew(pool, [mine], "w1") == {jid}
         await lapse(pool, jid)
         # Lapsed, even if no reaper came yet: the lease is gone for good.
-        assert await lease.renew(pool, [mine]) == set()
+        assert await lease.renew(pool, [mine], "w1") == set()
         assert await lease.complete(pool, [mine]) == [False]
         assert (await status(pool, jid))["status"] == "active"
 
@@ -161,7 +161,10 @@ def test_concurrent_reapers_requeue_each_lapsed_lease_once(db_url: str) -> None:
         results = await asyncio.gather(reaper(), reaper(), reaper())
         requeued = [r["id"] for rs in results for r in rs]
         assert sorted(requeued) == sorted(ids)  # every one, exactly once
-        assert await pool.fetchval("SELECT max(stalls) FROM jobq.job") == 1
+        # one worker held all 200: each is a suspect, none is charged a real stall
+        row = await pool.fetchrow("SELECT min(suspect_stalls) AS lo, max(suspect_stalls) AS hi,"
+                                  " max(stalls) AS stalls, bool_and(suspect) AS s FROM jobq.job")
+        assert (row["lo"], row["hi"], row["stalls"], row["s"]) == (1, 1, 0, True)
 
     run(db_url, body)
 
@@ -212,5 +215,30 @@ def test_publish_mark_only_hits_the_spell_it_published(db_url: str) -> None:
         assert (await status(pool, jid))["published_at"] is None
         await pool.execute(Q["mark_published"], [jid], [mine.lock])
         assert (await status(pool, jid))["published_at"] is not None
+
+    run(db_url, body)
+
+
+def test_suspects_are_charged_only_when_alone_or_again(db_url: str) -> None:
+    async def body(pool: asyncpg.Pool) -> None:
+        a, b, c = (
+            await new_job(pool), await new_job(pool), await new_job(pool))
+        for jid in (a, b, c):
+            await claim(pool, jid, "crashy")
+        await pool.execute("UPDATE jobq.job SET lease_expires_at = now() - interval '1 s'")
+        rows = {r["id"]: r for r in await lease.requeue_lapsed(pool, 10, "r")}
+        assert all(not r["own"] and r["stalls"] == 0 for r in rows.values())
+        # rerun alone: b completes; a crashes again (alone) and is charged
+        mine = await claim(pool, b, "w2")
+        assert mine is not None and await lease.complete(pool, [mine]) == [True]
+        await claim(pool, a, "w3")
+        await lapse(pool, a)
+        (r,) = await lease.requeue_lapsed(pool, 10, "r")
+        assert r["own"] and r["stalls"] == 1 and r["suspect_stalls"] == 1
+        # a handler error clears the suspicion: it ran and returned
+        again = await claim(pool, c, "w4")
+        assert again is not None
+        await lease.fail(pool, [Failure(again, "x", True, 0.0)])
+        assert (await status(pool, c))["suspect"] is False
 
     run(db_url, body)

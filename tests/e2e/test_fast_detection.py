@@ -1,0 +1,106 @@
+"""Knowing a worker died in seconds, not a lease later, without blaming the
+innocent (issue #6). Leases here are long (30 s) on purpose: detection must
+come from the ended database session, not from the lease."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from tests.helpers import job, lost_and_duplicates, publish, runs, set_queue, wait_until
+
+pytestmark = pytest.mark.e2e
+
+LONG_LEASE_S = 30.0
+
+
+def test_sigkill_is_noticed_in_seconds_with_a_long_lease(db, procs, settings, report):
+    set_queue(db, "work", lease_s=LONG_LEASE_S, vanished_grace_s=2)
+    procs.reaper()
+    latencies = []
+    for round_ in range(3):
+        a = procs.consumer("--concurrency", "4")
+        a.worker_id()
+        ids = publish(settings, "work", [{"sleep_first": 60} for _ in range(4)])
+        wait_until(lambda: db.val("SELECT count(*) FROM test_run WHERE job_id = ANY($1)",
+                                  ids) == 4, 10, "4 jobs running")
+        a.kill()
+        killed = time.monotonic()
+        b = procs.consumer("--concurrency", "4")
+        b.worker_id()
+        wait_until(lambda: db.val("SELECT count(*) FROM test_run WHERE job_id = ANY($1)",
+                                  ids) == 8, 10, "all 4 running again", interval=0.01)
+        latencies.append(time.monotonic() - killed)
+        wait_until(lambda: lost_and_duplicates(db, ids)[0] == 0, 20, "all completed")
+        b.kill()
+    assert max(latencies) <= 3.5, latencies  # vs. a 30 s lease
+    report("SIGKILL, 30 s lease: kill -> running again (fast path)", 12, 0, 12, latencies)
+
+
+def test_a_live_worker_that_loses_its_session_is_not_blamed(db, procs, settings):
+    set_queue(db, "work", lease_s=LONG_LEASE_S, vanished_grace_s=2)
+    procs.reaper()
+    a = procs.consumer()
+    a_id = a.worker_id()
+    (jid,) = publish(settings, "work", [{"sleep": 6}])
+    wait_until(lambda: runs(db, jid), 10, "the job runs in A")
+    # Kill A's registry session only (a network blip, an admin, a failover).
+    killed = db.val("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE application_name = 'jobq-consumer-registry' "
+                    "AND datname = current_database()")
+    assert killed == 1
+    a.wait_log("worker registry session ended; re-registering")
+    time.sleep(4)  # past the 2 s grace the reaper may have cut the lease to
+    wait_until(lambda: job(db, jid)["status"] == "completed", 10, "A completes it")
+    row = job(db, jid)
+    assert row["worker_id"] == a_id and row["stalls"] == 0 and row["suspect_stalls"] == 0
+    assert len(runs(db, jid)) == 1 and runs(db, jid)[0]["outcome"] == "returned"
+    assert db.val("SELECT vanished_at FROM jobq.worker WHERE worker_id = $1", a_id) is None
+
+
+def test_poison_job_among_healthy_ones_fails_alone(db, procs, settings, report):
+    """One job crashes a consumer running 8 at once: the 7 healthy ones are
+    suspects, rerun alone, and complete; the poison fails after max_stalls."""
+    set_queue(db, "work", lease_s=LONG_LEASE_S, vanished_grace_s=1, max_stalls=2,
+              stall_cooldown_s=0.1)
+    procs.reaper()
+    first = procs.consumer("--concurrency", "8")
+    first.worker_id()
+    healthy = publish(settings, "work", [{"sleep_first": 2} for _ in range(7)])
+    wait_until(lambda: db.val("SELECT count(*) FROM test_run") == 7, 10, "7 healthy running")
+    (poison,) = publish(settings, "work", [{"kill_on_attempt": 99}])
+    fleet = [first]
+    deadline = time.monotonic() + 60
+    while job(db, poison)["status"] != "failed" or lost_and_duplicates(db, healthy)[0]:
+        assert time.monotonic() < deadline, dict(job(db, poison))
+        fleet = [c for c in fleet if c.alive()]
+        while len(fleet) < 2:  # an orchestrator restarts what died
+            fleet.append(procs.consumer("--concurrency", "8"))
+        time.sleep(0.05)
+    row = job(db, poison)
+    assert row["stalls"] == 3 and "job of death" in row["last_error"]
+    for jid in healthy:
+        h = job(db, jid)
+        assert h["status"] == "completed" and h["stalls"] == 0, dict(h)
+        assert h["suspect_stalls"] <= 1
+    lost, dups = lost_and_duplicates(db, healthy)
+    report("poison among 7 healthy (concurrency 8)", 8, lost, dups)
+
+
+def test_sigstop_falls_back_to_the_lease(db, procs, settings, report):
+    set_queue(db, "work", lease_s=2, vanished_grace_s=2)
+    procs.reaper()
+    a = procs.consumer()
+    a.worker_id()
+    (jid,) = publish(settings, "work", [{"sleep_first": 60}])
+    wait_until(lambda: runs(db, jid), 10, "the job runs")
+    a.signal(signal.SIGSTOP)  # its session stays open: no fast path
+    stopped = time.monotonic()
+    wait_until(lambda: job(db, jid)["suspect_stalls"] + job(db, jid)["stalls"] == 1, 5,
+               "requeue", interval=0.01)
+    latency = time.monotonic() - stopped
+    assert latency <= 2 + 1
+    a.signal(signal.SIGCONT)
+    report("SIGSTOP, 2 s lease (lease fallback)", 1, 0, 0, [latency])
