@@ -63,11 +63,19 @@ from jobq.sql import Q
 log = logging.getLogger("jobq.consumer")
 
 SETTLE_TIMEOUT_S = 5.0
+SUSPECT_WAIT_S = 2.0  # how long a suspect waits for its worker to be free
 
 
 def new_worker_id() -> str:
     """Unique per process start: host and pid for humans, random for uniqueness."""
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+class _Slots:
+    __slots__ = ("n",)
+
+    def __init__(self, n: int) -> None:
+        self.n = n
 
 
 class _Running:
@@ -229,19 +237,19 @@ class Consumer:
             await asyncio.wait(list(self._message_tasks), timeout=10)
         await self._release([r for r in leftovers if r.stop_reason == "shutdown"])
 
-    async def _release(self, runs: list[_Running]) -> None:
+    async def _release(self, runs: list[_Running], why: str = "worker shutting down") -> None:
         if not runs:
             return
         assert self.pool is not None
         try:
-            rows = await lease.release(self.pool, [r.lease for r in runs])
+            rows = await lease.release(self.pool, [r.lease for r in runs], why)
         except UnavailableError as exc:
             log.warning("could not release %d lease(s): %s; they will lapse and be reaped",
                         len(runs), exc)
             return
         for row in rows:
             self._count("released", row["queue"])
-            log.info("released on shutdown", extra=fields(
+            log.info("released (%s)", why, extra=fields(
                 event="released", job=row["id"], queue=row["queue"], worker=self.worker_id))
         # Publish them ourselves so they run at once; the relay is the fallback.
         try:
@@ -282,7 +290,9 @@ class Consumer:
         if self._stopping:
             await self._settle(msg.nack(requeue=True))
             return
-        async with self._slots:
+        await self._slots.acquire()
+        hold = _Slots(1)  # slots this delivery holds; a suspect takes them all
+        try:
             if self._stopping:
                 await self._settle(msg.nack(requeue=True))
                 return
@@ -302,7 +312,10 @@ class Consumer:
             await self._settle(msg.ack())
             if row is None:
                 return
-            await self._run(row, sent_at)
+            await self._run(row, sent_at, hold)
+        finally:
+            for _ in range(hold.n):
+                self._slots.release()
 
     @staticmethod
     async def _settle(op: Any) -> None:
@@ -354,7 +367,14 @@ class Consumer:
 
     # ── running a job ──
 
-    async def _run(self, row: Any, sent_at: float) -> None:
+    async def _take_every_slot(self, hold: _Slots) -> None:
+        """Wait until this delivery holds every slot (no other job runs here)."""
+        async with self._alone:
+            while hold.n < self.concurrency:
+                await self._slots.acquire()
+                hold.n += 1
+
+    async def _run(self, row: Any, sent_at: float, hold: _Slots) -> None:
         loop = asyncio.get_running_loop()
         lease_ = Lease.from_claim(row, sent_at, self.cfg.fence_margin_fraction)
         job = Job(
@@ -371,23 +391,24 @@ class Consumer:
         log.info("claimed", extra=fields(event="claimed", job=job.id, queue=job.queue,
                                          attempt=job.attempt, worker=self.worker_id))
         handler = self.app.handlers[job.queue]
-        extra_slots = 0
         try:
             self._arm_fence(run)
             if row["suspect"] and self.concurrency > 1:
-                # A suspect runs alone: wait for the jobs in flight to finish and
-                # take no new ones, so that if it crashes this process it is the
-                # only job charged. Its lease is renewed while it waits.
-                log.info("suspect job: waiting to run it alone", extra=fields(
-                    event="suspect", job=job.id, queue=job.queue, worker=self.worker_id))
-                # Give back our slot first: suspects waiting for the lock must
-                # not hold slots the one holding it needs.
+                # A suspect runs alone, so that if it crashes this process it is
+                # the only job charged. Give our slot back (suspects waiting for
+                # the lock must not hold what the lock holder needs), then take
+                # every slot: the jobs in flight finish, no new one starts. A
+                # busy worker hands the suspect on rather than keep it waiting.
                 self._slots.release()
-                extra_slots = -1
-                async with self._alone:
-                    while extra_slots < self.concurrency - 1 and run.stop_reason is None:
-                        await self._slots.acquire()
-                        extra_slots += 1
+                hold.n = 0
+                try:
+                    await asyncio.wait_for(self._take_every_slot(hold), SUSPECT_WAIT_S)
+                except asyncio.TimeoutError:
+                    run.stop_reason = "handed_on"
+                    await self._release([run], "suspect: worker busy; handed on to run alone")
+                    return
+                log.info("suspect job: running it alone", extra=fields(
+                    event="suspect", job=job.id, queue=job.queue, worker=self.worker_id))
                 if run.stop_reason is not None:
                     await self._after_stop(run)
                     return
@@ -424,11 +445,6 @@ class Consumer:
             if run.stop_reason != "shutdown":
                 self.running.pop(job.id, None)
             metrics.IN_FLIGHT.set(len(self.running))
-            # Keep exactly one slot for the caller's `async with self._slots`.
-            if extra_slots < 0:
-                await self._slots.acquire()
-            for _ in range(max(0, extra_slots)):
-                self._slots.release()
 
     async def _call(self, handler: Handler, job: Job) -> Any:
         if handler.payload_model is not None:

@@ -133,14 +133,15 @@ async def fail(pool: asyncpg.Pool, failures: Sequence[Failure]) -> list[Any]:
     return [by_id.get(f.lease.job_id) for f in failures]
 
 
-async def release(pool: asyncpg.Pool, leases: Iterable[Lease]) -> list[Any]:
-    """Give leases back (shutdown): rows (id, queue, lock) that were released."""
+async def release(pool: asyncpg.Pool, leases: Iterable[Lease],
+                  why: str = "worker shutting down") -> list[Any]:
+    """Give leases back at once: rows (id, queue, lock) that were released."""
     leases = list(leases)
     if not leases:
         return []
     with translated():
         return list(await pool.fetch(Q["release"], [le.job_id for le in leases],
-                                     [le.lock for le in leases]))
+                                     [le.lock for le in leases], why))
 
 
 # ── reaper side ──

@@ -190,8 +190,8 @@ WITH failing AS (
 SELECT id, status, extract(epoch FROM run_at - now())::float8 AS retry_in_s FROM failed;
 
 -- name: release
--- Graceful shutdown: give the job back at once, without counting a stall or
--- an error. The releasing worker publishes the id itself; the relay is the
+-- Graceful shutdown (or a suspect handed on by a busy worker): give the job
+-- back at once, without counting a stall or an error. The releasing worker publishes the id itself; the relay is the
 -- fallback (relay_after = now()).
 WITH released AS (
     UPDATE jobq.job j
@@ -209,8 +209,7 @@ WITH released AS (
     RETURNING j.id, j.queue, j.lock, j.worker_id, j.attempts, q.history
 ), logged AS (
     INSERT INTO jobq.job_event (job_id, event, worker_id, attempt, detail)
-    SELECT id, 'released', worker_id, attempts, 'worker shutting down'
-    FROM released WHERE history
+    SELECT id, 'released', worker_id, attempts, $3 FROM released WHERE history
 )
 SELECT id, queue, lock FROM released;
 

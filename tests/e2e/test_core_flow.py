@@ -165,7 +165,7 @@ def test_sigterm_drains_finishes_short_and_releases_long_jobs(db, procs, setting
     b.worker_id()
     wait_until(lambda: completed(db, long_), 10, "released jobs completed by B")
     assert db.val("SELECT max(stalls) FROM jobq.job") == 0
-    assert "released on shutdown" in a.log()
+    assert "released (worker shutting down)" in a.log()
     lost, dups = lost_and_duplicates(db, short + long_)
     report("SIGTERM with 4 jobs in flight (2 released)", 4, lost, dups)
 

@@ -1,0 +1,177 @@
+"""Detection figures (issue #6), with a 30 s lease and default settings:
+
+- SIGKILL of a consumer holding jobs -> jobs requeued / running again
+  (fast path: the worker's database session ends, the reaper cuts its leases
+  to vanished_grace_s = 2 s); target p99 <= 3 s.
+- SIGSTOP of a consumer -> jobs requeued (no fast path: the session stays
+  open; the lease decides); target <= lease + 1 s.
+- one poison job crashing a consumer with concurrency 8 that holds 7 healthy
+  jobs: the 7 complete, the poison fails alone after max_stalls.
+
+    .venv/bin/python bench/detection.py --kills 20 --stops 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchenv import scratch  # noqa: E402
+
+from jobq.settings import Settings  # noqa: E402
+from tests.helpers import Procs, SyncDB, publish, set_queue, wait_until  # noqa: E402
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {"n": len(values), "p50_s": round(statistics.median(values), 2),
+            "p99_s": round(pct(values, 0.99), 2), "max_s": round(max(values), 2)}
+
+
+def kills(db: SyncDB, procs: Procs, settings: Settings, trials: int) -> dict[str, Any]:
+    set_queue(db, "work", lease_s=30, vanished_grace_s=2)
+    requeued, running = [], []
+    fleet = [procs.consumer("--concurrency", "4") for _ in range(2)]
+    ids_of = {p.pid: p.worker_id() for p in fleet}
+    for _ in range(trials):
+        ids = publish(settings, "work", [{"sleep_first": 120} for _ in range(4)])
+        wait_until(lambda: db.val("SELECT count(*) FROM test_run WHERE job_id = ANY($1)",
+                                  ids) == 4, 15, "4 jobs running")
+        holders = {r["worker_id"]: r["n"] for r in db.fetch(
+            "SELECT worker_id, count(*) AS n FROM jobq.job WHERE id = ANY($1) "
+            "AND status = 'active' GROUP BY 1", ids)}
+        victim = max(fleet, key=lambda p: holders.get(ids_of[p.pid], 0))
+        held = [r["id"] for r in db.fetch(
+            "SELECT id FROM jobq.job WHERE id = ANY($1) AND worker_id = $2", ids,
+            ids_of[victim.pid])]
+        victim.kill()
+        t0 = time.monotonic()
+        fleet.remove(victim)
+        wait_until(lambda: db.val("SELECT bool_and(stalls + suspect_stalls > 0) FROM jobq.job "
+                                  "WHERE id = ANY($1)", held), 40, "requeue", interval=0.005)
+        requeued.append(time.monotonic() - t0)
+        wait_until(lambda: db.val("SELECT count(*) FROM test_run WHERE job_id = ANY($1)",
+                                  held) == 2 * len(held), 40, "rerun", interval=0.005)
+        running.append(time.monotonic() - t0)
+        fresh = procs.consumer("--concurrency", "4")
+        ids_of[fresh.pid] = fresh.worker_id()
+        fleet.append(fresh)
+        wait_until(lambda: db.val("SELECT count(*) FROM jobq.job WHERE id = ANY($1) AND "
+                                  "status = 'completed'", ids) == 4, 60, "completion")
+    for p in fleet:
+        p.kill()
+    return {"kill_to_requeued": summary(requeued), "kill_to_running_again": summary(running)}
+
+
+def stops(db: SyncDB, procs: Procs, settings: Settings, trials: int,
+          parallel: int) -> dict[str, Any]:
+    lease_s = 30.0
+    set_queue(db, "work", lease_s=lease_s, vanished_grace_s=2)
+    latencies: list[float] = []
+    while len(latencies) < trials:
+        n = min(parallel, trials - len(latencies))
+        frozen = [procs.consumer("--concurrency", "1") for _ in range(n)]
+        for p in frozen:
+            p.worker_id()
+        ids = publish(settings, "work", [{"sleep_first": 600} for _ in range(n)])
+        wait_until(lambda: db.val("SELECT count(*) FROM test_run WHERE job_id = ANY($1)",
+                                  ids) == n, 15, "jobs running")
+        t0 = time.monotonic()
+        for p in frozen:
+            p.signal(signal.SIGSTOP)
+        pending = set(ids)
+        while pending:
+            done = {r["id"] for r in db.fetch(
+                "SELECT id FROM jobq.job WHERE id = ANY($1) AND stalls + suspect_stalls > 0",
+                list(pending))}
+            for _ in done:
+                latencies.append(time.monotonic() - t0)
+            pending -= done
+            assert time.monotonic() - t0 < lease_s + 30, "not requeued"
+            time.sleep(0.01)
+        for p in frozen:
+            p.kill()
+        db.execute("UPDATE jobq.job SET status = 'cancelled' WHERE id = ANY($1)", ids)
+    return {"sigstop_to_requeued": summary(latencies), "lease_s": lease_s}
+
+
+def poison(db: SyncDB, procs: Procs, settings: Settings) -> dict[str, Any]:
+    set_queue(db, "work", lease_s=30, vanished_grace_s=2, max_stalls=3, stall_cooldown_s=1)
+    db.execute("DELETE FROM jobq.job")
+    first = procs.consumer("--concurrency", "8")
+    first.worker_id()
+    healthy = publish(settings, "work", [{"sleep_first": 3} for _ in range(7)])
+    wait_until(lambda: db.val("SELECT count(*) FROM test_run WHERE job_id = ANY($1)",
+                              healthy) == 7, 10, "7 healthy running")
+    (bad,) = publish(settings, "work", [{"kill_on_attempt": 999}])
+    t0 = time.monotonic()
+    fleet = [first]
+    while db.val("SELECT status FROM jobq.job WHERE id = $1", bad) != "failed" or db.val(
+            "SELECT count(*) FROM jobq.job WHERE id = ANY($1) AND status <> 'completed'",
+            healthy):
+        assert time.monotonic() - t0 < 120
+        fleet = [c for c in fleet if c.alive()]
+        while len(fleet) < 2:
+            fleet.append(procs.consumer("--concurrency", "8"))
+        time.sleep(0.05)
+    row = db.fetchrow("SELECT stalls, suspect_stalls, last_error FROM jobq.job WHERE id = $1",
+                      bad)
+    h = db.fetch("SELECT status, stalls, suspect_stalls FROM jobq.job WHERE id = ANY($1)",
+                 healthy)
+    for p in fleet:
+        p.kill()
+    return {"poison_status": "failed", "poison_stalls": row["stalls"],
+            "poison_suspect_stalls": row["suspect_stalls"],
+            "healthy_completed": sum(r["status"] == "completed" for r in h),
+            "healthy_max_stalls": max(r["stalls"] for r in h),
+            "healthy_max_suspect_stalls": max(r["suspect_stalls"] for r in h),
+            "seconds": round(time.monotonic() - t0, 1)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--kills", type=int, default=20)
+    p.add_argument("--stops", type=int, default=20)
+    p.add_argument("--stop-parallel", type=int, default=5)
+    a = p.parse_args()
+    with scratch() as (db_url, amqp_url, namespace):
+        settings = Settings(database_url=db_url, amqp_url=amqp_url, namespace=namespace)
+        db = SyncDB(db_url)
+        procs = Procs(_env(db_url, amqp_url, namespace),
+                      Path(tempfile.mkdtemp(prefix="jobq-detect-")))
+        try:
+            procs.reaper()
+            result: dict[str, Any] = {}
+            if a.kills:
+                result.update(kills(db, procs, settings, a.kills))
+            if a.stops:
+                result.update(stops(db, procs, settings, a.stops, a.stop_parallel))
+            result["poison_7_healthy_concurrency_8"] = poison(db, procs, settings)
+        finally:
+            procs.close()
+            db.close()
+    print(json.dumps(result, indent=2))
+
+
+def _env(db_url: str, amqp_url: str, namespace: str) -> dict[str, str]:
+    from benchenv import service_env
+
+    return service_env(db_url, amqp_url, namespace)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,225 @@
+"""jobq benchmarks: one entry point, one table (and JSON), medians of runs.
+
+    .venv/bin/python bench/run.py [--jobs 20000] [--runs 3] [--peers] [--scale]
+
+Measured on this machine's PostgreSQL and RabbitMQ, all processes on the same
+cores. No-op handlers; figures from the database clock (created_at,
+started_at, finished_at) so process start-up is not counted. Ratios between
+systems are taken within the same run. Detection figures: bench/detection.py;
+the soak: bench/soak.py; the fault table: bench/faults.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+import asyncpg  # noqa: E402
+from benchenv import scratch, service_env  # noqa: E402
+
+import jobq  # noqa: E402
+from jobq.producer import Client, NewJob  # noqa: E402
+from jobq.settings import Settings  # noqa: E402
+from tests.helpers import Procs, SyncDB, wait_until  # noqa: E402
+
+CONCURRENCY = 32
+
+
+def reset(db: SyncDB, history: bool = True) -> None:
+    db.execute("TRUNCATE jobq.job CASCADE")
+    db.execute("INSERT INTO jobq.queue (name) VALUES ('noop') ON CONFLICT DO NOTHING")
+    db.execute("UPDATE jobq.queue SET history = $1, lease_s = 30 WHERE name = 'noop'", history)
+    db.execute("VACUUM ANALYZE jobq.job")
+
+
+def publish_rates(settings: Settings, n: int) -> dict[str, float]:
+    async def go() -> dict[str, float]:
+        async with Client(settings) as c:
+            single = min(n, 2000)
+            t0 = time.perf_counter()
+            for _ in range(single):
+                await c.publish("noop", {})
+            t1 = time.perf_counter()
+            for i in range(0, n, 500):
+                await c.publish_many([NewJob("noop", {}) for _ in range(min(500, n - i))])
+            t2 = time.perf_counter()
+        return {"publish_single_per_s": single / (t1 - t0),
+                "publish_batched_per_s": n / (t2 - t1)}
+
+    return asyncio.run(go())
+
+
+def db_rate(db: SyncDB, start_col: str) -> float:
+    row = db.fetchrow(f"SELECT count(*) AS n, extract(epoch FROM max(finished_at) - "
+                      f"min({start_col}))::float8 AS s FROM jobq.job WHERE status = 'completed'")
+    return float(row["n"] / row["s"]) if row["s"] else 0.0
+
+
+def drain(db: SyncDB, procs: Procs, settings: Settings, n: int, consumers: int) -> float:
+    """Backlog of n jobs, then `consumers` processes drain it."""
+    async def fill() -> None:
+        async with Client(settings) as c:
+            for i in range(0, n, 1000):
+                await c.publish_many([NewJob("noop", {}) for _ in range(min(1000, n - i))])
+
+    asyncio.run(fill())
+    started = [procs.start("consume", "noop_app:app", "--concurrency", str(CONCURRENCY))
+               for _ in range(consumers)]
+    wait_until(lambda: db.val("SELECT count(*) FROM jobq.job WHERE status = 'completed'") == n,
+               600, "backlog drained", interval=0.2)
+    for p in started:
+        p.kill()
+    return db_rate(db, "started_at")
+
+
+def steady(db: SyncDB, procs: Procs, settings: Settings, n: int, consumers: int) -> float:
+    """Producer and consumers together: created -> completed for n jobs."""
+    started = [procs.start("consume", "noop_app:app", "--concurrency", str(CONCURRENCY))
+               for _ in range(consumers)]
+    for p in started:
+        p.wait_log("consumer ready", 30)
+
+    async def produce() -> None:
+        async with Client(settings) as c:
+            for i in range(0, n, 100):
+                await c.publish_many([NewJob("noop", {}) for _ in range(min(100, n - i))])
+
+    asyncio.run(produce())
+    wait_until(lambda: db.val("SELECT count(*) FROM jobq.job WHERE status = 'completed'") == n,
+               600, "all completed", interval=0.2)
+    for p in started:
+        p.kill()
+    return db_rate(db, "created_at")
+
+
+def latency(db: SyncDB, procs: Procs, settings: Settings, rate: float,
+            seconds: float) -> dict[str, float]:
+    """publish -> handler start at a moderate rate, one job per publish call."""
+    c = procs.start("consume", "noop_app:app", "--concurrency", str(CONCURRENCY))
+    c.wait_log("consumer ready", 30)
+
+    async def produce() -> int:
+        sent = 0
+        async with Client(settings) as client:
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                await client.publish("noop", {})
+                sent += 1
+                await asyncio.sleep(max(0.0, t0 + sent / rate - time.perf_counter()))
+        return sent
+
+    sent = asyncio.run(produce())
+    wait_until(lambda: db.val("SELECT count(*) FROM jobq.job WHERE status = 'completed'")
+               == sent, 60, "all completed", interval=0.2)
+    c.kill()
+    ms = sorted(float(r["ms"]) for r in db.fetch(
+        "SELECT extract(epoch FROM started_at - created_at) * 1000 AS ms FROM jobq.job"))
+    return {"latency_p50_ms": ms[len(ms) // 2], "latency_p99_ms": ms[int(len(ms) * 0.99) - 1],
+            "latency_rate_per_s": rate}
+
+
+def substrate(db_url: str, amqp_url: str, n: int) -> dict[str, float]:
+    out = subprocess.run([sys.executable, str(HERE / "substrate.py"), db_url, amqp_url,
+                          str(n)], capture_output=True, text=True, check=True)
+    return {f"substrate_{k}": v for k, v in json.loads(out.stdout).items()}
+
+
+def one_run(n: int, history: bool = True) -> dict[str, float]:
+    res: dict[str, float] = {}
+    with scratch(queues=("noop",)) as (db_url, amqp_url, ns):
+        settings = Settings(database_url=db_url, amqp_url=amqp_url, namespace=ns)
+        db = SyncDB(db_url)
+        env = service_env(db_url, amqp_url, ns, JOBQ_LOG_LEVEL="WARNING",
+                          PYTHONPATH=f"{HERE}{os.pathsep}{HERE.parent}")
+        procs = Procs(env, Path(tempfile.mkdtemp(prefix="jobq-bench-")))
+        try:
+            res.update(substrate(db_url, amqp_url, min(n, 5000)))
+            reset(db, history)
+            res.update(publish_rates(settings, n))
+            for k in (1, 2):
+                reset(db, history)
+                res[f"drain_{k}c_per_s"] = drain(db, procs, settings, n, k)
+                reset(db, history)
+                res[f"steady_{k}c_per_s"] = steady(db, procs, settings, n, k)
+            reset(db, history)
+            res.update(latency(db, procs, settings, 200, 10))
+        finally:
+            procs.close()
+            db.close()
+    res["jobq_vs_substrate_drain_2c"] = res["drain_2c_per_s"] / res["substrate_drain_per_s"]
+    return res
+
+
+def conditions(n: int) -> dict[str, Any]:
+    async def versions() -> tuple[str, str]:
+        from benchenv import ADMIN_URL, AMQP_URL
+        import aio_pika
+
+        c = await asyncpg.connect(ADMIN_URL)
+        pg = await c.fetchval("SHOW server_version")
+        await c.close()
+        conn = await aio_pika.connect(AMQP_URL)
+        mq = conn.transport.connection.server_properties.get("version", b"?")  # type: ignore
+        await conn.close()
+        return pg, mq.decode() if isinstance(mq, bytes) else str(mq)
+
+    pg, mq = asyncio.run(versions())
+    return {"jobq": jobq.__version__, "python": platform.python_version(),
+            "postgresql": pg, "rabbitmq": mq, "cpus": os.cpu_count(), "jobs_per_run": n,
+            "consumer_concurrency": CONCURRENCY, "lease_s": 30, "handler": "no-op",
+            "log_level": "WARNING", "event_loop": "uvloop"}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--jobs", type=int, default=20000)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--peers", action="store_true", help="also Celery, procrastinate, pgqueuer")
+    p.add_argument("--history-off", action="store_true", help="also a run with history off")
+    p.add_argument("--json", default=str(HERE / "results" / "latest.json"))
+    a = p.parse_args()
+    runs = []
+    for i in range(a.runs):
+        r = one_run(a.jobs)
+        if a.peers:
+            from peers import run_peers
+
+            r.update(run_peers(a.jobs))
+            for peer in ("celery", "procrastinate", "pgqueuer"):
+                if r.get(f"{peer}_drain_per_s"):
+                    r[f"jobq_drain_2c_vs_{peer}"] = r["drain_2c_per_s"] / r[f"{peer}_drain_per_s"]
+        if a.history_off:
+            off = one_run(a.jobs, history=False)
+            r["history_off_drain_2c_per_s"] = off["drain_2c_per_s"]
+            r["history_cost_drain_2c"] = 1 - r["drain_2c_per_s"] / off["drain_2c_per_s"]
+        runs.append(r)
+        print(f"run {i + 1}: " + json.dumps({k: round(v, 2) for k, v in r.items()}),
+              file=sys.stderr)
+    keys = sorted({k for r in runs for k in r})
+    median = {k: statistics.median(r[k] for r in runs if k in r) for k in keys}
+    out = {"conditions": conditions(a.jobs), "runs": runs, "median": median}
+    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.json).write_text(json.dumps(out, indent=2))
+    print(f"conditions: {json.dumps(out['conditions'])}")
+    print(f"| metric | median of {len(runs)} |")
+    print("|---|---:|")
+    for k in keys:
+        print(f"| {k} | {median[k]:,.2f} |")
+
+
+if __name__ == "__main__":
+    main()
