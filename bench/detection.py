@@ -43,38 +43,34 @@ def summary(values: list[float]) -> dict[str, float]:
 
 
 def kills(db: SyncDB, procs: Procs, settings: Settings, trials: int) -> dict[str, Any]:
+    """Each trial: consumer A takes 4 jobs, an idle consumer B stands by, A is
+    SIGKILLed; measure until the 4 are requeued, claimed again, running again."""
     set_queue(db, "work", lease_s=30, vanished_grace_s=2)
-    requeued, running = [], []
-    fleet = [procs.consumer("--concurrency", "4") for _ in range(2)]
-    ids_of = {p.pid: p.worker_id() for p in fleet}
+    requeued, claimed, running = [], [], []
     for _ in range(trials):
+        a = procs.consumer("--concurrency", "4")
+        a.worker_id()
         ids = publish(settings, "work", [{"sleep_first": 120} for _ in range(4)])
         wait_until(lambda: db.val("SELECT count(*) FROM test_run WHERE job_id = ANY($1)",
-                                  ids) == 4, 15, "4 jobs running")
-        holders = {r["worker_id"]: r["n"] for r in db.fetch(
-            "SELECT worker_id, count(*) AS n FROM jobq.job WHERE id = ANY($1) "
-            "AND status = 'active' GROUP BY 1", ids)}
-        victim = max(fleet, key=lambda p: holders.get(ids_of[p.pid], 0))
-        held = [r["id"] for r in db.fetch(
-            "SELECT id FROM jobq.job WHERE id = ANY($1) AND worker_id = $2", ids,
-            ids_of[victim.pid])]
-        victim.kill()
+                                  ids) == 4, 15, "4 jobs running in A")
+        b = procs.consumer("--concurrency", "4")
+        b.worker_id()
+        a.kill()
         t0 = time.monotonic()
-        fleet.remove(victim)
         wait_until(lambda: db.val("SELECT bool_and(stalls + suspect_stalls > 0) FROM jobq.job "
-                                  "WHERE id = ANY($1)", held), 40, "requeue", interval=0.005)
+                                  "WHERE id = ANY($1)", ids), 40, "requeue", interval=0.005)
         requeued.append(time.monotonic() - t0)
+        wait_until(lambda: db.val("SELECT bool_and(attempts >= 2) FROM jobq.job "
+                                  "WHERE id = ANY($1)", ids), 40, "claim", interval=0.005)
+        claimed.append(time.monotonic() - t0)
         wait_until(lambda: db.val("SELECT count(*) FROM test_run WHERE job_id = ANY($1)",
-                                  held) == 2 * len(held), 40, "rerun", interval=0.005)
+                                  ids) == 8, 60, "rerun", interval=0.005)
         running.append(time.monotonic() - t0)
-        fresh = procs.consumer("--concurrency", "4")
-        ids_of[fresh.pid] = fresh.worker_id()
-        fleet.append(fresh)
         wait_until(lambda: db.val("SELECT count(*) FROM jobq.job WHERE id = ANY($1) AND "
                                   "status = 'completed'", ids) == 4, 60, "completion")
-    for p in fleet:
-        p.kill()
-    return {"kill_to_requeued": summary(requeued), "kill_to_running_again": summary(running)}
+        b.kill()
+    return {"kill_to_requeued": summary(requeued), "kill_to_claimed_again": summary(claimed),
+            "kill_to_running_again": summary(running)}
 
 
 def stops(db: SyncDB, procs: Procs, settings: Settings, trials: int,

@@ -28,9 +28,12 @@ ALTER TABLE jobq.queue
 -- other job meanwhile) so that a second crash points at the culprit.
 -- stalls counts lapses that are the job's own doing (it was alone, or already
 -- a suspect) and drives max_stalls; suspect_stalls counts shared ones.
+-- handoffs: times a busy worker passed a suspect on instead of making it wait
+-- (bounded, so a suspect does not bounce around a busy fleet).
 ALTER TABLE jobq.job
     ADD COLUMN suspect boolean NOT NULL DEFAULT false,
-    ADD COLUMN suspect_stalls integer NOT NULL DEFAULT 0;
+    ADD COLUMN suspect_stalls integer NOT NULL DEFAULT 0,
+    ADD COLUMN handoffs integer NOT NULL DEFAULT 0;
 
 ALTER TABLE jobq.job_event DROP CONSTRAINT job_event_event_check;
 ALTER TABLE jobq.job_event ADD CONSTRAINT job_event_event_check CHECK (event IN (

@@ -63,7 +63,8 @@ from jobq.sql import Q
 log = logging.getLogger("jobq.consumer")
 
 SETTLE_TIMEOUT_S = 5.0
-SUSPECT_WAIT_S = 2.0  # how long a suspect waits for its worker to be free
+SUSPECT_WAIT_S = 2.0  # how long a suspect waits for its worker to be free...
+MAX_HANDOFFS = 2  # ...before it is handed on; after this many it waits as long as it takes
 
 
 def new_worker_id() -> str:
@@ -237,12 +238,13 @@ class Consumer:
             await asyncio.wait(list(self._message_tasks), timeout=10)
         await self._release([r for r in leftovers if r.stop_reason == "shutdown"])
 
-    async def _release(self, runs: list[_Running], why: str = "worker shutting down") -> None:
+    async def _release(self, runs: list[_Running], why: str = "worker shutting down",
+                       handoff: bool = False) -> None:
         if not runs:
             return
         assert self.pool is not None
         try:
-            rows = await lease.release(self.pool, [r.lease for r in runs], why)
+            rows = await lease.release(self.pool, [r.lease for r in runs], why, handoff)
         except UnavailableError as exc:
             log.warning("could not release %d lease(s): %s; they will lapse and be reaped",
                         len(runs), exc)
@@ -402,10 +404,13 @@ class Consumer:
                 self._slots.release()
                 hold.n = 0
                 try:
-                    await asyncio.wait_for(self._take_every_slot(hold), SUSPECT_WAIT_S)
+                    await asyncio.wait_for(
+                        self._take_every_slot(hold),
+                        SUSPECT_WAIT_S if row["handoffs"] < MAX_HANDOFFS else None)
                 except asyncio.TimeoutError:
                     run.stop_reason = "handed_on"
-                    await self._release([run], "suspect: worker busy; handed on to run alone")
+                    await self._release([run], "suspect: worker busy; handed on to run alone",
+                                        handoff=True)
                     return
                 log.info("suspect job: running it alone", extra=fields(
                     event="suspect", job=job.id, queue=job.queue, worker=self.worker_id))

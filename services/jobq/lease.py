@@ -134,14 +134,14 @@ async def fail(pool: asyncpg.Pool, failures: Sequence[Failure]) -> list[Any]:
 
 
 async def release(pool: asyncpg.Pool, leases: Iterable[Lease],
-                  why: str = "worker shutting down") -> list[Any]:
+                  why: str = "worker shutting down", handoff: bool = False) -> list[Any]:
     """Give leases back at once: rows (id, queue, lock) that were released."""
     leases = list(leases)
     if not leases:
         return []
     with translated():
         return list(await pool.fetch(Q["release"], [le.job_id for le in leases],
-                                     [le.lock for le in leases], why))
+                                     [le.lock for le in leases], why, handoff))
 
 
 # ── reaper side ──

@@ -81,7 +81,8 @@ WITH claimed AS (
       AND j.queue = ANY($3::text[])
       AND q.name = j.queue
     RETURNING j.id, j.queue, j.payload, j.attempts, j.errors, j.stalls, j.lock, j.created_at,
-              j.suspect, q.lease_s, q.timeout_s, q.max_attempts, q.vanished_grace_s, q.history
+              j.suspect, j.handoffs, q.lease_s, q.timeout_s, q.max_attempts,
+              q.vanished_grace_s, q.history
 ), logged AS (
     INSERT INTO jobq.job_event (job_id, event, worker_id, attempt)
     SELECT id, 'claimed', $2, attempts FROM claimed WHERE history
@@ -199,7 +200,8 @@ WITH released AS (
         lease_expires_at = NULL,
         run_at = now(),
         relay_after = now(),
-        published_at = NULL
+        published_at = NULL,
+        handoffs = j.handoffs + CASE WHEN $4 THEN 1 ELSE 0 END
     FROM unnest($1::uuid[], $2::uuid[]) AS t(id, lock), jobq.queue q
     WHERE j.id = t.id
       AND j.lock = t.lock

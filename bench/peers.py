@@ -1,0 +1,147 @@
+"""Peers on the same no-op workload, in their own virtualenv (bench/.venv-peers,
+created on first use; never project dependencies): Celery on RabbitMQ with
+acks_late, procrastinate and pgqueuer on PostgreSQL. Each fills a backlog of
+N jobs, then two worker processes drain it. The rate runs from the first
+finished job to the last (polled every 20 ms), so start-up is not counted."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import aio_pika
+import aiormq
+import asyncpg
+
+HERE = Path(__file__).resolve().parent
+VENV = HERE / ".venv-peers"
+PY = VENV / "bin" / "python"
+PINS = ["celery==5.7.0", "procrastinate==3.10.0", "pgqueuer==1.6.0", "psycopg[binary]==3.3.9",
+        "asyncpg==0.32.0"]
+WORKERS = 2
+
+
+def ensure_venv() -> None:
+    if PY.exists():
+        return
+    subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+    subprocess.run([str(PY), "-m", "pip", "install", "-q", *PINS], check=True)
+
+
+def drain_rate(n: int, done: Callable[[], int], workers: list[subprocess.Popen[bytes]],
+               timeout: float = 600) -> float:
+    first = None
+    t_end = time.monotonic() + timeout
+    while True:
+        d = done()
+        now = time.monotonic()
+        if first is None and d > 0:
+            first = (now, d)
+        if d >= n:
+            break
+        if now > t_end or all(w.poll() is not None for w in workers):
+            raise RuntimeError(f"peer drained {d} of {n}")
+        time.sleep(0.02)
+    for w in workers:
+        w.kill()
+        w.wait()
+    assert first is not None
+    return (n - first[1]) / max(1e-6, now - first[0])
+
+
+def _sql_count(url: str, sql: str) -> int:
+    async def go() -> int:
+        c = await asyncpg.connect(url)
+        try:
+            return int(await c.fetchval(sql))
+        finally:
+            await c.close()
+
+    return asyncio.run(go())
+
+
+def celery(amqp_url: str, n: int) -> float:
+    queue = f"celery-bench-{uuid.uuid4().hex[:6]}"
+    env = {**os.environ, "PEER_AMQP_URL": amqp_url, "PEER_QUEUE": queue}
+    subprocess.run([str(PY), str(HERE / "peer_celery.py"), "fill", str(n)], env=env, check=True,
+                   cwd=HERE)
+
+    async def ready() -> int:
+        conn = await aio_pika.connect(amqp_url)
+        try:
+            q = await (await conn.channel()).declare_queue(queue, passive=True)
+            return int(q.declaration_result.message_count or 0)
+        finally:
+            await conn.close()
+
+    async def delete() -> None:
+        conn = await aio_pika.connect(amqp_url)
+        try:
+            await (await conn.channel()).queue_delete(queue)
+        except aiormq.exceptions.AMQPError:
+            pass
+        finally:
+            await conn.close()
+
+    workers = [subprocess.Popen([str(PY), str(HERE / "peer_celery.py"), "worker"], env=env,
+                                cwd=HERE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+               for _ in range(WORKERS)]
+    try:
+        return drain_rate(n, lambda: n - asyncio.run(ready()), workers)
+    finally:
+        asyncio.run(delete())
+
+
+def procrastinate(db_url: str, n: int) -> float:
+    env = {**os.environ, "PEER_DATABASE_URL": db_url}
+    script = str(HERE / "peer_procrastinate.py")
+    subprocess.run([str(PY), script, "setup"], env=env, check=True, cwd=HERE)
+    subprocess.run([str(PY), script, "fill", str(n)], env=env, check=True, cwd=HERE)
+    workers = [subprocess.Popen([str(PY), script, "worker", "32"], env=env, cwd=HERE,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+               for _ in range(WORKERS)]
+    return drain_rate(n, lambda: _sql_count(
+        db_url, "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'"), workers)
+
+
+def pgqueuer(db_url: str, n: int) -> float:
+    env = {**os.environ, "PEER_DATABASE_URL": db_url, "PGDSN": db_url}
+    subprocess.run([str(VENV / "bin" / "pgq"), "install"], env=env, check=True, cwd=HERE,
+                   stdout=subprocess.DEVNULL)
+    subprocess.run([str(PY), str(HERE / "peer_pgqueuer.py"), "fill", str(n)], env=env,
+                   check=True, cwd=HERE)
+    workers = [subprocess.Popen([str(VENV / "bin" / "pgq"), "run", "peer_pgqueuer:create",
+                                 "--log-level", "WARNING", "--batch-size", "10"],
+                                env={**env, "PYTHONPATH": str(HERE)}, cwd=HERE,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+               for _ in range(WORKERS)]
+    return drain_rate(n, lambda: n - _sql_count(db_url, "SELECT count(*) FROM pgqueuer"),
+                      workers)
+
+
+def run_peers(n: int) -> dict[str, float]:
+    from benchenv import AMQP_URL, scratch
+
+    ensure_venv()
+    out: dict[str, float] = {}
+    for name, fn in (("celery", None), ("procrastinate", procrastinate),
+                     ("pgqueuer", pgqueuer)):
+        try:
+            if fn is None:
+                out["celery_drain_per_s"] = celery(AMQP_URL, n)
+            else:
+                with scratch(queues=()) as (db_url, _amqp, _ns):
+                    out[f"{name}_drain_per_s"] = fn(db_url, n)
+        except Exception as exc:  # a peer failing must not hide the others
+            print(f"peer {name} failed: {exc!r}", file=sys.stderr)
+    return out
+
+
+if __name__ == "__main__":
+    print(run_peers(int(sys.argv[1]) if len(sys.argv) > 1 else 20000))
