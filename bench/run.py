@@ -39,8 +39,28 @@ from tests.helpers import Procs, SyncDB, wait_until  # noqa: E402
 CONCURRENCY = 32
 
 
-def reset(db: SyncDB, history: bool = True) -> None:
-    db.execute("TRUNCATE jobq.job CASCADE")
+def purge(settings: Settings) -> None:
+    """Drop messages left from the previous phase (their rows are gone)."""
+    import aio_pika
+    import aiormq
+
+    async def go() -> None:
+        conn = await aio_pika.connect(settings.amqp_url)
+        try:
+            q = await (await conn.channel()).get_queue(f"{settings.namespace}.noop")
+            await q.purge()
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            pass
+        finally:
+            await conn.close()
+
+    asyncio.run(go())
+
+
+def reset(db: SyncDB, history: bool = True, settings: Settings | None = None) -> None:
+    if settings is not None:
+        purge(settings)
+    db.execute("TRUNCATE jobq.job, jobq.worker CASCADE")
     db.execute("INSERT INTO jobq.queue (name) VALUES ('noop') ON CONFLICT DO NOTHING")
     db.execute("UPDATE jobq.queue SET history = $1, lease_s = 30 WHERE name = 'noop'", history)
     db.execute("VACUUM ANALYZE jobq.job")
@@ -90,8 +110,8 @@ def steady(db: SyncDB, procs: Procs, settings: Settings, n: int, consumers: int)
     """Producer and consumers together: created -> completed for n jobs."""
     started = [procs.start("consume", "noop_app:app", "--concurrency", str(CONCURRENCY))
                for _ in range(consumers)]
-    for p in started:
-        p.wait_log("consumer ready", 30)
+    wait_until(lambda: db.val("SELECT count(*) FROM jobq.worker WHERE vanished_at IS NULL")
+               >= consumers, 30, "consumers registered")
 
     async def produce() -> None:
         async with Client(settings) as c:
@@ -110,7 +130,8 @@ def latency(db: SyncDB, procs: Procs, settings: Settings, rate: float,
             seconds: float) -> dict[str, float]:
     """publish -> handler start at a moderate rate, one job per publish call."""
     c = procs.start("consume", "noop_app:app", "--concurrency", str(CONCURRENCY))
-    c.wait_log("consumer ready", 30)
+    wait_until(lambda: db.val("SELECT count(*) FROM jobq.worker WHERE vanished_at IS NULL")
+               >= 1, 30, "consumer registered")
 
     async def produce() -> int:
         sent = 0
@@ -148,14 +169,14 @@ def one_run(n: int, history: bool = True) -> dict[str, float]:
         procs = Procs(env, Path(tempfile.mkdtemp(prefix="jobq-bench-")))
         try:
             res.update(substrate(db_url, amqp_url, min(n, 5000)))
-            reset(db, history)
+            reset(db, history, settings)
             res.update(publish_rates(settings, n))
             for k in (1, 2):
-                reset(db, history)
+                reset(db, history, settings)
                 res[f"drain_{k}c_per_s"] = drain(db, procs, settings, n, k)
-                reset(db, history)
+                reset(db, history, settings)
                 res[f"steady_{k}c_per_s"] = steady(db, procs, settings, n, k)
-            reset(db, history)
+            reset(db, history, settings)
             res.update(latency(db, procs, settings, 200, 10))
         finally:
             procs.close()

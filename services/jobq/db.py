@@ -34,6 +34,11 @@ TRANSIENT: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.OperatorInterventionError,
     asyncpg.exceptions.TooManyConnectionsError,
     asyncpg.exceptions.InsufficientResourcesError,
+    # A conflict the server resolved by aborting us: the statement is safe to
+    # run again (every jobq write is fenced or idempotent).
+    asyncpg.exceptions.DeadlockDetectedError,
+    asyncpg.exceptions.SerializationError,
+    asyncpg.exceptions.LockNotAvailableError,
 )
 
 

@@ -26,16 +26,22 @@ ORDER BY t.n;
 
 -- name: mark_published
 -- After the broker confirmed the ids. Only the queued spell that was
--- published (same lock token as read) is marked.
-WITH marked AS (
-    UPDATE jobq.job j
-    SET published_at = now()
-    FROM unnest($1::uuid[], $2::uuid[]) AS t(id, lock), jobq.queue q
-    WHERE j.id = t.id
-      AND j.lock IS NOT DISTINCT FROM t.lock
+-- published (same lock token as read) is marked. SKIP LOCKED: a row someone
+-- holds is being claimed (then it needs no mark) or relayed (the relay marks
+-- it); never waiting here means never deadlocking with batched claims.
+WITH target AS (
+    SELECT j.id
+    FROM jobq.job j
+    JOIN unnest($1::uuid[], $2::uuid[]) AS t(id, lock) ON j.id = t.id
+    WHERE j.lock IS NOT DISTINCT FROM t.lock
       AND j.status = 'queued'
       AND j.published_at IS NULL
-      AND q.name = j.queue
+    FOR UPDATE OF j SKIP LOCKED
+), marked AS (
+    UPDATE jobq.job j
+    SET published_at = now()
+    FROM target, jobq.queue q
+    WHERE j.id = target.id AND q.name = j.queue
     RETURNING j.id, q.history
 )
 INSERT INTO jobq.job_event (job_id, event)
@@ -65,8 +71,19 @@ SELECT id, 'published', 'by the reaper relay' FROM marked WHERE history;
 -- name: claim
 -- queued -> active for every id that is claimable now by a worker handling
 -- the queues in $3. Ids missing from the result were not claimable (see
--- claim_misses).
-WITH claimed AS (
+-- claim_misses). Rows are locked in id order, so concurrent batched claims
+-- never deadlock; a row another transaction holds (a reaper's open relay
+-- transaction) is waited for, then re-checked, never skipped.
+WITH todo AS (
+    SELECT j.id
+    FROM jobq.job j
+    WHERE j.id = ANY($1::uuid[])
+      AND j.status = 'queued'
+      AND j.run_at <= now()
+      AND j.queue = ANY($3::text[])
+    ORDER BY j.id
+    FOR UPDATE OF j
+), claimed AS (
     UPDATE jobq.job j
     SET status = 'active',
         lock = gen_random_uuid(),
@@ -74,11 +91,8 @@ WITH claimed AS (
         attempts = j.attempts + 1,
         lease_expires_at = now() + make_interval(secs => q.lease_s),
         started_at = now()
-    FROM jobq.queue q
-    WHERE j.id = ANY($1::uuid[])
-      AND j.status = 'queued'
-      AND j.run_at <= now()
-      AND j.queue = ANY($3::text[])
+    FROM todo, jobq.queue q
+    WHERE j.id = todo.id
       AND q.name = j.queue
     RETURNING j.id, j.queue, j.payload, j.attempts, j.errors, j.stalls, j.lock, j.created_at,
               j.suspect, j.handoffs, q.lease_s, q.timeout_s, q.max_attempts,
@@ -101,7 +115,8 @@ WHERE id = ANY($1::uuid[]);
 -- to the job's own queue.
 UPDATE jobq.job
 SET published_at = NULL, relay_after = now()
-WHERE id = ANY($1::uuid[]) AND status = 'queued';
+WHERE id IN (SELECT id FROM jobq.job WHERE id = ANY($1::uuid[]) AND status = 'queued'
+             FOR UPDATE SKIP LOCKED);
 
 -- name: renew
 -- The heartbeat: one statement for every lease the process holds, sent on
@@ -291,15 +306,18 @@ GROUP BY queue;
 -- name: unpublish_lost
 -- Hand such rows back to the relay. A message that was in fact still in a
 -- consumer's prefetch buffer becomes a duplicate, which consumers drop.
-WITH lost AS (
+WITH target AS (
+    SELECT id FROM jobq.job
+    WHERE status = 'queued'
+      AND queue = $1
+      AND published_at < now() - make_interval(secs => $2)
+      AND run_at <= now()
+    FOR UPDATE SKIP LOCKED
+), lost AS (
     UPDATE jobq.job j
     SET published_at = NULL, relay_after = now()
-    FROM jobq.queue q
-    WHERE j.status = 'queued'
-      AND j.queue = $1
-      AND j.published_at < now() - make_interval(secs => $2)
-      AND j.run_at <= now()
-      AND q.name = j.queue
+    FROM target, jobq.queue q
+    WHERE j.id = target.id AND q.name = j.queue
     RETURNING j.id, q.history
 ), logged AS (
     INSERT INTO jobq.job_event (job_id, event, detail)
