@@ -1,4 +1,5 @@
-"""pgqueuer: python peer_pgqueuer.py fill N   |   pgq run peer_pgqueuer:create"""
+"""pgqueuer: python peer_pgqueuer.py fill N | worker   (the worker runs PgQueuer.run
+directly: pgqueuer 1.6.0's `pgq run --log-level` fails on its own log setup)"""
 import asyncio
 import os
 import sys
@@ -28,5 +29,13 @@ async def fill(n: int) -> None:
     await conn.close()
 
 
+async def worker() -> None:
+    pgq = await create()
+    await pgq.run(batch_size=10)
+
+
 if __name__ == "__main__":
-    asyncio.run(fill(int(sys.argv[2])))
+    if sys.argv[1] == "fill":
+        asyncio.run(fill(int(sys.argv[2])))
+    else:
+        asyncio.run(worker())

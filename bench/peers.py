@@ -116,8 +116,7 @@ def pgqueuer(db_url: str, n: int) -> float:
                    stdout=subprocess.DEVNULL)
     subprocess.run([str(PY), str(HERE / "peer_pgqueuer.py"), "fill", str(n)], env=env,
                    check=True, cwd=HERE)
-    workers = [subprocess.Popen([str(VENV / "bin" / "pgq"), "run", "peer_pgqueuer:create",
-                                 "--log-level", "WARNING", "--batch-size", "10"],
+    workers = [subprocess.Popen([str(PY), str(HERE / "peer_pgqueuer.py"), "worker"],
                                 env={**env, "PYTHONPATH": str(HERE)}, cwd=HERE,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                for _ in range(WORKERS)]

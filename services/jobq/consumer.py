@@ -45,7 +45,7 @@ from jobq import crash, lease, metrics
 from jobq.app import App, Handler
 from jobq.batch import Coalescer
 from jobq.broker import Broker
-from jobq.db import open_pool, translated
+from jobq.db import SESSION_SETTINGS, open_pool, translated
 from jobq.errors import ConfigError, DatabaseUnavailable, Fail, LeaseLost, Retry, UnavailableError
 from jobq.job import Job
 from jobq.lease import Failure, Lease
@@ -588,7 +588,8 @@ class Consumer:
             try:
                 conn = await asyncpg.connect(
                     self.settings.database_url, timeout=5,
-                    server_settings={"application_name": "jobq-consumer-registry"})
+                    server_settings={"application_name": "jobq-consumer-registry",
+                                     **SESSION_SETTINGS})
                 ended = asyncio.Event()
                 conn.add_termination_listener(lambda _c: ended.set())
                 key = random.randrange(1, 2**31)
