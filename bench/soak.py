@@ -12,7 +12,6 @@ were active in a consumer at the moment it was killed.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import random
@@ -20,18 +19,14 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
-import asyncpg  # noqa: E402
-
-from jobq import migrate  # noqa: E402
 from jobq.settings import Settings  # noqa: E402
-from tests.conftest import TEST_RUN_DDL, _admin, _delete_namespace, _with_db  # noqa: E402
 from tests.helpers import Procs, SyncDB, publish, set_queue  # noqa: E402
 
 
@@ -125,27 +120,12 @@ def main() -> None:
     p.add_argument("--max-sleep", type=float, default=0.3)
     p.add_argument("--seed", type=int, default=None)
     a = p.parse_args()
-    admin = os.environ.get("JOBQ_TEST_DATABASE_URL",
-                           "postgresql://postgres@127.0.0.1:5432/postgres")
-    amqp = os.environ.get("JOBQ_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
-    name = f"jobq_soak_{uuid.uuid4().hex[:8]}"
-    namespace = f"soak{uuid.uuid4().hex[:8]}"
+    from benchenv import scratch
 
-    async def setup() -> None:
-        await _admin(admin, f"CREATE DATABASE {name}")
-        conn = await asyncpg.connect(_with_db(admin, name))
-        await migrate.apply(conn)
-        await conn.execute(TEST_RUN_DDL)
-        await conn.close()
-
-    asyncio.run(setup())
-    try:
-        result = soak(_with_db(admin, name), amqp, namespace, jobs=a.jobs,
-                      consumers=a.consumers, concurrency=a.concurrency, lease_s=a.lease,
-                      kill_every_s=a.kill_every, max_sleep_s=a.max_sleep, seed=a.seed)
-    finally:
-        asyncio.run(_delete_namespace(amqp, namespace, ["work"]))
-        asyncio.run(_admin(admin, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+    with scratch(queues=("work",)) as (db_url, amqp_url, namespace):
+        result = soak(db_url, amqp_url, namespace, jobs=a.jobs, consumers=a.consumers,
+                      concurrency=a.concurrency, lease_s=a.lease, kill_every_s=a.kill_every,
+                      max_sleep_s=a.max_sleep, seed=a.seed)
     print(json.dumps(result, indent=2))
     ok = result["lost"] == 0 and result["reruns"] <= result["in_flight_at_kills"]
     print("OK" if ok else "FAILED: lost jobs or unexplained re-runs")

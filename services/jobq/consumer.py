@@ -337,7 +337,12 @@ class Consumer:
         rows = await lease.claim(self.pool, ids, self.worker_id, self.queues)
         misses = [i for i, r in zip(ids, rows) if r is None]
         if misses:
-            await self._explain_misses(misses)
+            # The claims above are committed: failing to explain the misses
+            # must not make us drop the rows we just claimed.
+            try:
+                await self._explain_misses(misses)
+            except Exception as exc:
+                log.warning("could not look up %d unclaimable id(s): %s", len(misses), exc)
         return rows
 
     async def _explain_misses(self, ids: list[uuid.UUID]) -> None:

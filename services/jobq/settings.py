@@ -48,8 +48,8 @@ class ReaperSettings(BaseModel):
     # Lost-message check: every lost_check_s, a queue whose broker queue is
     # empty while rows published over republish_after_s ago still wait gets
     # those rows republished.
-    lost_check_s: float = Field(default=10.0, gt=0)
-    republish_after_s: float = Field(default=30.0, gt=0)
+    lost_check_s: float = Field(default=5.0, gt=0)
+    republish_after_s: float = Field(default=15.0, gt=0)
 
 
 class ProducerSettings(BaseModel):
