@@ -14,10 +14,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import asyncpg  # noqa: E402
+import asyncpg
+from tests.conftest import TEST_RUN_DDL, _admin, _delete_namespace, _with_db
 
-from jobq import migrate  # noqa: E402
-from tests.conftest import TEST_RUN_DDL, _admin, _delete_namespace, _with_db  # noqa: E402
+from jobq import migrate
 
 ADMIN_URL = os.environ.get("JOBQ_TEST_DATABASE_URL",
                            "postgresql://postgres@127.0.0.1:5432/postgres")

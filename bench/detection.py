@@ -26,10 +26,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchenv import scratch  # noqa: E402
+from benchenv import scratch
+from tests.helpers import Procs, SyncDB, publish, set_queue, wait_until
 
-from jobq.settings import Settings  # noqa: E402
-from tests.helpers import Procs, SyncDB, publish, set_queue, wait_until  # noqa: E402
+from jobq.settings import Settings
 
 
 def pct(values: list[float], q: float) -> float:

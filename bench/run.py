@@ -28,13 +28,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-import asyncpg  # noqa: E402
-from benchenv import scratch, service_env  # noqa: E402
+import asyncpg
+from benchenv import scratch, service_env
+from tests.helpers import Procs, SyncDB, wait_until
 
-import jobq  # noqa: E402
-from jobq.producer import Client, NewJob  # noqa: E402
-from jobq.settings import Settings  # noqa: E402
-from tests.helpers import Procs, SyncDB, wait_until  # noqa: E402
+import jobq
+from jobq.producer import Client, NewJob
+from jobq.settings import Settings
 
 CONCURRENCY = 32
 
@@ -187,8 +187,8 @@ def one_run(n: int, history: bool = True) -> dict[str, float]:
 
 def conditions(n: int) -> dict[str, Any]:
     async def versions() -> tuple[str, str]:
-        from benchenv import ADMIN_URL, AMQP_URL
         import aio_pika
+        from benchenv import ADMIN_URL, AMQP_URL
 
         c = await asyncpg.connect(ADMIN_URL)
         pg = await c.fetchval("SHOW server_version")

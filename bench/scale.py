@@ -26,14 +26,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-import asyncpg  # noqa: E402
-from benchenv import scratch, service_env  # noqa: E402
+from benchenv import scratch, service_env
+from tests.helpers import Procs, SyncDB, free_port, wait_until
 
-from jobq import lease  # noqa: E402
-from jobq.producer import Client, NewJob  # noqa: E402
-from jobq.reaper import Reaper  # noqa: E402
-from jobq.settings import Settings  # noqa: E402
-from tests.helpers import Procs, SyncDB, free_port, wait_until  # noqa: E402
+from jobq import lease
+from jobq.producer import Client, NewJob
+from jobq.reaper import Reaper
+from jobq.settings import Settings
 
 
 def finished_rows(db: SyncDB, n: int) -> None:

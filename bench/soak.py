@@ -26,8 +26,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from jobq.settings import Settings  # noqa: E402
-from tests.helpers import Procs, SyncDB, publish, set_queue  # noqa: E402
+from tests.helpers import Procs, SyncDB, publish, set_queue
+
+from jobq.settings import Settings
 
 
 def soak(db_url: str, amqp_url: str, namespace: str, *, jobs: int, consumers: int = 3,

@@ -196,7 +196,7 @@ def env(settings: Settings, tmp_path: os.PathLike[str]) -> dict[str, str]:
 
 
 @pytest.fixture
-def db(db_url: str) -> Iterator["SyncDB"]:
+def db(db_url: str) -> Iterator[SyncDB]:
     from tests.helpers import SyncDB
 
     handle = SyncDB(db_url)
@@ -205,7 +205,7 @@ def db(db_url: str) -> Iterator["SyncDB"]:
 
 
 @pytest.fixture
-def procs(env: dict[str, str], tmp_path: "os.PathLike[str]") -> Iterator["Procs"]:
+def procs(env: dict[str, str], tmp_path: os.PathLike[str]) -> Iterator[Procs]:
     from pathlib import Path
 
     from tests.helpers import Procs

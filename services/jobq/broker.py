@@ -16,8 +16,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from urllib.parse import urlsplit, urlunsplit
 from collections.abc import Awaitable, Callable, Iterable
+from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
 import aiormq
@@ -73,7 +73,7 @@ class Broker:
                 raise ConfigError(
                     f"RabbitMQ at {redact(self.url)} refused the credentials: check JOBQ_AMQP_URL"
                 ) from exc
-            except (OSError, asyncio.TimeoutError, aiormq.exceptions.AMQPError) as exc:
+            except (TimeoutError, OSError, aiormq.exceptions.AMQPError) as exc:
                 if not wait:
                     raise BrokerUnavailable(
                         f"cannot reach RabbitMQ at {redact(self.url)} ({type(exc).__name__}: "
@@ -158,8 +158,7 @@ class Broker:
         try:
             for queue in {q for _, q in items}:
                 await self.ensure_queue(queue)
-        except (aiormq.exceptions.AMQPError, aio_pika.exceptions.AMQPError, OSError,
-                RuntimeError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiormq.exceptions.AMQPError, aio_pika.exceptions.AMQPError, OSError, RuntimeError) as exc:
             raise BrokerUnavailable(f"cannot declare queues: {exc!r}") from exc
         exchange = self._exchange
 

@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import os
 import sys
 import uuid
@@ -64,7 +65,7 @@ def parse_duration(text: str) -> float:
     except ValueError:
         raise BadInput(f"bad duration {text!r}: use a number with s, m, h, d or w, "
                        "e.g. 7d") from None
-    if value < 0 or value != value:
+    if value < 0 or math.isnan(value):
         raise BadInput(f"bad duration {text!r}: must be positive")
     return value
 

@@ -82,7 +82,7 @@ class _Slots:
 class _Running:
     """A job this process runs: its lease, its handler task, why it stopped."""
 
-    __slots__ = ("job", "lease", "task", "stop_reason", "timeout")
+    __slots__ = ("job", "lease", "stop_reason", "task", "timeout")
 
     def __init__(self, job: Job, lease_: Lease) -> None:
         self.job = job
@@ -412,7 +412,7 @@ class Consumer:
                     await asyncio.wait_for(
                         self._take_every_slot(hold),
                         SUSPECT_WAIT_S if row["handoffs"] < MAX_HANDOFFS else None)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     run.stop_reason = "handed_on"
                     await self._release([run], "suspect: worker busy; handed on to run alone",
                                         handoff=True)
@@ -596,7 +596,7 @@ class Consumer:
                     server_settings={"application_name": "jobq-consumer-registry",
                                      **SESSION_SETTINGS})
                 ended = asyncio.Event()
-                conn.add_termination_listener(lambda _c: ended.set())
+                conn.add_termination_listener(lambda _c, ev=ended: ev.set())
                 key = random.randrange(1, 2**31)
                 while not await conn.fetchval(Q["worker_lock"], key):
                     key = random.randrange(1, 2**31)
@@ -660,7 +660,7 @@ class Consumer:
                 # A new lease may be due sooner than anything we hold: wake up.
                 await asyncio.wait_for(self._lease_added.wait(), max(0.0, due - loop.time()))
                 continue
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             runs = [r for r in self.running.values() if r.stop_reason is None]
             if not runs:

@@ -268,5 +268,5 @@ class Reaper:
                 sleep_s, backoff = backoff, min(backoff * 2, 5.0)
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=sleep_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass

@@ -9,9 +9,9 @@ prepared against the schema by a test.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from importlib import resources
 from types import MappingProxyType
-from typing import Mapping
 
 _NAME = re.compile(r"^--\s*name:\s*([a-z_0-9]+)\s*$", re.MULTILINE)
 

@@ -6,7 +6,6 @@ local processes against the test PostgreSQL and RabbitMQ."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -164,8 +163,9 @@ def _get_quiet(port: int, path: str) -> int:
 
 
 def test_readyz_reflects_a_database_outage(settings, procs) -> None:
-    from tests.helpers import TcpProxy
     from urllib.parse import urlsplit
+
+    from tests.helpers import TcpProxy
 
     u = urlsplit(settings.database_url)
     proxy = TcpProxy(u.hostname or "127.0.0.1", u.port or 5432)
