@@ -6,10 +6,13 @@
 ALTER TABLE jobq.queue ADD COLUMN history boolean NOT NULL DEFAULT true;
 
 -- Append-only: one row per transition, written in the same statement (and so
--- the same transaction) as the transition itself.
+-- the same transaction) as the transition itself. No foreign key on purpose:
+-- every event is written by the statement that changes its job row, and a
+-- key-share lock plus an index probe per event cost ~5 % of throughput;
+-- `jobq prune` deletes a job's events with the job.
 CREATE TABLE jobq.job_event (
     n         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    job_id    uuid NOT NULL REFERENCES jobq.job (id) ON DELETE CASCADE,
+    job_id    uuid NOT NULL,
     at        timestamptz NOT NULL DEFAULT clock_timestamp(),
     event     text NOT NULL CHECK (event IN (
                   'enqueued', 'published', 'claimed', 'completed', 'retry', 'failed',

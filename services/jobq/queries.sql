@@ -435,6 +435,8 @@ WITH doomed AS (
     ORDER BY finished_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
+), events AS (
+    DELETE FROM jobq.job_event e USING doomed WHERE e.job_id = doomed.id
 )
 DELETE FROM jobq.job j USING doomed WHERE j.id = doomed.id;
 
