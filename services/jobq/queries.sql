@@ -240,7 +240,9 @@ SELECT id, queue, lock FROM released;
 -- rerun alone. A job that lapses alone, or that was already a suspect, is
 -- charged a real stall (stalls + 1): at once after the first, after a
 -- doubling cool-down after the next; past max_stalls it fails as a job of
--- death.
+-- death. Limit: a frozen worker's leases lapse one by one (no session end
+-- cuts them together), so its last lapsing job sees itself alone and is
+-- charged; harmless with max_stalls >= 2.
 WITH lapsed AS (
     SELECT id, worker_id
     FROM jobq.job
