@@ -50,6 +50,7 @@ from jobq.errors import ConfigError, DatabaseUnavailable, Fail, LeaseLost, Retry
 from jobq.job import Job
 from jobq.lease import Failure, Lease
 from jobq.logs import fields
+from jobq.producer import publish_and_mark
 from jobq.service import (
     database_answers,
     install_stop_signals,
@@ -254,14 +255,8 @@ class Consumer:
             log.info("released (%s)", why, extra=fields(
                 event="released", job=row["id"], queue=row["queue"], worker=self.worker_id))
         # Publish them ourselves so they run at once; the relay is the fallback.
-        try:
-            confirmed = await self.broker.publish([(r["id"], r["queue"]) for r in rows])
-            locks = {r["id"]: r["lock"] for r in rows}
-            with translated():
-                await self.pool.execute(Q["mark_published"], list(confirmed),
-                                        [locks[i] for i in confirmed])
-        except Exception as exc:
-            log.warning("released jobs not republished here (%s); the reaper will", exc)
+        await publish_and_mark(self.broker, self.pool,
+                               [(r["id"], r["queue"], r["lock"]) for r in rows])
 
     # ── intake ──
 

@@ -52,6 +52,25 @@ def validate(job: NewJob) -> str:
         raise InvalidPayload(f"payload is not JSON-serialisable: {exc}") from exc
 
 
+async def publish_and_mark(broker: Broker, pool: asyncpg.Pool,
+                           rows: Sequence[tuple[uuid.UUID, str, uuid.UUID | None]]) -> None:
+    """Publish committed rows' ids (id, queue, lock token of their queued
+    spell: NULL if never claimed), then mark the confirmed ones published.
+    Any failure leaves rows unmarked and the reaper's relay publishes them:
+    a crash between confirm and mark costs a duplicate message, never a job."""
+    if not rows:
+        return
+    try:
+        confirmed = await broker.publish([(i, q) for i, q, _ in rows])
+        locks = {i: lk for i, _, lk in rows}
+        with translated():
+            await pool.execute(Q["mark_published"], list(confirmed),
+                               [locks[i] for i in confirmed])
+    except Exception as exc:  # the rows are durable; the relay takes over
+        log.warning("could not publish %d id(s) now (%s); the reaper will publish them",
+                    len(rows), exc)
+
+
 class Client:
     """Publishes jobs. ``async with Client() as c: await c.publish("q", {...})``."""
 
@@ -105,33 +124,13 @@ class Client:
         return ids
 
     async def _publish(self, items: Sequence[tuple[uuid.UUID, str]]) -> None:
-        if not items:
-            return
-        try:
-            confirmed = await self.broker.publish(items)
-        except Exception as exc:  # the rows are durable; the relay takes over
-            log.warning("could not publish %d id(s) now (%s); the reaper will publish them",
-                        len(items), exc)
-            return
-        if confirmed:
-            assert self.pool is not None
-            with translated():
-                await self.pool.execute(Q["mark_published"], list(confirmed),
-                                        [None] * len(confirmed))
+        assert self.pool is not None
+        await publish_and_mark(self.broker, self.pool, [(i, q, None) for i, q in items])
 
     async def republish(self, rows: Sequence[tuple[uuid.UUID, str, uuid.UUID | None]]) -> None:
-        """Publish ids of rows put back in line (id, queue, lock token); the
-        relay is the fallback if this fails."""
-        try:
-            confirmed = await self.broker.publish([(i, q) for i, q, _ in rows])
-        except Exception as exc:
-            log.warning("could not publish now (%s); the reaper will", exc)
-            return
-        locks = {i: lk for i, _, lk in rows}
+        """Publish ids of rows put back in line (id, queue, lock token)."""
         assert self.pool is not None
-        with translated():
-            await self.pool.execute(Q["mark_published"], list(confirmed),
-                                    [locks[i] for i in confirmed])
+        await publish_and_mark(self.broker, self.pool, rows)
 
     async def enqueue(self, conn: asyncpg.Connection, queue: str, payload: Any = None, *,
                       delay_s: float = 0.0, idempotency_key: str | None = None) -> uuid.UUID:
