@@ -134,7 +134,8 @@ class Consumer:
         self._claims: Coalescer[tuple[uuid.UUID, float], Any] = Coalescer(self._claim_batch)
         self._completions: Coalescer[Lease, bool] = Coalescer(self._complete_batch)
         self._message_tasks: set[asyncio.Task[Any]] = set()
-        self._lease_added = asyncio.Event()
+        self._renew_wakeup = asyncio.Event()  # makes the renewer replan its next renewal
+        self._next_renewal = float("inf")  # loop time the renewer plans to renew at
         self._renew_now = False
         # The registry session: holds this worker's advisory lock for its life
         # and carries the heartbeats (see schema/0003_worker_registry.sql).
@@ -387,7 +388,7 @@ class Consumer:
         run = _Running(job, lease_)
         self.running[job.id] = run
         metrics.IN_FLIGHT.set(len(self.running))
-        self._lease_added.set()
+        self._wake_renewer_if_sooner(lease_)
         started = loop.time()
         self._count("claimed", job.queue)
         log.info("claimed", extra=fields(event="claimed", job=job.id, queue=job.queue,
@@ -600,7 +601,7 @@ class Consumer:
                 self._registry = conn
                 self._registered.set()
                 self._renew_now = True
-                self._lease_added.set()
+                self._renew_wakeup.set()
                 delay = 0.1
                 await ended.wait()
             except asyncio.CancelledError:
@@ -639,22 +640,35 @@ class Consumer:
 
     # ── heartbeat ──
 
+    def _renewal_due(self) -> float:
+        """When the lease renewed longest ago (relative to its length) is due."""
+        loop = asyncio.get_running_loop()
+        if self._renew_now:
+            return loop.time()
+        return min((r.lease.renewed_at + r.lease.lease_s * self.cfg.renew_fraction
+                    for r in self.running.values() if r.stop_reason is None),
+                   default=loop.time() + 1.0)
+
+    def _wake_renewer_if_sooner(self, lease_: Lease) -> None:
+        # Per claim on the hot path: only a lease due before the planned
+        # renewal (a shorter lease than all held) needs the renewer to replan.
+        if lease_.renewed_at + lease_.lease_s * self.cfg.renew_fraction < self._next_renewal:
+            self._renew_wakeup.set()
+
     async def _renew_loop(self) -> None:
         """One statement renews every lease this process holds, as soon as the
         lease renewed longest ago (relative to its length) is due."""
         loop = asyncio.get_running_loop()
         failures = 0
+        retry_at = float("inf")  # after a failed renewal: try again soon, not an interval later
         while True:
-            runs = [r for r in self.running.values() if r.stop_reason is None]
-            due = min((r.lease.renewed_at + r.lease.lease_s * self.cfg.renew_fraction
-                       for r in runs), default=loop.time() + 1.0)
-            if self._renew_now:
-                due, self._renew_now = loop.time(), False
-            self._lease_added.clear()
+            self._next_renewal = min(self._renewal_due(), retry_at)
+            self._renew_now = False
+            self._renew_wakeup.clear()
             try:
-                # A new lease may be due sooner than anything we hold: wake up.
-                await asyncio.wait_for(self._lease_added.wait(), max(0.0, due - loop.time()))
-                continue
+                await asyncio.wait_for(self._renew_wakeup.wait(),
+                                       max(0.0, self._next_renewal - loop.time()))
+                continue  # replan: a sooner lease, or a re-registered session
             except TimeoutError:
                 pass
             runs = [r for r in self.running.values() if r.stop_reason is None]
@@ -672,13 +686,12 @@ class Consumer:
             except UnavailableError as exc:
                 metrics.RENEWALS.labels("failed").inc()
                 failures += 1
-                for r in runs:  # retry after a short pause, not a whole interval
-                    r.lease.renewed_at = min(r.lease.renewed_at, sent_at) + 0.1
+                retry_at = loop.time() + 0.1
                 if failures == 1 or failures % 10 == 0:
                     log.warning("lease renewal failed (%s); handlers stop at their fence "
                                 "if this goes on", exc, extra=fields(worker=self.worker_id))
                 continue
-            failures = 0
+            failures, retry_at = 0, float("inf")
             for r in runs:
                 if r.job.id in held:
                     r.lease.extend(sent_at)
