@@ -41,22 +41,28 @@ def test_sigkill_is_noticed_in_seconds_with_a_long_lease(db, procs, settings, re
 
 def test_a_live_worker_that_loses_its_session_is_not_blamed(db, procs, settings):
     set_queue(db, "work", lease_s=LONG_LEASE_S, vanished_grace_s=2)
-    procs.reaper()
+    reaper = procs.reaper()
     a = procs.consumer()
     a_id = a.worker_id()
     (jid,) = publish(settings, "work", [{"sleep": 6}])
     wait_until(lambda: runs(db, jid), 10, "the job runs in A")
-    # Kill A's registry session only (a network blip, an admin, a failover).
+    # A's registry session ends (a network blip, an admin, a failover) while A
+    # is paused, so the reaper surely sees it and cuts A's lease to the grace.
+    a.signal(signal.SIGSTOP)
     killed = db.val("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
                     "WHERE application_name = 'jobq-consumer-registry' "
                     "AND datname = current_database()")
     assert killed == 1
+    reaper.wait_log(rf"worker {a_id} vanished .*1 lease\(s\) cut", 5)
+    a.signal(signal.SIGCONT)  # A is alive: it re-registers and renews within the grace
     a.wait_log("worker registry session ended; re-registering")
-    time.sleep(4)  # past the 2 s grace the reaper may have cut the lease to
+    time.sleep(3)  # past the 2 s the lease was cut to
     wait_until(lambda: job(db, jid)["status"] == "completed", 10, "A completes it")
     row = job(db, jid)
     assert row["worker_id"] == a_id and row["stalls"] == 0 and row["suspect_stalls"] == 0
     assert len(runs(db, jid)) == 1 and runs(db, jid)[0]["outcome"] == "returned"
+    assert "worker_vanished" in [r["event"] for r in db.fetch(
+        "SELECT event FROM jobq.history WHERE job_id = $1", jid)]
     assert db.val("SELECT vanished_at FROM jobq.worker WHERE worker_id = $1", a_id) is None
 
 
