@@ -138,7 +138,7 @@ class Consumer:
         self._next_renewal = float("inf")  # loop time the renewer plans to renew at
         self._renew_now = False
         # The registry session: holds this worker's advisory lock for its life
-        # and carries the heartbeats (see schema/0003_worker_registry.sql).
+        # and carries the heartbeats (see jobq.worker in schema/0001_core.sql).
         self._registry: asyncpg.Connection | None = None
         self._registered = asyncio.Event()
         self._dead = False  # a supervised task died: liveness fails
