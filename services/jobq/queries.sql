@@ -14,6 +14,15 @@
 --     "published" mark only hits the queued spell it published.
 --   * every transition also appends to jobq.job_event in the same statement
 --     (a data-modifying CTE), when the queue's history is on.
+--
+-- Plans: a statement that names its rows by id finds them through the primary
+-- key, always. Its status test is written `status COLLATE "C" = '...'`: the
+-- same equality (status values are ASCII), but the planner can no longer match
+-- it to the partial indexes' `status = '...'` predicates. Without it, stale
+-- statistics (analyzed while the table was empty, or while everything was
+-- queued) made claims walk job_queued_idx (15,658 rows read for 10 claims) and
+-- completions walk job_active_idx's dead entries: drain fell from ~3,000 to
+-- ~1,700 jobs/s. tests/integration/test_plans.py holds every such statement to it.
 
 -- ───────────────────────────── publish ─────────────────────────────
 
@@ -34,7 +43,7 @@ WITH target AS (
     FROM jobq.job j
     JOIN unnest($1::uuid[], $2::uuid[]) AS t(id, lock) ON j.id = t.id
     WHERE j.lock IS NOT DISTINCT FROM t.lock
-      AND j.status = 'queued'
+      AND j.status COLLATE "C" = 'queued'
       AND j.published_at IS NULL
     FOR UPDATE OF j SKIP LOCKED
 ), marked AS (
@@ -78,7 +87,7 @@ WITH todo AS (
     SELECT j.id
     FROM jobq.job j
     WHERE j.id = ANY($1::uuid[])
-      AND j.status = 'queued'
+      AND j.status COLLATE "C" = 'queued'
       AND j.run_at <= now()
       AND j.queue = ANY($3::text[])
     ORDER BY j.id
@@ -115,7 +124,8 @@ WHERE id = ANY($1::uuid[]);
 -- to the job's own queue.
 UPDATE jobq.job
 SET published_at = NULL, relay_after = now()
-WHERE id IN (SELECT id FROM jobq.job WHERE id = ANY($1::uuid[]) AND status = 'queued'
+WHERE id IN (SELECT id FROM jobq.job
+             WHERE id = ANY($1::uuid[]) AND status COLLATE "C" = 'queued'
              FOR UPDATE SKIP LOCKED);
 
 -- name: renew
@@ -129,7 +139,7 @@ WITH renewed AS (
     FROM unnest($1::uuid[], $2::uuid[], $3::float8[]) AS t(id, lock, lease_s)
     WHERE j.id = t.id
       AND j.lock = t.lock
-      AND j.status = 'active'
+      AND j.status COLLATE "C" = 'active'
       AND j.lease_expires_at > now()
     RETURNING j.id
 ), seen AS (
@@ -146,7 +156,7 @@ WITH done AS (
     FROM unnest($1::uuid[], $2::uuid[]) AS t(id, lock), jobq.queue q
     WHERE j.id = t.id
       AND j.lock = t.lock
-      AND j.status = 'active'
+      AND j.status COLLATE "C" = 'active'
       AND j.lease_expires_at > now()
       AND q.name = j.queue
     RETURNING j.id, j.worker_id, j.attempts, q.history
@@ -191,7 +201,7 @@ WITH failing AS (
     FROM failing f, jobq.queue q
     WHERE j.id = f.id
       AND j.lock = f.lock
-      AND j.status = 'active'
+      AND j.status COLLATE "C" = 'active'
       AND j.lease_expires_at > now()
       AND q.name = j.queue
     RETURNING j.id, j.status, j.worker_id, j.attempts, j.last_error, j.run_at, q.history
@@ -220,7 +230,7 @@ WITH released AS (
     FROM unnest($1::uuid[], $2::uuid[]) AS t(id, lock), jobq.queue q
     WHERE j.id = t.id
       AND j.lock = t.lock
-      AND j.status = 'active'
+      AND j.status COLLATE "C" = 'active'
       AND j.lease_expires_at > now()
       AND q.name = j.queue
     RETURNING j.id, j.queue, j.lock, j.worker_id, j.attempts, q.history
@@ -405,7 +415,7 @@ WITH cancelled AS (
     SET status = 'cancelled', lease_expires_at = NULL, finished_at = now(),
         last_error = coalesce($2, 'cancelled')
     FROM jobq.queue q
-    WHERE j.id = $1 AND j.status IN ('queued', 'active') AND q.name = j.queue
+    WHERE j.id = $1 AND j.status COLLATE "C" IN ('queued', 'active') AND q.name = j.queue
     RETURNING j.id, j.worker_id, j.attempts, q.history
 ), logged AS (
     INSERT INTO jobq.job_event (job_id, event, worker_id, attempt, detail)
@@ -420,7 +430,7 @@ WITH again AS (
     SET status = 'queued', errors = 0, stalls = 0, run_at = now(), relay_after = now(),
         published_at = NULL, finished_at = NULL, lease_expires_at = NULL
     FROM jobq.queue q
-    WHERE j.id = $1 AND j.status IN ('failed', 'cancelled') AND q.name = j.queue
+    WHERE j.id = $1 AND j.status COLLATE "C" IN ('failed', 'cancelled') AND q.name = j.queue
     RETURNING j.id, j.queue, j.lock, q.history
 ), logged AS (
     INSERT INTO jobq.job_event (job_id, event, detail)
