@@ -1,6 +1,7 @@
 """The consumer: delivery → claim → ack → handler under a renewing lease → finish.
 
-Ack/reject policy (all of it lives in :meth:`Consumer._on_message`):
+Ack/reject policy (all of it lives in the intake loop, :meth:`Consumer._take_batch`
+and :meth:`Consumer._claim_and_start`):
 
 - body not a job id             → reject, no requeue (dead-letters to <ns>.dead)
 - claim committed               → ack, then run the handler
@@ -15,7 +16,9 @@ Ack/reject policy (all of it lives in :meth:`Consumer._on_message`):
 
 A message is acked only after the claim is durable, so dying before the claim
 leaves an unacked message that RabbitMQ redelivers; dying after the claim
-leaves an active row whose lease the reaper handles.
+leaves an active row whose lease the reaper handles. Deliveries are claimed
+in batches (whatever arrived during the previous claim's round trip, one
+statement) and settled in arrival order, one ``multiple=True`` ack per batch.
 
 Leases are renewed by one statement per renew interval for the whole
 process. Each lease also has a local fence (see ``lease.py``): if renewals
@@ -37,6 +40,7 @@ import traceback
 import uuid
 from typing import Any
 
+import aiormq
 import asyncpg
 from aio_pika.abc import AbstractIncomingMessage
 from pydantic import ValidationError
@@ -64,6 +68,7 @@ from jobq.sql import Q
 log = logging.getLogger("jobq.consumer")
 
 SETTLE_TIMEOUT_S = 5.0
+CLAIM_BATCH_MAX = 256  # deliveries claimed by one statement at most
 SUSPECT_WAIT_S = 2.0  # how long a suspect waits for its worker to be free...
 MAX_HANDOFFS = 2  # ...before it is handed on; after this many it waits as long as it takes
 
@@ -71,6 +76,14 @@ MAX_HANDOFFS = 2  # ...before it is handed on; after this many it waits as long 
 def new_worker_id() -> str:
     """Unique per process start: host and pid for humans, random for uniqueness."""
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _channel_of(msg: AbstractIncomingMessage) -> Any:
+    """The channel a delivery came on, or None once that channel is closed."""
+    try:
+        return msg.channel
+    except aiormq.exceptions.ChannelInvalidStateError:
+        return None
 
 
 class _Slots:
@@ -131,9 +144,10 @@ class Consumer:
             max_workers=self.cfg.sync_threads or self.concurrency,
             thread_name_prefix="jobq-handler",
         )
-        self._claims: Coalescer[tuple[uuid.UUID, float], Any] = Coalescer(self._claim_batch)
+        self._inbox: collections.deque[AbstractIncomingMessage] = collections.deque()
+        self._inbox_ready = asyncio.Event()
         self._completions: Coalescer[Lease, bool] = Coalescer(self._complete_batch)
-        self._message_tasks: set[asyncio.Task[Any]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()  # jobs and their bookkeeping
         self._renew_wakeup = asyncio.Event()  # makes the renewer replan its next renewal
         self._next_renewal = float("inf")  # loop time the renewer plans to renew at
         self._renew_now = False
@@ -204,6 +218,7 @@ class Consumer:
     async def _serve(self) -> None:
         renewer = asyncio.create_task(self._renew_loop(), name="jobq-renewer")
         lag = asyncio.create_task(metrics.watch_loop_lag())
+        intake = asyncio.create_task(self._intake_loop(), name="jobq-intake")
         stop_intake = await self.broker.consume(
             self.queues, self._on_message, self.cfg.prefetch or self.concurrency
         )
@@ -211,23 +226,30 @@ class Consumer:
         log.info("consumer ready", extra=fields(
             worker=self.worker_id, queues=",".join(self.queues), concurrency=self.concurrency))
         stopper = asyncio.create_task(self._stop.wait())
-        done, _ = await asyncio.wait({stopper, renewer}, return_when=asyncio.FIRST_COMPLETED)
-        if renewer in done:
-            # Supervision: a dead renewer means leases we cannot keep. Exit
-            # non-zero; the orchestrator restarts us and the reaper recovers.
-            stopper.cancel()
-            self._dead = True
-            exc = renewer.exception()
-            raise RuntimeError(f"lease renewer died: {exc!r}") from exc
-        await self._drain(stop_intake)
+        done, _ = await asyncio.wait({stopper, renewer, intake},
+                                     return_when=asyncio.FIRST_COMPLETED)
+        for task, what in ((renewer, "lease renewer"), (intake, "intake")):
+            if task in done and not self._stop.is_set():
+                # Supervision: a dead renewer means leases we cannot keep, a
+                # dead intake a worker that takes nothing. Exit non-zero; the
+                # orchestrator restarts us and the reaper recovers.
+                stopper.cancel()
+                self._dead = True
+                exc = task.exception() if not task.cancelled() else None
+                raise RuntimeError(f"{what} died: {exc!r}") from exc
+        await self._drain(stop_intake, intake)
         renewer.cancel()
         lag.cancel()
         await asyncio.gather(renewer, lag, return_exceptions=True)
 
-    async def _drain(self, stop_intake: Any) -> None:
+    async def _drain(self, stop_intake: Any, intake: asyncio.Task[None]) -> None:
         """SIGTERM: stop intake, let jobs finish within the grace, release the rest."""
         self._stopping = True
         await stop_intake()
+        # The intake loop finishes a claim in flight (starting its jobs, so
+        # they are waited for or released below), requeues the rest, returns.
+        self._inbox_ready.set()
+        await asyncio.gather(intake, return_exceptions=True)
         tasks = [r.task for r in self.running.values() if r.task is not None]
         if tasks:
             log.info("waiting up to %.1fs for %d job(s)", self.cfg.shutdown_grace_s, len(tasks))
@@ -235,9 +257,9 @@ class Consumer:
         leftovers = list(self.running.values())
         for r in leftovers:
             r.stop("shutdown")
-        # Message tasks finish their own bookkeeping (complete / fail).
-        if self._message_tasks:
-            await asyncio.wait(list(self._message_tasks), timeout=10)
+        # Job tasks finish their own bookkeeping (complete / fail).
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=10)
         await self._release([r for r in leftovers if r.stop_reason == "shutdown"])
 
     async def _release(self, runs: list[_Running], why: str = "worker shutting down",
@@ -261,59 +283,145 @@ class Consumer:
 
     # ── intake ──
 
-    async def _on_message(self, msg: AbstractIncomingMessage) -> None:
-        # aio-pika cancels its callback tasks when the channel closes (broker
-        # restart, network cut). A job must outlive that: its handler only
-        # needs the database. So every delivery is processed in a task this
-        # consumer owns; a lost channel only makes the ack fail, and RabbitMQ
-        # redelivers an id whose claim then fails and is dropped.
-        task = asyncio.create_task(self._handle_message(msg))
-        self._message_tasks.add(task)
-        task.add_done_callback(self._message_done)
+    def _on_message(self, msg: AbstractIncomingMessage) -> None:
+        # A plain function, so aio-pika calls it without a task per delivery.
+        # Deliveries wait in the inbox, in arrival (= delivery tag) order, for
+        # the intake loop, which claims whatever arrived since its last claim
+        # in one statement and settles the batch with one ack.
+        self._inbox.append(msg)
+        self._inbox_ready.set()
 
-    def _message_done(self, task: asyncio.Task[Any]) -> None:
-        self._message_tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("delivery processing failed", exc_info=task.exception())
+    @property
+    def _intake_stopped(self) -> bool:
+        return self._stopping or self._stop.is_set()
 
-    async def _handle_message(self, msg: AbstractIncomingMessage) -> None:
-        try:
-            job_id = uuid.UUID(msg.body.decode("ascii").strip())
-        except (UnicodeDecodeError, ValueError):
-            self._drop("malformed")
-            log.warning("malformed message: body is not a job id; dead-lettered",
-                        extra=fields(event="malformed", body=repr(msg.body[:80])))
-            await self._settle(msg.reject(requeue=False))
-            return
-        if self._stopping:
-            await self._settle(msg.nack(requeue=True))
-            return
-        await self._slots.acquire()
-        hold = _Slots(1)  # slots this delivery holds; a suspect takes them all
-        try:
-            if self._stopping:
-                await self._settle(msg.nack(requeue=True))
+    async def _intake_loop(self) -> None:
+        """The only claimer. Jobs run in tasks this consumer owns: aio-pika
+        cancels its own callback tasks when a channel closes (broker restart,
+        network cut), and a job must outlive that, since its handler only
+        needs the database. A lost channel only makes the ack fail; RabbitMQ
+        redelivers the id, whose claim then fails and is dropped."""
+        while True:
+            if not self._inbox and not self._intake_stopped:
+                self._inbox_ready.clear()
+                await self._inbox_ready.wait()
+            if self._intake_stopped:
+                await self._requeue_inbox()
                 return
-            crash.point("consumer.before_claim")
-            sent_at = asyncio.get_running_loop().time()
+            batch = await self._take_batch()
+            if batch:
+                await self._claim_and_start(batch)
+
+    async def _take_batch(self) -> list[tuple[uuid.UUID, AbstractIncomingMessage]]:
+        """Deliveries from the front of the inbox, one free slot each."""
+        batch: list[tuple[uuid.UUID, AbstractIncomingMessage]] = []
+        inbox = self._inbox
+        while inbox and len(batch) < CLAIM_BATCH_MAX:
+            msg = inbox[0]
             try:
-                row = await self._claims.submit((job_id, sent_at))
-            except Exception as exc:
-                # Never drop: the message goes back and is redelivered later.
-                self.counters["claim_unavailable"] += 1
-                log.warning("cannot claim %s: %s; message requeued", job_id, exc,
-                            exc_info=not isinstance(exc, UnavailableError))
-                await asyncio.sleep(1.0)
-                await self._settle(msg.nack(requeue=True))
-                return
-            crash.point("consumer.after_claim")
-            await self._settle(msg.ack())
+                job_id = uuid.UUID(msg.body.decode("ascii").strip())
+            except (UnicodeDecodeError, ValueError):
+                inbox.popleft()
+                self._drop("malformed")
+                log.warning("malformed message: body is not a job id; dead-lettered",
+                            extra=fields(event="malformed", body=repr(msg.body[:80])))
+                await self._settle(msg.reject(requeue=False))
+                continue
+            if self._slots.locked():
+                if batch or not await self._wait_for_slot():
+                    break
+            else:
+                await self._slots.acquire()  # free: returns at once
+            inbox.popleft()
+            batch.append((job_id, msg))
+        return batch
+
+    async def _wait_for_slot(self) -> bool:
+        """Block for a slot, unless intake stops first (then False)."""
+        acquire = asyncio.ensure_future(self._slots.acquire())
+        stopped = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({acquire, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+            if not acquire.done():
+                acquire.cancel()
+        if acquire.done() and not acquire.cancelled():
+            if not self._intake_stopped:
+                return True
+            self._slots.release()
+        return False
+
+    async def _claim_and_start(self, batch: list[tuple[uuid.UUID, AbstractIncomingMessage]]
+                               ) -> None:
+        msgs = [m for _, m in batch]
+        crash.point("consumer.before_claim")
+        sent_at = asyncio.get_running_loop().time()
+        try:
+            rows = await self._claim_batch([i for i, _ in batch])
+        except Exception as exc:
+            # Never drop: the messages go back and are redelivered later.
+            self.counters["claim_unavailable"] += len(batch)
+            ids = ", ".join(str(i) for i, _ in batch[:3])
+            more = f" and {len(batch) - 3} more" if len(batch) > 3 else ""
+            log.warning("cannot claim %s%s: %s; message%s requeued", ids, more, exc,
+                        "s" if len(batch) > 1 else "",
+                        exc_info=not isinstance(exc, UnavailableError))
+            for _ in batch:
+                self._slots.release()
+            await asyncio.sleep(1.0)
+            await self._settle_batch(msgs, ack=False)
+            return
+        crash.point("consumer.after_claim")
+        await self._settle_batch(msgs, ack=True)
+        for row in rows:
             if row is None:
-                return
+                self._slots.release()
+                continue
+            task = asyncio.create_task(self._job(row, sent_at))
+            self._tasks.add(task)
+            task.add_done_callback(self._task_done)
+
+    async def _job(self, row: Any, sent_at: float) -> None:
+        hold = _Slots(1)  # slots this job holds; a suspect takes them all
+        try:
             await self._run(row, sent_at, hold)
         finally:
             for _ in range(hold.n):
                 self._slots.release()
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("job task failed", exc_info=task.exception())
+
+    async def _requeue_inbox(self) -> None:
+        """Intake stopped (SIGTERM): whatever is still waiting goes back."""
+        msgs = list(self._inbox)
+        self._inbox.clear()
+        await self._settle_batch(msgs, ack=False)
+
+    async def _settle_batch(self, msgs: list[AbstractIncomingMessage], ack: bool) -> None:
+        """Ack (or nack with requeue) a run of deliveries: one frame per
+        channel, ``multiple=True`` on the highest tag, when no delivery still
+        unsettled has a lower tag on that channel (true by construction: the
+        inbox is settled in arrival order; checked anyway). Otherwise one by
+        one. A channel may change between deliveries (reconnect): tags are
+        per channel. Deliveries of a closed channel are skipped: RabbitMQ
+        requeued them already."""
+        by_channel: dict[Any, list[AbstractIncomingMessage]] = {}
+        for m in msgs:
+            ch = _channel_of(m)
+            if ch is not None:
+                by_channel.setdefault(ch, []).append(m)
+        for ch, ms in by_channel.items():
+            top = max(ms, key=lambda m: m.delivery_tag or 0)
+            tag = top.delivery_tag or 0
+            multiple = len(ms) > 1 and not any(
+                _channel_of(m) is ch and (m.delivery_tag or 0) < tag for m in self._inbox)
+            for m in ([top] if multiple else ms):
+                await self._settle(m.ack(multiple=multiple) if ack
+                                   else m.nack(multiple=multiple, requeue=True))
 
     @staticmethod
     async def _settle(op: Any) -> None:
@@ -321,15 +429,14 @@ class Consumer:
         # the message itself, and a redelivered id for a claimed row is dropped
         # by the next claim attempt.
         # Bounded: on a channel that died mid-flight an ack can hang, and it
-        # must never hold a slot.
+        # must never hold up intake.
         try:
             await asyncio.wait_for(op, SETTLE_TIMEOUT_S)
         except Exception as exc:
             log.debug("ack/nack failed: %r", exc)
 
-    async def _claim_batch(self, items: list[tuple[uuid.UUID, float]]) -> list[Any]:
+    async def _claim_batch(self, ids: list[uuid.UUID]) -> list[Any]:
         assert self.pool is not None
-        ids = [i for i, _ in items]
         rows = await lease.claim(self.pool, ids, self.worker_id, self.queues)
         misses = [i for i, r in zip(ids, rows) if r is None]
         if misses:
@@ -481,8 +588,8 @@ class Consumer:
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
-        self._message_tasks.add(task)
-        task.add_done_callback(self._message_tasks.discard)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _after_stop(self, run: _Running) -> None:
         job = run.job

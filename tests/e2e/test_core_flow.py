@@ -181,3 +181,24 @@ def test_producer_dies_between_commit_and_publish(db, env, procs, report):
     wait_until(lambda: job(db, row["id"])["status"] == "completed", 10, "relay + completion")
     assert len(runs(db, row["id"])) == 1
     report("crash: producer.after_commit", 1, *lost_and_duplicates(db, [row["id"]]))
+
+
+def test_a_burst_is_claimed_in_batches_and_every_delivery_is_settled(db, procs, settings):
+    """Deliveries are claimed in batches and acked with one multiple=True ack
+    per batch: each job runs once, and no delivery is left unacked (a second
+    consumer would be handed any such id again when the first one dies)."""
+    a = procs.consumer("--queue", "work", "--concurrency", "8")
+    a.worker_id()
+    ids = publish(settings, "work", [{} for _ in range(400)])
+    wait_until(lambda: completed(db, ids), 60, "the burst to complete")
+    assert lost_and_duplicates(db, ids) == (0, 0)
+    # started_at is now() of the claim's transaction: one value per statement.
+    claims = db.val("SELECT count(DISTINCT started_at) FROM jobq.job WHERE id = ANY($1)", ids)
+    assert claims < len(ids) / 2, f"{claims} claim statements for {len(ids)} jobs"
+    a.kill()  # unacked deliveries, if any, go back to the queue now
+    b = procs.consumer("--queue", "work", "--concurrency", "8")
+    b.worker_id()
+    (marker,) = publish(settings, "work", [{}])
+    wait_until(lambda: completed(db, [marker]), 20, "the marker job to complete")
+    assert "duplicate delivery" not in b.log() + a.log()
+    assert lost_and_duplicates(db, ids) == (0, 0)

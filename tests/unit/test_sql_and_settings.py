@@ -22,7 +22,8 @@ def test_every_statement_is_named_once_and_non_empty() -> None:
 def test_lease_writes_are_all_fenced() -> None:
     for name in ("renew", "complete", "fail", "release"):
         sql = Q[name]
-        assert re.search(r"j\.lock = \w\.lock", sql) and "j.status = 'active'" in sql, name
+        assert re.search(r"j\.lock = \w\.lock", sql), name
+        assert "j.status COLLATE \"C\" = 'active'" in sql, name
         assert "j.lease_expires_at > now()" in sql, name
 
 
