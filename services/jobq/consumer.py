@@ -156,6 +156,8 @@ class Consumer:
         self._registry: asyncpg.Connection | None = None
         self._registered = asyncio.Event()
         self._dead = False  # a supervised task died: liveness fails
+        self._metric_children: dict[tuple[str, ...], Any] = {}  # labels() once per value
+        metrics.IN_FLIGHT.set_function(lambda: len(self.running))  # computed when scraped
 
     # ── counting ──
 
@@ -165,7 +167,17 @@ class Consumer:
 
     def _count(self, what: str, queue: str) -> None:
         self.counters[what] += 1
-        self._METRIC[what].labels(queue).inc()
+        child = self._metric_children.get((what, queue))
+        if child is None:
+            child = self._metric_children[what, queue] = self._METRIC[what].labels(queue)
+        child.inc()
+
+    def _observe_handler(self, queue: str, outcome: str, seconds: float) -> None:
+        child = self._metric_children.get(("handler", queue, outcome))
+        if child is None:
+            child = self._metric_children["handler", queue, outcome] = \
+                metrics.HANDLER_SECONDS.labels(queue, outcome)
+        child.observe(seconds)
 
     def _drop(self, reason: str) -> None:
         self.counters[reason] += 1
@@ -494,12 +506,12 @@ class Consumer:
         )
         run = _Running(job, lease_)
         self.running[job.id] = run
-        metrics.IN_FLIGHT.set(len(self.running))
         self._wake_renewer_if_sooner(lease_)
         started = loop.time()
         self._count("claimed", job.queue)
-        log.info("claimed", extra=fields(event="claimed", job=job.id, queue=job.queue,
-                                         attempt=job.attempt, worker=self.worker_id))
+        if log.isEnabledFor(logging.INFO):
+            log.info("claimed", extra=fields(event="claimed", job=job.id, queue=job.queue,
+                                             attempt=job.attempt, worker=self.worker_id))
         handler = self.app.handlers[job.queue]
         try:
             self._arm_fence(run)
@@ -530,7 +542,7 @@ class Consumer:
             run.task = asyncio.create_task(self._call(handler, job))
             outcome: BaseException | None = None
             try:
-                await asyncio.shield(run.task)
+                await run.task  # only run.stop() cancels it; nothing cancels this task
             except asyncio.CancelledError:
                 if run.task.cancelled():
                     outcome = None  # handled by stop_reason below
@@ -549,15 +561,13 @@ class Consumer:
             outcome_label = run.stop_reason or ("error" if run.task is not None and not
                                                 run.task.cancelled() and run.task.done() and
                                                 run.task.exception() is not None else "ok")
-            metrics.HANDLER_SECONDS.labels(job.queue, outcome_label).observe(
-                loop.time() - started)
+            self._observe_handler(job.queue, outcome_label, loop.time() - started)
             if run.timeout is not None:
                 run.timeout.cancel()
             if lease_._fence is not None:
                 lease_._fence.cancel()
             if run.stop_reason != "shutdown":
                 self.running.pop(job.id, None)
-            metrics.IN_FLIGHT.set(len(self.running))
 
     async def _call(self, handler: Handler, job: Job) -> Any:
         if handler.payload_model is not None:
@@ -608,8 +618,10 @@ class Consumer:
         ok = await self._retrying(run, self._completions.submit, run.lease)
         if ok:
             self._count("completed", job.queue)
-            log.info("completed", extra=fields(event="completed", job=job.id, queue=job.queue,
-                                               attempt=job.attempt, worker=self.worker_id))
+            if log.isEnabledFor(logging.INFO):
+                log.info("completed", extra=fields(
+                    event="completed", job=job.id, queue=job.queue, attempt=job.attempt,
+                    worker=self.worker_id))
         elif ok is False:
             self._lease_lost_at_finish(run, "completion")
 

@@ -53,8 +53,16 @@ class Job:
     worker_id: str
     stalls: int = 0
     created_at: datetime | None = None
-    stop_requested: threading.Event = field(default_factory=threading.Event, repr=False)
     completed_in_transaction: bool = field(default=False, repr=False)
+    _stop: threading.Event | None = field(default=None, repr=False)
+
+    @property
+    def stop_requested(self) -> threading.Event:
+        """Set when the worker lost the lease, the job timed out or the worker
+        shuts down (created on first use: most jobs never look at it)."""
+        if self._stop is None:
+            self._stop = threading.Event()
+        return self._stop
 
     @property
     def token(self) -> uuid.UUID:
