@@ -138,12 +138,8 @@ def poison(db: SyncDB, procs: Procs, settings: Settings) -> dict[str, Any]:
             "seconds": round(time.monotonic() - t0, 1)}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--kills", type=int, default=20)
-    p.add_argument("--stops", type=int, default=20)
-    p.add_argument("--stop-parallel", type=int, default=5)
-    a = p.parse_args()
+def run(kills_n: int = 20, stops_n: int = 20, stop_parallel: int = 5) -> dict[str, Any]:
+    """All detection figures in one scratch database (bench/run.py --detection)."""
     with scratch() as (db_url, amqp_url, namespace):
         settings = Settings(database_url=db_url, amqp_url=amqp_url, namespace=namespace)
         db = SyncDB(db_url)
@@ -151,16 +147,25 @@ def main() -> None:
                       Path(tempfile.mkdtemp(prefix="jobq-detect-")))
         try:
             procs.reaper()
-            result: dict[str, Any] = {}
-            if a.kills:
-                result.update(kills(db, procs, settings, a.kills))
-            if a.stops:
-                result.update(stops(db, procs, settings, a.stops, a.stop_parallel))
+            result: dict[str, Any] = {"lease_s": 30.0, "vanished_grace_s": 2.0}
+            if kills_n:
+                result.update(kills(db, procs, settings, kills_n))
+            if stops_n:
+                result.update(stops(db, procs, settings, stops_n, stop_parallel))
             result["poison_7_healthy_concurrency_8"] = poison(db, procs, settings)
         finally:
             procs.close()
             db.close()
-    print(json.dumps(result, indent=2))
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--kills", type=int, default=20)
+    p.add_argument("--stops", type=int, default=20)
+    p.add_argument("--stop-parallel", type=int, default=5)
+    a = p.parse_args()
+    print(json.dumps(run(a.kills, a.stops, a.stop_parallel), indent=2))
 
 
 def _env(db_url: str, amqp_url: str, namespace: str) -> dict[str, str]:

@@ -1,5 +1,8 @@
 """Celery on RabbitMQ, acks_late (crash-safe in the same sense as jobq):
-    python peer_celery.py fill N | worker"""
+    python peer_celery.py fill N | worker [solo|prefork]
+
+solo runs tasks in the worker process itself (Celery's fastest pool for
+no-op tasks); prefork is Celery's default (children = CPU count)."""
 import os
 import sys
 
@@ -23,5 +26,6 @@ if __name__ == "__main__":
             for _ in range(int(sys.argv[2])):
                 noop.apply_async(producer=producer)
     else:
-        app.worker_main(["worker", "--pool=solo", "--loglevel=WARNING", "--without-gossip",
+        pool = sys.argv[2] if len(sys.argv) > 2 else "solo"
+        app.worker_main(["worker", f"--pool={pool}", "--loglevel=WARNING", "--without-gossip",
                          "--without-mingle", "--without-heartbeat"])

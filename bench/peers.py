@@ -1,6 +1,7 @@
 """Peers on the same no-op workload, in their own virtualenv (bench/.venv-peers,
 created on first use; never project dependencies): Celery on RabbitMQ with
-acks_late, procrastinate and pgqueuer on PostgreSQL. Each fills a backlog of
+acks_late (solo pool, and Celery's default prefork pool), procrastinate and
+pgqueuer on PostgreSQL. Each fills a backlog of
 N jobs, then two worker processes drain it. The rate runs from the first
 finished job to the last (polled every 20 ms), so start-up is not counted."""
 
@@ -66,7 +67,7 @@ def _sql_count(url: str, sql: str) -> int:
     return asyncio.run(go())
 
 
-def celery(amqp_url: str, n: int) -> float:
+def celery(amqp_url: str, n: int, pool: str = "solo") -> float:
     queue = f"celery-bench-{uuid.uuid4().hex[:6]}"
     env = {**os.environ, "PEER_AMQP_URL": amqp_url, "PEER_QUEUE": queue}
     subprocess.run([str(PY), str(HERE / "peer_celery.py"), "fill", str(n)], env=env, check=True,
@@ -89,7 +90,7 @@ def celery(amqp_url: str, n: int) -> float:
         finally:
             await conn.close()
 
-    workers = [subprocess.Popen([str(PY), str(HERE / "peer_celery.py"), "worker"], env=env,
+    workers = [subprocess.Popen([str(PY), str(HERE / "peer_celery.py"), "worker", pool], env=env,
                                 cwd=HERE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                for _ in range(WORKERS)]
     try:
@@ -129,11 +130,12 @@ def run_peers(n: int) -> dict[str, float]:
 
     ensure_venv()
     out: dict[str, float] = {}
-    for name, fn in (("celery", None), ("procrastinate", procrastinate),
-                     ("pgqueuer", pgqueuer)):
+    for name, fn in (("celery", None), ("celery_prefork", None),
+                     ("procrastinate", procrastinate), ("pgqueuer", pgqueuer)):
         try:
             if fn is None:
-                out["celery_drain_per_s"] = celery(AMQP_URL, n)
+                pool = "prefork" if name.endswith("prefork") else "solo"
+                out[f"{name}_drain_per_s"] = celery(AMQP_URL, n, pool)
             else:
                 with scratch(queues=()) as (db_url, _amqp, _ns):
                     out[f"{name}_drain_per_s"] = fn(db_url, n)

@@ -1,12 +1,18 @@
 """jobq benchmarks: one entry point, one table (and JSON), medians of runs.
 
-    .venv/bin/python bench/run.py [--jobs 20000] [--runs 3] [--peers] [--scale]
+    .venv/bin/python bench/run.py --all          # everything below, ~30 min
+    .venv/bin/python bench/run.py [--jobs 20000] [--runs 3] [--peers]
+                                  [--history-off] [--detection] [--scale]
 
 Measured on this machine's PostgreSQL and RabbitMQ, all processes on the same
 cores. No-op handlers; figures from the database clock (created_at,
-started_at, finished_at) so process start-up is not counted. Ratios between
-systems are taken within the same run. Detection figures: bench/detection.py;
-the soak: bench/soak.py; the fault table: bench/faults.py.
+started_at, finished_at) so process start-up is not counted. Throughput
+figures are medians of --runs runs; ratios between systems are taken within
+each run, then their median is reported. --detection runs bench/detection.py
+(20 SIGKILLs, 20 SIGSTOPs, the poison job), --scale runs bench/scale.py
+(10 k vs 1 M finished rows, heartbeats, RSS, kill-every-5-s chaos as the
+median of --runs pairs). The soak (bench/soak.py) and the fault table
+(bench/faults.py) stay separate: they are correctness runs, not speed.
 """
 
 from __future__ import annotations
@@ -211,8 +217,15 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--peers", action="store_true", help="also Celery, procrastinate, pgqueuer")
     p.add_argument("--history-off", action="store_true", help="also a run with history off")
+    p.add_argument("--detection", action="store_true", help="also bench/detection.py")
+    p.add_argument("--trials", type=int, default=20, help="SIGKILLs and SIGSTOPs (detection)")
+    p.add_argument("--scale", action="store_true", help="also bench/scale.py")
+    p.add_argument("--all", action="store_true",
+                   help="--peers --history-off --detection --scale")
     p.add_argument("--json", default=str(HERE / "results" / "latest.json"))
     a = p.parse_args()
+    if a.all:
+        a.peers = a.history_off = a.detection = a.scale = True
     runs = []
     for i in range(a.runs):
         r = one_run(a.jobs)
@@ -220,7 +233,7 @@ def main() -> None:
             from peers import run_peers
 
             r.update(run_peers(a.jobs))
-            for peer in ("celery", "procrastinate", "pgqueuer"):
+            for peer in ("celery", "celery_prefork", "procrastinate", "pgqueuer"):
                 if r.get(f"{peer}_drain_per_s"):
                     r[f"jobq_drain_2c_vs_{peer}"] = r["drain_2c_per_s"] / r[f"{peer}_drain_per_s"]
         if a.history_off:
@@ -232,14 +245,40 @@ def main() -> None:
               file=sys.stderr)
     keys = sorted({k for r in runs for k in r})
     median = {k: statistics.median(r[k] for r in runs if k in r) for k in keys}
-    out = {"conditions": conditions(a.jobs), "runs": runs, "median": median}
+    out: dict[str, Any] = {"conditions": conditions(a.jobs), "runs": runs, "median": median}
+    out["conditions"]["runs"] = len(runs)
+    if a.peers:
+        from peers import PINS
+
+        out["conditions"]["peers"] = PINS
+    if a.detection:
+        import detection
+
+        out["detection"] = detection.run(a.trials, a.trials)
+    if a.scale:
+        import scale
+
+        out["scale"] = scale.run(chaos_runs=a.runs)
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     Path(a.json).write_text(json.dumps(out, indent=2))
     print(f"conditions: {json.dumps(out['conditions'])}")
-    print(f"| metric | median of {len(runs)} |")
+    print(f"| figure | value ({len(runs)} runs: median) |")
     print("|---|---:|")
     for k in keys:
         print(f"| {k} | {median[k]:,.2f} |")
+    for section in ("detection", "scale"):
+        for k, v in _flat(out.get(section, {}), section):
+            print(f"| {k} | {v:,.2f} |" if isinstance(v, float) else f"| {k} | {v} |")
+
+
+def _flat(d: dict[str, Any], prefix: str) -> list[tuple[str, Any]]:
+    rows: list[tuple[str, Any]] = []
+    for k, v in d.items():
+        if isinstance(v, dict):
+            rows += _flat(v, f"{prefix}.{k}")
+        elif not isinstance(v, list):
+            rows.append((f"{prefix}.{k}", v))
+    return rows
 
 
 if __name__ == "__main__":

@@ -160,7 +160,9 @@ def chaos(db: SyncDB, procs: Procs, settings: Settings, n: int = 20000) -> dict[
             "chaos_share": chaotic / steady}
 
 
-def main() -> None:
+def run(chaos_runs: int = 1) -> dict[str, Any]:
+    """All scale figures in one scratch database (bench/run.py --scale). The
+    chaos share is the median of ``chaos_runs`` steady/chaotic pairs."""
     out: dict[str, Any] = {}
     with scratch(queues=("noop", "work")) as (db_url, amqp_url, ns):
         settings = Settings(database_url=db_url, amqp_url=amqp_url, namespace=ns)
@@ -179,11 +181,21 @@ def main() -> None:
             out["reaper"] = "one reaper running for the chaos run"
             out.update(heartbeats_and_rss(db, procs, settings))
             procs.reaper()
-            out["chaos"] = chaos(db, procs, settings)
+            pairs = [chaos(db, procs, settings) for _ in range(chaos_runs)]
+            out["chaos_runs"] = pairs
+            out["chaos"] = {k: statistics.median(p[k] for p in pairs) for k in pairs[0]}
         finally:
             procs.close()
             db.close()
-    print(json.dumps(out, indent=2))
+    return out
+
+
+def main() -> None:
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--chaos-runs", type=int, default=1)
+    print(json.dumps(run(p.parse_args().chaos_runs), indent=2))
 
 
 if __name__ == "__main__":
