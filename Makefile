@@ -23,7 +23,7 @@ run: $(VENV)/.installed
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash deploy/run-local.sh
 
 bench: $(VENV)/.installed
-	$(PY) bench/run.py
+	$(PY) bench/run.py --all
 
 clean:
 	rm -rf $(VENV) .pytest_cache
