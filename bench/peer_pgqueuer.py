@@ -1,4 +1,4 @@
-"""pgqueuer: python peer_pgqueuer.py fill N | worker   (the worker runs PgQueuer.run
+"""pgqueuer: python peer_pgqueuer.py fill N | produce N | worker   (the worker runs PgQueuer.run
 directly: pgqueuer 1.6.0's `pgq run --log-level` fails on its own log setup)"""
 import asyncio
 import os
@@ -29,6 +29,17 @@ async def fill(n: int) -> None:
     await conn.close()
 
 
+async def produce(n: int) -> None:
+    """The steady-state producer: batches of 100, as fast as enqueue goes
+    (jobq's steady figure uses publish_many batches of 100 the same way)."""
+    conn = await asyncpg.connect(os.environ["PEER_DATABASE_URL"])
+    q = Queries(AsyncpgDriver(conn))
+    for i in range(0, n, 100):
+        k = min(100, n - i)
+        await q.enqueue(["noop"] * k, [None] * k, [0] * k)
+    await conn.close()
+
+
 async def worker() -> None:
     pgq = await create()
     await pgq.run(batch_size=10)
@@ -37,5 +48,7 @@ async def worker() -> None:
 if __name__ == "__main__":
     if sys.argv[1] == "fill":
         asyncio.run(fill(int(sys.argv[2])))
+    elif sys.argv[1] == "produce":
+        asyncio.run(produce(int(sys.argv[2])))
     else:
         asyncio.run(worker())

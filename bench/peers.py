@@ -125,20 +125,56 @@ def pgqueuer(db_url: str, n: int) -> float:
                       workers)
 
 
+def pgqueuer_steady(db_url: str, n: int) -> float:
+    """Producer and 2 workers together: from the producer's start until the
+    queue is empty (workers started and idle first, so start-up is not
+    counted)."""
+    env = {**os.environ, "PEER_DATABASE_URL": db_url, "PGDSN": db_url}
+    subprocess.run([str(VENV / "bin" / "pgq"), "install"], env=env, check=True, cwd=HERE,
+                   stdout=subprocess.DEVNULL)
+    workers = [subprocess.Popen([str(PY), str(HERE / "peer_pgqueuer.py"), "worker"],
+                                env={**env, "PYTHONPATH": str(HERE)}, cwd=HERE,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+               for _ in range(WORKERS)]
+    try:
+        # Idle workers poll; a probe job finishing shows both are up.
+        subprocess.run([str(PY), str(HERE / "peer_pgqueuer.py"), "fill", "2"], env=env,
+                       check=True, cwd=HERE)
+        t_end = time.monotonic() + 60
+        while _sql_count(db_url, "SELECT count(*) FROM pgqueuer"):
+            assert time.monotonic() < t_end, "pgqueuer workers did not start"
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        producer = subprocess.Popen([str(PY), str(HERE / "peer_pgqueuer.py"), "produce",
+                                     str(n)], env=env, cwd=HERE)
+        while producer.poll() is None or _sql_count(db_url, "SELECT count(*) FROM pgqueuer"):
+            assert time.monotonic() - t0 < 600, "pgqueuer steady run did not finish"
+            time.sleep(0.02)
+        if producer.returncode:
+            raise RuntimeError(f"pgqueuer producer exited {producer.returncode}")
+        return n / (time.monotonic() - t0)
+    finally:
+        for w in workers:
+            w.kill()
+            w.wait()
+
+
 def run_peers(n: int) -> dict[str, float]:
     from benchenv import AMQP_URL, scratch
 
     ensure_venv()
     out: dict[str, float] = {}
     for name, fn in (("celery", None), ("celery_prefork", None),
-                     ("procrastinate", procrastinate), ("pgqueuer", pgqueuer)):
+                     ("procrastinate", procrastinate), ("pgqueuer", pgqueuer),
+                     ("pgqueuer_steady", pgqueuer_steady)):
         try:
             if fn is None:
                 pool = "prefork" if name.endswith("prefork") else "solo"
                 out[f"{name}_drain_per_s"] = celery(AMQP_URL, n, pool)
             else:
                 with scratch(queues=()) as (db_url, _amqp, _ns):
-                    out[f"{name}_drain_per_s"] = fn(db_url, n)
+                    key = name if name.endswith("steady") else f"{name}_drain"
+                    out[f"{key}_per_s"] = fn(db_url, n)
         except Exception as exc:  # a peer failing must not hide the others
             print(f"peer {name} failed: {exc!r}", file=sys.stderr)
     return out

@@ -236,6 +236,9 @@ def main() -> None:
             for peer in ("celery", "celery_prefork", "procrastinate", "pgqueuer"):
                 if r.get(f"{peer}_drain_per_s"):
                     r[f"jobq_drain_2c_vs_{peer}"] = r["drain_2c_per_s"] / r[f"{peer}_drain_per_s"]
+            if r.get("pgqueuer_steady_per_s"):
+                r["jobq_steady_2c_vs_pgqueuer_steady"] = (r["steady_2c_per_s"]
+                                                          / r["pgqueuer_steady_per_s"])
         if a.history_off:
             off = one_run(a.jobs, history=False)
             r["history_off_drain_2c_per_s"] = off["drain_2c_per_s"]
