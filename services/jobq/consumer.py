@@ -260,8 +260,15 @@ class Consumer:
         await stop_intake()
         # The intake loop finishes a claim in flight (starting its jobs, so
         # they are waited for or released below), requeues the rest, returns.
+        # Bounded: a claim hanging on an unresponsive database must not eat
+        # the grace; if cut off, what it claimed lapses and is reaped.
         self._inbox_ready.set()
-        await asyncio.gather(intake, return_exceptions=True)
+        await asyncio.wait({intake}, timeout=self.cfg.shutdown_grace_s)
+        if not intake.done():
+            log.warning("intake did not stop within %.1fs (claim in flight); cancelled",
+                        self.cfg.shutdown_grace_s)
+            intake.cancel()
+            await asyncio.gather(intake, return_exceptions=True)
         tasks = [r.task for r in self.running.values() if r.task is not None]
         if tasks:
             log.info("waiting up to %.1fs for %d job(s)", self.cfg.shutdown_grace_s, len(tasks))

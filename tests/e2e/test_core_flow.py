@@ -170,6 +170,48 @@ def test_sigterm_drains_finishes_short_and_releases_long_jobs(db, procs, setting
     report("SIGTERM with 4 jobs in flight (2 released)", 4, lost, dups)
 
 
+def _ready_in_broker(settings, queue):
+    import asyncio
+
+    from jobq.broker import Broker
+
+    async def go():
+        broker = Broker(settings.amqp_url, settings.namespace)
+        await broker.connect(wait=False)
+        try:
+            return await broker.ready_count(queue)
+        finally:
+            await broker.close()
+
+    return asyncio.run(go())
+
+
+def test_sigterm_with_every_slot_busy_requeues_the_waiting_deliveries(db, procs, settings):
+    """Deliveries waiting in the consumer for a free slot when SIGTERM comes
+    are handed back to the broker unclaimed; the jobs running are released."""
+    set_queue(db, "work", lease_s=LEASE_S)
+    a = procs.consumer("--concurrency", "2")  # prefetch 2: two more can wait in A
+    a_id = a.worker_id()
+    long_ = publish(settings, "work", [{"sleep_first": 60}, {"sleep_first": 60}])
+    wait_until(lambda: db.val("SELECT count(*) FROM test_run") == 2, 10, "2 jobs running")
+    waiting = publish(settings, "work", [{}, {}, {}])
+    wait_until(lambda: _ready_in_broker(settings, "work") == 1, 10,
+               "two deliveries waiting in A for a slot")
+    a.signal(signal.SIGTERM)
+    stopped_at = time.monotonic()
+    assert a.wait(15) == 0
+    assert time.monotonic() - stopped_at < 2 + 3  # grace (2 s) plus bookkeeping
+    assert db.val("SELECT count(*) FROM jobq.job WHERE id = ANY($1) AND attempts > 0",
+                  waiting) == 0, "A claimed a job it had no slot for"
+    b = procs.consumer("--concurrency", "4")
+    b.worker_id()
+    wait_until(lambda: completed(db, long_ + waiting), 15, "all five completed by B")
+    assert [r["worker"] for j in waiting for r in runs(db, j)] == [b.worker_id()] * 3
+    assert all([r["worker"] for r in runs(db, j)][0] == a_id for j in long_)
+    assert db.val("SELECT max(stalls) FROM jobq.job") == 0
+    assert lost_and_duplicates(db, waiting) == (0, 0)
+
+
 def test_producer_dies_between_commit_and_publish(db, env, procs, report):
     set_queue(db, "work", lease_s=LEASE_S)
     out = run_cli({**env, "JOBQ_CRASH_AT": "producer.after_commit"}, "publish", "work", "{}")
