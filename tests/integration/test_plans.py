@@ -22,7 +22,7 @@ import pytest
 from jobq.db import SESSION_SETTINGS
 from jobq.sql import Q
 
-# Statement -> arguments naming 32 ids (the rest as a consumer would pass them).
+# Statement -> arguments naming up to 32 ids (the rest as a worker would pass them).
 BY_ID: dict[str, Any] = {
     "mark_published": lambda ids: (ids, ids),
     "claim": lambda ids: (ids, "w", ["noop"]),
@@ -36,6 +36,8 @@ BY_ID: dict[str, Any] = {
     "cancel": lambda ids: (ids[0], "why"),
     "retry_failed": lambda ids: (ids[0],),
     "job_get": lambda ids: (ids[0],),
+    "relay_mark": lambda ids: (ids,),
+    "lease_lost_event": lambda ids: (ids[0], "w", 1, "why"),
 }
 ALLOWED_INDEXES = {"job_pkey", "queue_pkey", "worker_pkey", "job_event_pkey"}
 
