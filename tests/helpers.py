@@ -263,6 +263,17 @@ class TcpProxy:
         self.loop.close()
 
 
+# e2e leases are short so the suite stays fast; detection must land within
+# lease + slack (I3).
+LEASE_S = 1.0
+SLACK_S = 1.0
+
+
+def completed(db: SyncDB, ids: list[Any]) -> bool:
+    return bool(db.val("SELECT count(*) FROM jobq.job WHERE id = ANY($1) "
+                       "AND status = 'completed'", ids) == len(ids))
+
+
 def requeue_latency(db: SyncDB, job_id: Any, since: float, timeout: float) -> float:
     """Seconds from ``since`` (a kill, time.monotonic()) until the reaper
     requeued (or failed) the job: its stall count went up."""

@@ -3,12 +3,17 @@ must survive (issue #2). Leases are 1 s so the suite stays fast."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import time
 
 import pytest
 
+from jobq.broker import Broker
 from tests.helpers import (
+    LEASE_S,
+    SLACK_S,
+    completed,
     job,
     lost_and_duplicates,
     publish,
@@ -20,14 +25,6 @@ from tests.helpers import (
 )
 
 pytestmark = pytest.mark.e2e
-
-LEASE_S = 1.0
-SLACK_S = 1.0
-
-
-def completed(db, ids):
-    return db.val("SELECT count(*) FROM jobq.job WHERE id = ANY($1) AND status = 'completed'",
-                  ids) == len(ids)
 
 
 def test_happy_path_cli_and_services(db, env, procs, settings):
@@ -171,10 +168,6 @@ def test_sigterm_drains_finishes_short_and_releases_long_jobs(db, procs, setting
 
 
 def _ready_in_broker(settings, queue):
-    import asyncio
-
-    from jobq.broker import Broker
-
     async def go():
         broker = Broker(settings.amqp_url, settings.namespace)
         await broker.connect(wait=False)

@@ -15,6 +15,8 @@ from urllib.parse import urlsplit
 import pytest
 
 from tests.helpers import (
+    LEASE_S,
+    SLACK_S,
     job,
     lost_and_duplicates,
     publish,
@@ -25,9 +27,6 @@ from tests.helpers import (
 )
 
 pytestmark = pytest.mark.e2e
-
-LEASE_S = 1.0
-SLACK_S = 1.0
 
 
 def died_by_sigkill(proc, timeout: float = 15) -> float:
