@@ -7,8 +7,10 @@ import asyncio
 import contextlib
 import os
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -16,8 +18,10 @@ sys.path.insert(0, str(ROOT))
 
 import asyncpg
 from tests.conftest import TEST_RUN_DDL, _admin, _delete_namespace, _with_db
+from tests.helpers import Procs, SyncDB
 
 from jobq import migrate
+from jobq.settings import Settings
 
 ADMIN_URL = os.environ.get("JOBQ_TEST_DATABASE_URL",
                            "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -53,3 +57,30 @@ def service_env(db_url: str, amqp_url: str, namespace: str, **extra: str) -> dic
         "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
     }, **extra)
     return env
+
+
+@dataclass
+class World:
+    """A scratch database and namespace with what a benchmark drives them by."""
+
+    db_url: str
+    amqp_url: str
+    settings: Settings
+    db: SyncDB
+    procs: Procs
+
+
+@contextlib.contextmanager
+def world(queues: tuple[str, ...], name: str, **env: str) -> Iterator[World]:
+    """scratch() plus settings, a database handle and a process group whose
+    services get ``env`` (e.g. JOBQ_LOG_LEVEL); everything closed afterwards."""
+    with scratch(queues) as (db_url, amqp_url, ns):
+        settings = Settings(database_url=db_url, amqp_url=amqp_url, namespace=ns)
+        db = SyncDB(db_url)
+        procs = Procs(service_env(db_url, amqp_url, ns, **env),
+                      Path(tempfile.mkdtemp(prefix=f"jobq-{name}-")))
+        try:
+            yield World(db_url, amqp_url, settings, db, procs)
+        finally:
+            procs.close()
+            db.close()

@@ -18,7 +18,6 @@ import json
 import signal
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchenv import scratch
+from benchenv import world
 from tests.helpers import Procs, SyncDB, publish, set_queue, wait_until
 
 from jobq.settings import Settings
@@ -140,22 +139,14 @@ def poison(db: SyncDB, procs: Procs, settings: Settings) -> dict[str, Any]:
 
 def run(kills_n: int = 20, stops_n: int = 20, stop_parallel: int = 5) -> dict[str, Any]:
     """All detection figures in one scratch database (bench/run.py --detection)."""
-    with scratch() as (db_url, amqp_url, namespace):
-        settings = Settings(database_url=db_url, amqp_url=amqp_url, namespace=namespace)
-        db = SyncDB(db_url)
-        procs = Procs(_env(db_url, amqp_url, namespace),
-                      Path(tempfile.mkdtemp(prefix="jobq-detect-")))
-        try:
-            procs.reaper()
-            result: dict[str, Any] = {"lease_s": 30.0, "vanished_grace_s": 2.0}
-            if kills_n:
-                result.update(kills(db, procs, settings, kills_n))
-            if stops_n:
-                result.update(stops(db, procs, settings, stops_n, stop_parallel))
-            result["poison_7_healthy_concurrency_8"] = poison(db, procs, settings)
-        finally:
-            procs.close()
-            db.close()
+    with world(("work",), "detect") as w:
+        w.procs.reaper()
+        result: dict[str, Any] = {"lease_s": 30.0, "vanished_grace_s": 2.0}
+        if kills_n:
+            result.update(kills(w.db, w.procs, w.settings, kills_n))
+        if stops_n:
+            result.update(stops(w.db, w.procs, w.settings, stops_n, stop_parallel))
+        result["poison_7_healthy_concurrency_8"] = poison(w.db, w.procs, w.settings)
     return result
 
 
@@ -166,12 +157,6 @@ def main() -> None:
     p.add_argument("--stop-parallel", type=int, default=5)
     a = p.parse_args()
     print(json.dumps(run(a.kills, a.stops, a.stop_parallel), indent=2))
-
-
-def _env(db_url: str, amqp_url: str, namespace: str) -> dict[str, str]:
-    from benchenv import service_env
-
-    return service_env(db_url, amqp_url, namespace)
 
 
 if __name__ == "__main__":

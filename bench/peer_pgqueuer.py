@@ -20,22 +20,14 @@ async def create() -> PgQueuer:
     return pgq
 
 
-async def fill(n: int) -> None:
+async def enqueue(n: int, batch: int) -> None:
+    """fill: a backlog in batches of 1000; produce: the steady-state producer,
+    batches of 100 as fast as enqueue goes (jobq's steady figure uses
+    publish_many batches of 100 the same way)."""
     conn = await asyncpg.connect(os.environ["PEER_DATABASE_URL"])
     q = Queries(AsyncpgDriver(conn))
-    for i in range(0, n, 1000):
-        k = min(1000, n - i)
-        await q.enqueue(["noop"] * k, [None] * k, [0] * k)
-    await conn.close()
-
-
-async def produce(n: int) -> None:
-    """The steady-state producer: batches of 100, as fast as enqueue goes
-    (jobq's steady figure uses publish_many batches of 100 the same way)."""
-    conn = await asyncpg.connect(os.environ["PEER_DATABASE_URL"])
-    q = Queries(AsyncpgDriver(conn))
-    for i in range(0, n, 100):
-        k = min(100, n - i)
+    for i in range(0, n, batch):
+        k = min(batch, n - i)
         await q.enqueue(["noop"] * k, [None] * k, [0] * k)
     await conn.close()
 
@@ -46,9 +38,7 @@ async def worker() -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "fill":
-        asyncio.run(fill(int(sys.argv[2])))
-    elif sys.argv[1] == "produce":
-        asyncio.run(produce(int(sys.argv[2])))
+    if sys.argv[1] in ("fill", "produce"):
+        asyncio.run(enqueue(int(sys.argv[2]), 1000 if sys.argv[1] == "fill" else 100))
     else:
         asyncio.run(worker())

@@ -25,7 +25,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import asyncpg
-from benchenv import scratch, service_env
+from benchenv import world
 from tests.helpers import Procs, SyncDB, wait_until
 
 import jobq
@@ -167,26 +166,19 @@ def substrate(db_url: str, amqp_url: str, n: int) -> dict[str, float]:
 
 def one_run(n: int, history: bool = True) -> dict[str, float]:
     res: dict[str, float] = {}
-    with scratch(queues=("noop",)) as (db_url, amqp_url, ns):
-        settings = Settings(database_url=db_url, amqp_url=amqp_url, namespace=ns)
-        db = SyncDB(db_url)
-        env = service_env(db_url, amqp_url, ns, JOBQ_LOG_LEVEL="WARNING",
-                          PYTHONPATH=f"{HERE}{os.pathsep}{HERE.parent}")
-        procs = Procs(env, Path(tempfile.mkdtemp(prefix="jobq-bench-")))
-        try:
-            res.update(substrate(db_url, amqp_url, min(n, 5000)))
+    with world(("noop",), "bench", JOBQ_LOG_LEVEL="WARNING",
+               PYTHONPATH=f"{HERE}{os.pathsep}{HERE.parent}") as w:
+        db, procs, settings = w.db, w.procs, w.settings
+        res.update(substrate(w.db_url, w.amqp_url, min(n, 5000)))
+        reset(db, history, settings)
+        res.update(publish_rates(settings, n))
+        for k in (1, 2):
             reset(db, history, settings)
-            res.update(publish_rates(settings, n))
-            for k in (1, 2):
-                reset(db, history, settings)
-                res[f"drain_{k}c_per_s"] = drain(db, procs, settings, n, k)
-                reset(db, history, settings)
-                res[f"steady_{k}c_per_s"] = steady(db, procs, settings, n, k)
+            res[f"drain_{k}c_per_s"] = drain(db, procs, settings, n, k)
             reset(db, history, settings)
-            res.update(latency(db, procs, settings, 200, 10))
-        finally:
-            procs.close()
-            db.close()
+            res[f"steady_{k}c_per_s"] = steady(db, procs, settings, n, k)
+        reset(db, history, settings)
+        res.update(latency(db, procs, settings, 200, 10))
     res["jobq_vs_substrate_drain_2c"] = res["drain_2c_per_s"] / res["substrate_drain_per_s"]
     return res
 

@@ -16,7 +16,6 @@ import asyncio
 import json
 import statistics
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -26,7 +25,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from benchenv import scratch, service_env
+from benchenv import world
 from tests.helpers import Procs, SyncDB, free_port, wait_until
 
 from jobq import lease
@@ -164,9 +163,8 @@ def run(chaos_runs: int = 1) -> dict[str, Any]:
     """All scale figures in one scratch database (bench/run.py --scale). The
     chaos share is the median of ``chaos_runs`` steady/chaotic pairs."""
     out: dict[str, Any] = {}
-    with scratch(queues=("noop", "work")) as (db_url, amqp_url, ns):
-        settings = Settings(database_url=db_url, amqp_url=amqp_url, namespace=ns)
-        db = SyncDB(db_url)
+    with world(("noop", "work"), "scale", JOBQ_LOG_LEVEL="INFO") as w:
+        db, procs, settings = w.db, w.procs, w.settings
         for n in (10_000, 1_000_000):
             finished_rows(db, n)
             out[f"finished_{n}"] = sweep_and_claim_ms(settings)
@@ -175,18 +173,12 @@ def run(chaos_runs: int = 1) -> dict[str, Any]:
         out["claim_ratio_1m_vs_10k"] = (out["finished_1000000"]["claim_ms"]
                                         / out["finished_10000"]["claim_ms"])
         db.execute("TRUNCATE jobq.job CASCADE")
-        procs = Procs(service_env(db_url, amqp_url, ns, JOBQ_LOG_LEVEL="INFO"),
-                      Path(tempfile.mkdtemp(prefix="jobq-scale-")))
-        try:
-            out["reaper"] = "one reaper running for the chaos run"
-            out.update(heartbeats_and_rss(db, procs, settings))
-            procs.reaper()
-            pairs = [chaos(db, procs, settings) for _ in range(chaos_runs)]
-            out["chaos_runs"] = pairs
-            out["chaos"] = {k: statistics.median(p[k] for p in pairs) for k in pairs[0]}
-        finally:
-            procs.close()
-            db.close()
+        out["reaper"] = "one reaper running for the chaos run"
+        out.update(heartbeats_and_rss(db, procs, settings))
+        procs.reaper()
+        pairs = [chaos(db, procs, settings) for _ in range(chaos_runs)]
+        out["chaos_runs"] = pairs
+        out["chaos"] = {k: statistics.median(p[k] for p in pairs) for k in pairs[0]}
     return out
 
 
