@@ -137,7 +137,6 @@ class Consumer:
                              settings.amqp_heartbeat_s)
         self._slots = asyncio.Semaphore(self.concurrency)
         self._alone = asyncio.Lock()  # one suspect at a time takes every slot
-        self._stopping = False
         self._stop = asyncio.Event()
         self._ready = asyncio.Event()
         self._threads = concurrent.futures.ThreadPoolExecutor(
@@ -213,7 +212,7 @@ class Consumer:
     async def _readiness(self) -> dict[str, bool]:
         return {"database": await database_answers(self.pool),
                 "broker": self.broker.connected,
-                "accepting": self._ready.is_set() and not self._stopping}
+                "accepting": self._ready.is_set() and not self._stop.is_set()}
 
     async def _connect(self) -> None:
         self.pool = await open_pool(
@@ -256,7 +255,6 @@ class Consumer:
 
     async def _drain(self, stop_intake: Any, intake: asyncio.Task[None]) -> None:
         """SIGTERM: stop intake, let jobs finish within the grace, release the rest."""
-        self._stopping = True
         await stop_intake()
         # The intake loop finishes a claim in flight (starting its jobs, so
         # they are waited for or released below), requeues the rest, returns.
@@ -310,10 +308,6 @@ class Consumer:
         self._inbox.append(msg)
         self._inbox_ready.set()
 
-    @property
-    def _intake_stopped(self) -> bool:
-        return self._stopping or self._stop.is_set()
-
     async def _intake_loop(self) -> None:
         """The only claimer. Jobs run in tasks this consumer owns: aio-pika
         cancels its own callback tasks when a channel closes (broker restart,
@@ -321,10 +315,10 @@ class Consumer:
         needs the database. A lost channel only makes the ack fail; RabbitMQ
         redelivers the id, whose claim then fails and is dropped."""
         while True:
-            if not self._inbox and not self._intake_stopped:
+            if not self._inbox and not self._stop.is_set():
                 self._inbox_ready.clear()
                 await self._inbox_ready.wait()
-            if self._intake_stopped:
+            if self._stop.is_set():
                 await self._requeue_inbox()
                 return
             batch = await self._take_batch()
@@ -366,7 +360,7 @@ class Consumer:
             if not acquire.done():
                 acquire.cancel()
         if acquire.done() and not acquire.cancelled():
-            if not self._intake_stopped:
+            if not self._stop.is_set():
                 return True
             self._slots.release()
         return False
