@@ -15,12 +15,16 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import aio_pika
 import aiormq
-import asyncpg
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from tests.helpers import SyncDB
+
 VENV = HERE / ".venv-peers"
 PY = VENV / "bin" / "python"
 PINS = ["celery==5.7.0", "procrastinate==3.10.0", "pgqueuer==1.6.0", "psycopg[binary]==3.3.9",
@@ -56,15 +60,18 @@ def drain_rate(n: int, done: Callable[[], int], workers: list[subprocess.Popen[b
     return (n - first[1]) / max(1e-6, now - first[0])
 
 
-def _sql_count(url: str, sql: str) -> int:
-    async def go() -> int:
-        c = await asyncpg.connect(url)
-        try:
-            return int(await c.fetchval(sql))
-        finally:
-            await c.close()
+class _Count:
+    """A count polled every 20 ms over one connection: a new connection per
+    poll (50 backends forked a second) would tax the system being measured."""
 
-    return asyncio.run(go())
+    def __init__(self, db_url: str, sql: str) -> None:
+        self.db, self.sql = SyncDB(db_url), sql
+
+    def __call__(self) -> int:
+        return int(self.db.val(self.sql))
+
+    def close(self) -> None:
+        self.db.close()
 
 
 def celery(amqp_url: str, n: int, pool: str = "solo") -> float:
@@ -73,13 +80,16 @@ def celery(amqp_url: str, n: int, pool: str = "solo") -> float:
     subprocess.run([str(PY), str(HERE / "peer_celery.py"), "fill", str(n)], env=env, check=True,
                    cwd=HERE)
 
-    async def ready() -> int:
+    async def open_channel() -> tuple[Any, Any]:
         conn = await aio_pika.connect(amqp_url)
-        try:
-            q = await (await conn.channel()).declare_queue(queue, passive=True)
-            return int(q.declaration_result.message_count or 0)
-        finally:
-            await conn.close()
+        return conn, await conn.channel()
+
+    loop = asyncio.new_event_loop()  # one connection for the 20 ms polls
+    conn, channel = loop.run_until_complete(open_channel())
+
+    def ready() -> int:
+        q = loop.run_until_complete(channel.declare_queue(queue, passive=True))
+        return int(q.declaration_result.message_count or 0)
 
     async def delete() -> None:
         conn = await aio_pika.connect(amqp_url)
@@ -94,8 +104,10 @@ def celery(amqp_url: str, n: int, pool: str = "solo") -> float:
                                 cwd=HERE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                for _ in range(WORKERS)]
     try:
-        return drain_rate(n, lambda: n - asyncio.run(ready()), workers)
+        return drain_rate(n, lambda: n - ready(), workers)
     finally:
+        loop.run_until_complete(conn.close())
+        loop.close()
         asyncio.run(delete())
 
 
@@ -107,8 +119,11 @@ def procrastinate(db_url: str, n: int) -> float:
     workers = [subprocess.Popen([str(PY), script, "worker", "32"], env=env, cwd=HERE,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                for _ in range(WORKERS)]
-    return drain_rate(n, lambda: _sql_count(
-        db_url, "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'"), workers)
+    done = _Count(db_url, "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'")
+    try:
+        return drain_rate(n, done, workers)
+    finally:
+        done.close()
 
 
 def pgqueuer(db_url: str, n: int) -> float:
@@ -121,8 +136,11 @@ def pgqueuer(db_url: str, n: int) -> float:
                                 env={**env, "PYTHONPATH": str(HERE)}, cwd=HERE,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                for _ in range(WORKERS)]
-    return drain_rate(n, lambda: n - _sql_count(db_url, "SELECT count(*) FROM pgqueuer"),
-                      workers)
+    left = _Count(db_url, "SELECT count(*) FROM pgqueuer")
+    try:
+        return drain_rate(n, lambda: n - left(), workers)
+    finally:
+        left.close()
 
 
 def pgqueuer_steady(db_url: str, n: int) -> float:
@@ -136,24 +154,26 @@ def pgqueuer_steady(db_url: str, n: int) -> float:
                                 env={**env, "PYTHONPATH": str(HERE)}, cwd=HERE,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                for _ in range(WORKERS)]
+    left = _Count(db_url, "SELECT count(*) FROM pgqueuer")
     try:
         # Idle workers poll; a probe job finishing shows both are up.
         subprocess.run([str(PY), str(HERE / "peer_pgqueuer.py"), "fill", "2"], env=env,
                        check=True, cwd=HERE)
         t_end = time.monotonic() + 60
-        while _sql_count(db_url, "SELECT count(*) FROM pgqueuer"):
+        while left():
             assert time.monotonic() < t_end, "pgqueuer workers did not start"
             time.sleep(0.05)
         t0 = time.monotonic()
         producer = subprocess.Popen([str(PY), str(HERE / "peer_pgqueuer.py"), "produce",
                                      str(n)], env=env, cwd=HERE)
-        while producer.poll() is None or _sql_count(db_url, "SELECT count(*) FROM pgqueuer"):
+        while producer.poll() is None or left():
             assert time.monotonic() - t0 < 600, "pgqueuer steady run did not finish"
             time.sleep(0.02)
         if producer.returncode:
             raise RuntimeError(f"pgqueuer producer exited {producer.returncode}")
         return n / (time.monotonic() - t0)
     finally:
+        left.close()
         for w in workers:
             w.kill()
             w.wait()
