@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def main() -> None:
     fd, path = tempfile.mkstemp(suffix=".jsonl")
     os.close(fd)
-    env = {**os.environ, "JOBQ_FAULT_REPORT": path}
+    env = {**os.environ, "JOBQ_TEST_FAULT_REPORT": path}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            "tests/e2e", *sys.argv[1:]], cwd=ROOT, env=env)
     rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

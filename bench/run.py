@@ -210,7 +210,7 @@ def main() -> None:
     p.add_argument("--peers", action="store_true", help="also Celery, procrastinate, pgqueuer")
     p.add_argument("--history-off", action="store_true", help="also a run with history off")
     p.add_argument("--detection", action="store_true", help="also bench/detection.py")
-    p.add_argument("--trials", type=int, default=20, help="SIGKILLs and SIGSTOPs (detection)")
+    p.add_argument("--trials", type=int, default=20, help="SIGSTOPs (detection; SIGKILLs: 3 per N = 1, 8, 32)")
     p.add_argument("--scale", action="store_true", help="also bench/scale.py")
     p.add_argument("--all", action="store_true",
                    help="--peers --history-off --detection --scale")
@@ -249,7 +249,7 @@ def main() -> None:
     if a.detection:
         import detection
 
-        out["detection"] = detection.run(a.trials, a.trials)
+        out["detection"] = detection.run(3, a.trials)
     if a.scale:
         import scale
 

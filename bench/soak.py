@@ -80,7 +80,10 @@ def soak(db_url: str, amqp_url: str, namespace: str, *, jobs: int, consumers: in
                 if held:  # detection latency of the first held job: kill -> requeued
                     deadline = killed_at + lease_s + 5
                     while time.monotonic() < deadline:
-                        if db.val("SELECT stalls > 0 FROM jobq.job WHERE id = $1", held[0]):
+                        # requeued: no longer the victim's active job (a
+                        # job of a worker that held several is not charged)
+                        if db.val("SELECT status <> 'active' OR worker_id <> $2 FROM jobq.job "
+                                  "WHERE id = $1", held[0], ids_by_proc[victim.pid]):
                             latencies.append(time.monotonic() - killed_at)
                             break
                         time.sleep(0.01)

@@ -6,7 +6,7 @@ set -euo pipefail
 : "${JOBQ_DATABASE_URL:=postgresql://postgres@127.0.0.1:5432/postgres}"
 : "${JOBQ_AMQP_URL:=amqp://guest:guest@127.0.0.1:5672/}"
 export JOBQ_DATABASE_URL JOBQ_AMQP_URL
-APP="${JOBQ_APP:-jobq.demo:app}"
+APP="${JOBQ_DEMO_APP:-jobq.demo:app}"
 
 jobq migrate
 pids=()

@@ -43,7 +43,8 @@ async def start(job: Job) -> int:
 
 async def end(n: int, outcome: str) -> None:
     pool = await _db()
-    await pool.execute("UPDATE test_run SET outcome = $2 WHERE n = $1", n, outcome)
+    await pool.execute("UPDATE test_run SET outcome = $2, ended_at = clock_timestamp() "
+                       "WHERE n = $1", n, outcome)
 
 
 async def _work(job: Job) -> Any:
@@ -105,6 +106,35 @@ def sync_handler(job: Job) -> None:
         time.sleep(0.05)  # a CPU- or IO-bound sync handler
     with open(path, "a") as f:
         f.write("end\n")
+
+
+async def _once(sql: str, *args: Any) -> Any:
+    conn = await asyncpg.connect(os.environ["JOBQ_DATABASE_URL"])
+    try:
+        return await conn.fetchval(sql, *args)
+    finally:
+        await conn.close()
+
+
+@app.handler("proc")
+def proc(job: Job) -> None:
+    """A sync handler that records its runs in test_run, for --pool process:
+    it can kill its own process, hang, sleep, or spin the CPU."""
+    n = asyncio.run(_once(
+        "INSERT INTO test_run (job_id, worker, attempt, lock, pid) VALUES ($1,$2,$3,$4,$5) "
+        "RETURNING n", job.id, job.worker_id, job.attempt, job.lock, os.getpid()))
+    p = job.payload or {}
+    if p.get("kill_self_on_attempt") and job.attempt <= int(p["kill_self_on_attempt"]):
+        os.kill(os.getpid(), signal.SIGKILL)
+    if p.get("hang_on_attempt") and job.attempt <= int(p["hang_on_attempt"]):
+        time.sleep(3600)
+    time.sleep(float(p.get("sleep", 0)))
+    deadline = time.monotonic() + float(p.get("spin", 0))
+    x = 0
+    while time.monotonic() < deadline:
+        x += 1  # CPU-bound: holds the GIL
+    asyncio.run(_once("UPDATE test_run SET outcome = 'returned', ended_at = clock_timestamp() "
+                      "WHERE n = $1 RETURNING n", n))
 
 
 @app.handler("txn")

@@ -19,7 +19,7 @@ import os
 import socket
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -27,6 +27,9 @@ import pytest
 
 from jobq import migrate
 from jobq.settings import Settings
+
+if TYPE_CHECKING:
+    from tests.helpers import Procs, SyncDB
 
 RUN = uuid.uuid4().hex[:8]
 
@@ -39,6 +42,7 @@ CREATE TABLE public.test_run (
     lock       uuid NOT NULL,
     pid        integer NOT NULL,
     started_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    ended_at   timestamptz,
     outcome    text  -- NULL while running (or killed), 'returned', 'cancelled'
 )"""
 _counter = itertools.count()
@@ -218,10 +222,10 @@ def procs(env: dict[str, str], tmp_path: os.PathLike[str]) -> Iterator[Procs]:
 @pytest.fixture
 def report(request: pytest.FixtureRequest) -> Any:
     """Record a fault scenario's figures; ``bench/faults.py`` turns them into
-    a table (set JOBQ_FAULT_REPORT=path.jsonl to collect)."""
+    a table (set JOBQ_TEST_FAULT_REPORT=path.jsonl to collect)."""
     import json
 
-    path = os.environ.get("JOBQ_FAULT_REPORT")
+    path = os.environ.get("JOBQ_TEST_FAULT_REPORT")
 
     def record(scenario: str, jobs: int, lost: int, duplicate_runs: int,
                latencies: list[float] | None = None) -> None:

@@ -3,7 +3,7 @@
 RabbitMQ delivers job ids; PostgreSQL holds the job row and the lease that
 proves a worker is alive; a reaper brings back jobs whose lease lapsed.
 Read in this order: schema/0001_core.sql, queries.sql, lease.py,
-consumer.py, reaper.py.
+worker/consumer.py (it names the consumer's units), reaper.py.
 """
 
 from jobq.app import App

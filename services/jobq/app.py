@@ -24,9 +24,23 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from jobq.errors import ConfigError
+from jobq.errors import ConfigError, InvalidQueue
 
-QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$")
+QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}")  # whole name: fullmatch
+# Names jobq itself uses on the broker: <namespace>.dead is the dead-letter
+# queue, and a job queue of that name made every relay sweep fail.
+RESERVED_QUEUES = frozenset({"dead"})
+
+
+def check_queue_name(name: object) -> str:
+    """The name, if it can be a job queue; InvalidQueue (one line) if not."""
+    if not isinstance(name, str) or not QUEUE_NAME.fullmatch(name):
+        raise InvalidQueue(f"invalid queue name {name!r}: use 1-100 letters, digits, _ . : - "
+                           "(first a letter or digit)")
+    if name in RESERVED_QUEUES:
+        raise InvalidQueue(f"queue name {name!r} is reserved (jobq's dead-letter queue); "
+                           "choose another name")
+    return name
 
 
 @dataclass(frozen=True)
@@ -44,8 +58,10 @@ class App:
     def handler(
         self, queue: str, *, payload: type[BaseModel] | None = None
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        if not QUEUE_NAME.match(queue):
-            raise ConfigError(f"invalid queue name {queue!r}")
+        try:
+            check_queue_name(queue)
+        except InvalidQueue as exc:
+            raise ConfigError(str(exc)) from exc
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             if queue in self.handlers:
@@ -69,9 +85,11 @@ def load(spec: str) -> App:
         raise ConfigError(f"APP must look like module:attribute (e.g. jobq.demo:app), got {spec!r}")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
+    except (ImportError, TypeError, ValueError) as exc:  # TypeError: a relative name
         raise ConfigError(f"cannot import {module_name!r}: {exc}") from exc
-    app = getattr(module, attr, None)
+    if not hasattr(module, attr):
+        raise ConfigError(f"module {module_name} has no attribute {attr!r}")
+    app = getattr(module, attr)
     if not isinstance(app, App):
         raise ConfigError(f"{spec} is not a jobq.App (got {type(app).__name__})")
     return app

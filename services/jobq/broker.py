@@ -73,6 +73,14 @@ class Broker:
                 raise ConfigError(
                     f"RabbitMQ at {redact(self.url)} refused the credentials: check JOBQ_AMQP_URL"
                 ) from exc
+            except aiormq.exceptions.InvalidFrameError as exc:
+                # Connection.Close instead of OpenOk: the vhost does not exist
+                # or the user may not use it. Retrying cannot heal that.
+                if "Connection.Close" not in str(exc):
+                    raise
+                raise ConfigError(
+                    f"RabbitMQ at {redact(self.url)} refused to open the vhost: check that it "
+                    "exists and that the user may use it (JOBQ_AMQP_URL)") from exc
             except (TimeoutError, OSError, aiormq.exceptions.AMQPError) as exc:
                 if not wait:
                     raise BrokerUnavailable(
@@ -155,11 +163,23 @@ class Broker:
             return set()
         if self._exchange is None:
             raise BrokerUnavailable("not connected to RabbitMQ")
-        try:
-            for queue in {q for _, q in items}:
+        # Declare queue by queue: one that cannot be declared (a name taken
+        # by another kind of queue, a permission) leaves only its own ids
+        # unpublished, never the others of the batch (issue #13).
+        refused: dict[str, BaseException] = {}
+        for queue in sorted({q for _, q in items}):
+            try:
                 await self.ensure_queue(queue)
-        except (TimeoutError, aiormq.exceptions.AMQPError, aio_pika.exceptions.AMQPError, OSError, RuntimeError) as exc:
-            raise BrokerUnavailable(f"cannot declare queues: {exc!r}") from exc
+            except (TimeoutError, aiormq.exceptions.AMQPError, aio_pika.exceptions.AMQPError,
+                    OSError, RuntimeError) as exc:
+                refused[queue] = exc
+        if refused:
+            queue, exc = next(iter(refused.items()))
+            log.warning("cannot declare %d queue(s) (%s: %r); their ids stay unpublished",
+                        len(refused), queue, exc)
+            items = [(i, q) for i, q in items if q not in refused]
+            if not items:
+                return set()
         exchange = self._exchange
 
         async def one(job_id: uuid.UUID, queue: str) -> None:

@@ -23,33 +23,10 @@ from pydantic import ValidationError
 
 from jobq import crash, logs
 from jobq.errors import BadInput, ConfigError, JobqError, UnknownJob
+from jobq.queues import SETTINGS
 from jobq.settings import Settings
 
 log = logging.getLogger("jobq.cli")
-
-_QUEUE_FLAGS = [
-    # flag, column, type, help
-    ("--lease-seconds", "lease_s", float, "lease length; renewed every third of it"),
-    ("--max-stalls", "max_stalls", int, "lapsed leases tolerated before a job of death fails"),
-    ("--max-attempts", "max_attempts", int, "handler runs before a failing job is failed"),
-    ("--timeout-seconds", "timeout_s", float, "stop a handler that runs longer (0 = no timeout)"),
-    ("--backoff-seconds", "backoff_base_s", float, "first retry delay; doubles each attempt"),
-    ("--backoff-max-seconds", "backoff_max_s", float, "cap of retry delay and stall cool-down"),
-    ("--stall-cooldown-seconds", "stall_cooldown_s", float,
-     "wait before rerunning a job that stalled twice; doubles with each further stall"),
-    ("--max-payload-bytes", "max_payload_bytes", int, "largest payload accepted at enqueue"),
-    ("--history", "history", lambda v: _onoff(v), "on/off: record every transition in "
-     "jobq.job_event"),
-]
-
-
-def _onoff(value: str) -> bool:
-    if value.lower() in ("on", "true", "yes", "1"):
-        return True
-    if value.lower() in ("off", "false", "no", "0"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected on or off, got {value!r}")
-
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -95,6 +72,15 @@ def _parser() -> argparse.ArgumentParser:
                      help="queue to consume (repeatable; default: every queue APP handles)")
     con.add_argument("--concurrency", "-c", type=int, default=None, metavar="N",
                      help="jobs run at once by this process (default JOBQ_CONSUMER__CONCURRENCY)")
+    con.add_argument("--pool", choices=("thread", "process"), default=None,
+                     help="where sync handlers run: a thread pool (default) or pre-started "
+                          "child processes, one per slot: a child's death is charged to its "
+                          "job alone, and lease loss or a timeout stops the handler "
+                          "(JOBQ_CONSUMER__POOL)")
+    con.add_argument("--max-jobs-per-child", type=int, default=None, metavar="N",
+                     help="--pool process: replace a child after N jobs")
+    con.add_argument("--max-memory-per-child", type=float, default=None, metavar="MB",
+                     help="--pool process: replace a child whose RSS is over MB after a job")
 
     sub.add_parser("reap", help="requeue lapsed leases and publish what is due")
 
@@ -102,8 +88,10 @@ def _parser() -> argparse.ArgumentParser:
     qsub = qp.add_subparsers(dest="queue_command", required=True, metavar="ACTION")
     qs = qsub.add_parser("set", help="create a queue or change its settings")
     qs.add_argument("name", metavar="QUEUE")
-    for flag, dest, typ, help_ in _QUEUE_FLAGS:
-        qs.add_argument(flag, dest=dest, type=typ, default=None, metavar="N", help=help_)
+    for q in SETTINGS:
+        qs.add_argument(q.flag, dest=q.column, default=None,
+                        metavar="on|off" if q.kind is bool else "N",
+                        help=f"{q.help} (default {q.default if q.default is not None else 'none'})")
     qsub.add_parser("list", help="show every queue's settings")
 
     sub.add_parser("stats", help="jobs per queue and state (stalled = lease lapsed, not reaped)")
@@ -174,13 +162,20 @@ async def _queue(settings: Settings, args: argparse.Namespace) -> None:
     try:
         with translated():
             if args.queue_command == "set":
-                from jobq.app import QUEUE_NAME
+                from jobq.app import check_queue_name
+                from jobq.queues import changes
 
-                if not QUEUE_NAME.match(args.name):
-                    raise BadInput(f"invalid queue name {args.name!r}")
+                check_queue_name(args.name)
+                values = {}
+                for q in SETTINGS:
+                    text = getattr(args, q.column)
+                    if text is not None:
+                        try:
+                            values[q.column] = q.parse(text)
+                        except argparse.ArgumentTypeError as exc:
+                            raise BadInput(f"{q.flag} {exc}") from None
                 await pool.execute(Q["queue_ensure"], args.name)
-                row = await pool.fetchrow(Q["queue_update"], args.name,
-                                          *[getattr(args, dest) for _, dest, _, _ in _QUEUE_FLAGS])
+                row = await pool.fetchrow(Q["queue_update"], args.name, changes(values))
                 rows = [row]
             else:
                 rows = await pool.fetch(Q["queue_list"])
@@ -311,13 +306,16 @@ def _table(rows: list[dict[str, Any]]) -> None:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
 
 
-def _run_service(coro: Any) -> None:
+def _install_uvloop() -> None:
     try:
         import uvloop  # optional: faster event loop (pip install jobq[fast])
 
         uvloop.install()
     except ImportError:
         pass
+
+
+def _run_service(coro: Any) -> None:
     asyncio.run(coro)
 
 
@@ -327,8 +325,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         settings = Settings()
     except ValidationError as exc:
         err = exc.errors()[0]
-        where = "JOBQ_" + "__".join(str(x).upper() for x in err["loc"])
-        print(f"jobq: error: bad setting {where}: {err['msg']}", file=sys.stderr)
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if err["loc"]:
+            where = "JOBQ_" + "__".join(str(x).upper() for x in err["loc"])
+            msg = f"bad setting {where}: {msg}"
+        print(f"jobq: error: {msg}", file=sys.stderr)  # no input value: it may hold a secret
         sys.exit(2)
     logs.setup(settings.log_level, settings.log_json)
     crash.configure(settings.crash_at)
@@ -340,13 +341,27 @@ def main(argv: Sequence[str] | None = None) -> None:
             asyncio.run(_publish(settings, args))
         elif args.command == "consume":
             from jobq.app import load
-            from jobq.consumer import Consumer
+            from jobq.worker.consumer import Consumer
 
+            # Everything jobq imports is imported before the working directory
+            # joins the path for APP: a stray uvloop.py there never runs.
+            _install_uvloop()
             sys.path.insert(0, os.getcwd())
             app = load(args.app)
             if args.concurrency is not None and args.concurrency < 1:
                 raise ConfigError("--concurrency must be at least 1")
-            consumer = Consumer(app, settings, args.queues, args.concurrency)
+            pool_flags = {"pool": args.pool, "max_jobs_per_child": args.max_jobs_per_child,
+                          "max_memory_per_child_mb": args.max_memory_per_child}
+            chosen = {k: v for k, v in pool_flags.items() if v is not None}
+            if chosen:
+                try:
+                    cfg = settings.consumer.model_validate(
+                        {**settings.consumer.model_dump(), **chosen})
+                except ValidationError as exc:
+                    raise ConfigError(f"bad --{exc.errors()[0]['loc'][0]}: "
+                                      f"{exc.errors()[0]['msg']}") from exc
+                settings = settings.model_copy(update={"consumer": cfg})
+            consumer = Consumer(app, settings, args.queues, args.concurrency, app_spec=args.app)
             _run_service(consumer.run())
             # Sync handlers still running in threads must not keep a process
             # whose leases were released alive.
@@ -356,6 +371,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         elif args.command == "reap":
             from jobq.reaper import Reaper
 
+            _install_uvloop()
             _run_service(Reaper(settings).run())
         elif args.command == "queue":
             asyncio.run(_queue(settings, args))

@@ -18,18 +18,33 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
-from jobq.errors import BadInput, ConfigError, DatabaseUnavailable, InvalidPayload, InvalidQueue
+from jobq.errors import (
+    BadInput,
+    ConfigError,
+    DatabaseUnavailable,
+    InvalidPayload,
+    InvalidQueue,
+    JobqError,
+    SchemaMissing,
+)
 
 log = logging.getLogger("jobq.db")
 
 # Errors that mean "the database is not reachable right now", not "your
 # statement is wrong": connection refused/reset, server restarting, admin
-# shutdown, too many connections, a closed connection.
+# shutdown, too many connections, a closed connection. Every asyncpg error
+# class is one of: transient (here), configuration (translated() below),
+# the caller's input (translated() below), or a bug in jobq (anything else).
 TRANSIENT: tuple[type[BaseException], ...] = (
     OSError,
     asyncio.TimeoutError,
     asyncpg.PostgresConnectionError,
     asyncpg.InterfaceError,
+    # asyncpg's own protocol state machine gave up on a connection whose
+    # backend died mid-statement ("cannot switch to state 12; another
+    # operation (2) is in progress"): the connection is dead, the statement
+    # may run again on another one. connection() below terminates it.
+    asyncpg.InternalClientError,
     asyncpg.exceptions.CannotConnectNowError,
     asyncpg.exceptions.OperatorInterventionError,
     asyncpg.exceptions.TooManyConnectionsError,
@@ -40,6 +55,18 @@ TRANSIENT: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.SerializationError,
     asyncpg.exceptions.LockNotAvailableError,
 )
+
+# SQLSTATE classes after which a session is gone or going: 08 connection
+# exception, 57 operator intervention (admin shutdown, terminated backend).
+_SESSION_ENDING = ("08", "57")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Will running the same (fenced, idempotent) statement again heal it?"""
+    if isinstance(exc, DatabaseUnavailable):
+        return True
+    cause = exc.__cause__ if isinstance(exc, JobqError) else exc
+    return isinstance(cause, TRANSIENT)
 
 
 # Plan every statement for its actual arguments. A generic plan cached while
@@ -66,6 +93,11 @@ def translated() -> Any:
     except (asyncpg.exceptions.InvalidAuthorizationSpecificationError,
             asyncpg.exceptions.InvalidPasswordError) as exc:
         raise ConfigError(f"{exc}: check the user and password in JOBQ_DATABASE_URL") from exc
+    except asyncpg.exceptions.ClientConfigurationError as exc:  # before TRANSIENT: a subclass
+        raise ConfigError(f"JOBQ_DATABASE_URL: {exc}") from exc
+    except asyncpg.exceptions.InsufficientPrivilegeError as exc:
+        raise ConfigError(f"{_message(exc)}: the role in JOBQ_DATABASE_URL lacks a right "
+                          "jobq needs (grant it one of the jobq_* roles)") from exc
     except asyncpg.exceptions.UndefinedTableError as exc:
         raise ConfigError(f"{_message(exc)}: the jobq schema is missing; run `jobq migrate`") from exc
     except asyncpg.exceptions.UndefinedFunctionError as exc:
@@ -98,7 +130,7 @@ async def _light_reset(conn: asyncpg.Connection) -> None:
 
 async def _check_schema(conn: asyncpg.Connection) -> None:
     if await conn.fetchval("SELECT to_regclass('jobq.job')") is None:
-        raise ConfigError("the database has no jobq schema yet: run `jobq migrate`")
+        raise SchemaMissing("the database has no jobq schema yet: run `jobq migrate`")
 
 
 async def connect_once(
@@ -109,11 +141,16 @@ async def connect_once(
     if idle_in_tx_s:
         # A frozen process must not keep row locks for long (reaper relay).
         settings["idle_in_transaction_session_timeout"] = str(int(idle_in_tx_s * 1000))
-    with translated():
-        pool = await asyncpg.create_pool(
-            url, min_size=min_size, max_size=max_size, reset=_light_reset,
-            server_settings=settings, timeout=10, command_timeout=60,
-        )
+    try:
+        with translated():
+            pool = await asyncpg.create_pool(
+                url, min_size=min_size, max_size=max_size, reset=_light_reset,
+                server_settings=settings, timeout=10, command_timeout=60,
+            )
+    except asyncpg.exceptions.UndefinedObjectError as exc:  # e.g. ?foo=bar in the URL
+        raise ConfigError(f"{_message(exc)}: remove it from JOBQ_DATABASE_URL") from exc
+    except (ValueError, TypeError) as exc:  # the driver could not parse the URL
+        raise ConfigError(f"JOBQ_DATABASE_URL is not usable ({redact(url)}): {exc}") from exc
         assert pool is not None
         if check_schema:
             try:
@@ -129,7 +166,10 @@ async def open_pool(
     url: str, *, wait: bool, min_size: int = 1, max_size: int = 4, app_name: str = "jobq",
     idle_in_tx_s: float | None = None, check_schema: bool = True,
 ) -> asyncpg.Pool:
-    """A connected pool; with ``wait`` retry forever (logging each failure)."""
+    """A connected pool. With ``wait``, retry what can heal by itself (the
+    database is down or not migrated yet) forever, one line per attempt; a
+    mistake that cannot heal (no such database, bad credentials, a missing
+    right) raises ConfigError at once, and the service exits 2 with it."""
     delay = 0.5
     while True:
         try:
@@ -137,7 +177,7 @@ async def open_pool(
                 url, min_size=min_size, max_size=max_size, app_name=app_name,
                 idle_in_tx_s=idle_in_tx_s, check_schema=check_schema,
             )
-        except (DatabaseUnavailable, ConfigError) as exc:
+        except (DatabaseUnavailable, SchemaMissing) as exc:
             if not wait:
                 if isinstance(exc, DatabaseUnavailable):
                     raise DatabaseUnavailable(
@@ -151,7 +191,46 @@ async def open_pool(
 
 
 @contextlib.asynccontextmanager
-async def transaction(pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
+async def connection(pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
+    """A pooled connection that never goes back to the pool broken.
+
+    A backend terminated mid-statement can leave asyncpg's side of the
+    connection still looking open, in an error-consuming state; the light
+    reset above does not notice (no round trip), and the next borrower got
+    ``InternalClientError: ... another operation is in progress`` (issue
+    #19). So any error but a plain SQL error (or one that ends the session)
+    terminates the connection here, and the pool opens a fresh one.
+    """
     with translated():
-        async with pool.acquire() as conn, conn.transaction():
-            yield conn
+        async with pool.acquire() as conn:
+            try:
+                yield conn
+            except asyncpg.PostgresError as exc:
+                state = exc.sqlstate or ""
+                if state[:2] in _SESSION_ENDING and state != "57014":  # 57014: just a cancel
+                    conn.terminate()
+                raise
+            except BaseException:
+                conn.terminate()
+                raise
+
+
+async def fetch(pool: asyncpg.Pool, query: str, *args: Any) -> list[asyncpg.Record]:
+    async with connection(pool) as conn:
+        return list(await conn.fetch(query, *args))
+
+
+async def fetchval(pool: asyncpg.Pool, query: str, *args: Any) -> Any:
+    async with connection(pool) as conn:
+        return await conn.fetchval(query, *args)
+
+
+async def execute(pool: asyncpg.Pool, query: str, *args: Any) -> str:
+    async with connection(pool) as conn:
+        return str(await conn.execute(query, *args))
+
+
+@contextlib.asynccontextmanager
+async def transaction(pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
+    async with connection(pool) as conn, conn.transaction():
+        yield conn

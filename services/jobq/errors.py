@@ -4,6 +4,7 @@
 
     JobqError
     ├── ConfigError           bad settings or arguments (CLI exits 2)
+    │   └── SchemaMissing     not migrated yet: services wait for `jobq migrate`
     ├── UnavailableError      a service cannot be reached right now
     │   ├── DatabaseUnavailable
     │   └── BrokerUnavailable
@@ -30,6 +31,11 @@ class JobqError(Exception):
 
 class ConfigError(JobqError):
     pass
+
+
+class SchemaMissing(ConfigError):
+    """The database has no jobq schema yet. Services wait for it (migrations
+    often run alongside the first start); the CLI says so and exits 2."""
 
 
 class UnavailableError(JobqError):

@@ -13,15 +13,14 @@ clock only makes the worker give up earlier.
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
 
-from jobq.db import translated
+from jobq.db import execute, fetch, translated
 from jobq.sql import Q
 
 
@@ -37,7 +36,6 @@ class Lease:
     grace_s: float = 2.0  # the queue's vanished_grace_s: how short the reaper may cut it
     lost: str | None = None  # why the lease was lost, once it is
     finishing: bool = False  # final write (complete/fail/release) under way
-    _fence: asyncio.TimerHandle | None = field(default=None, repr=False)
 
     @classmethod
     def from_claim(cls, row: asyncpg.Record, sent_at: float, margin_fraction: float) -> Lease:
@@ -65,8 +63,7 @@ class Lease:
 async def claim(pool: asyncpg.Pool, ids: Sequence[uuid.UUID], worker_id: str,
                 queues: Sequence[str]) -> list[Any]:
     """Claim the given ids; returns, per id, its claim row or None."""
-    with translated():
-        rows = await pool.fetch(Q["claim"], list(ids), worker_id, list(queues))
+    rows = await fetch(pool, Q["claim"], list(ids), worker_id, list(queues))
     by_id = {r["id"]: r for r in rows}
     # The same id twice in one batch (a duplicate delivery) is claimed once:
     # only its first occurrence gets the row.
@@ -74,19 +71,18 @@ async def claim(pool: asyncpg.Pool, ids: Sequence[uuid.UUID], worker_id: str,
 
 
 async def claim_misses(pool: asyncpg.Pool, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Any]:
-    with translated():
-        rows = await pool.fetch(Q["claim_misses"], list(ids))
+    rows = await fetch(pool, Q["claim_misses"], list(ids))
     return {r["id"]: r for r in rows}
 
 
 async def hand_back(pool: asyncpg.Pool, ids: Sequence[uuid.UUID]) -> None:
-    with translated():
-        await pool.execute(Q["hand_back"], list(ids))
+    await execute(pool, Q["hand_back"], list(ids))
 
 
-async def renew(conn: asyncpg.Connection | asyncpg.Pool, leases: Sequence[Lease],
+async def renew(conn: asyncpg.Connection, leases: Sequence[Lease],
                 worker_id: str) -> set[uuid.UUID]:
-    """One statement for all leases; returns the ids still held."""
+    """One statement for all leases, on the registry session (not pooled);
+    returns the ids still held."""
     if not leases:
         return set()
     with translated():
@@ -99,16 +95,15 @@ async def renew(conn: asyncpg.Connection | asyncpg.Pool, leases: Sequence[Lease]
 
 async def complete(pool: asyncpg.Pool, leases: Sequence[Lease]) -> list[bool]:
     """Complete each lease's job; True also when this token had already done it."""
-    with translated():
-        rows = await pool.fetch(Q["complete"], [le.job_id for le in leases],
-                                [le.lock for le in leases])
-        done = {r["id"] for r in rows}
-        missed = [le for le in leases if le.job_id not in done]
-        if missed:
-            # A retried completion whose first reply was lost: already ours.
-            again = await pool.fetch(Q["finished_by"], [le.job_id for le in missed],
-                                     [le.lock for le in missed])
-            done |= {r["id"] for r in again if r["status"] == "completed"}
+    rows = await fetch(pool, Q["complete"], [le.job_id for le in leases],
+                       [le.lock for le in leases])
+    done = {r["id"] for r in rows}
+    missed = [le for le in leases if le.job_id not in done]
+    if missed:
+        # A retried completion whose first reply was lost: already ours.
+        again = await fetch(pool, Q["finished_by"], [le.job_id for le in missed],
+                            [le.lock for le in missed])
+        done |= {r["id"] for r in again if r["status"] == "completed"}
     return [le.job_id in done for le in leases]
 
 
@@ -122,13 +117,11 @@ class Failure:
 
 async def fail(pool: asyncpg.Pool, failures: Sequence[Failure]) -> list[Any]:
     """Record handler failures; per item the row (status, retry_in_s) or None if lost."""
-    with translated():
-        rows = await pool.fetch(
-            Q["fail"],
+    rows = await fetch(
+            pool, Q["fail"],
             [f.lease.job_id for f in failures], [f.lease.lock for f in failures],
             [f.error[:4000] for f in failures], [f.retry for f in failures],
-            [f.delay_s for f in failures],
-        )
+            [f.delay_s for f in failures])
     by_id = {r["id"]: r for r in rows}
     return [by_id.get(f.lease.job_id) for f in failures]
 
@@ -139,30 +132,43 @@ async def release(pool: asyncpg.Pool, leases: Iterable[Lease],
     leases = list(leases)
     if not leases:
         return []
-    with translated():
-        return list(await pool.fetch(Q["release"], [le.job_id for le in leases],
-                                     [le.lock for le in leases], why, handoff))
+    return await fetch(pool, Q["release"], [le.job_id for le in leases],
+                       [le.lock for le in leases], why, handoff)
+
+
+async def isolate(pool: asyncpg.Pool, lease_: Lease) -> bool:
+    """Mark a suspect's run as the one its worker isolates; False if lost."""
+    return bool(await fetch(pool, Q["isolate"], lease_.job_id, lease_.lock))
+
+
+async def child_died(pool: asyncpg.Pool, lease_: Lease, why: str) -> Any:
+    """The child process running this job died: charge it one stall and
+    requeue it now (or fail it as a job of death). The row, or None if lost."""
+    rows = await fetch(pool, Q["child_died"], lease_.job_id, lease_.lock, why[:4000])
+    return rows[0] if rows else None
+
+
+async def quarantine(pool: asyncpg.Pool, job_id: uuid.UUID, why: str) -> bool:
+    """Fail a queued job whose own data makes its claim fail."""
+    return bool(await fetch(pool, Q["quarantine"], job_id, why[:4000]))
 
 
 # ── reaper side ──
 
 async def requeue_lapsed(pool: asyncpg.Pool, limit: int, reaper_id: str) -> list[Any]:
     """Requeue (or fail, past max_stalls) active jobs whose lease lapsed."""
-    with translated():
-        return list(await pool.fetch(Q["requeue_lapsed"], limit, reaper_id))
+    return await fetch(pool, Q["requeue_lapsed"], limit, reaper_id)
 
 
 async def cut_vanished(pool: asyncpg.Pool) -> list[Any]:
     """Workers whose registry session ended: cut their leases to the grace."""
-    with translated():
-        return list(await pool.fetch(Q["workers_vanished"]))
+    return await fetch(pool, Q["workers_vanished"])
 
 
 async def record_lost(pool: asyncpg.Pool, lease_: Lease, worker_id: str, attempt: int) -> None:
     """History only: the worker learned it lost this lease. Best effort."""
     try:
-        with translated():
-            await pool.execute(Q["lease_lost_event"], lease_.job_id, worker_id, attempt,
-                               lease_.lost)
+        await execute(pool, Q["lease_lost_event"], lease_.job_id, worker_id, attempt,
+                      lease_.lost)
     except Exception:  # the database may be why the lease was lost
         pass

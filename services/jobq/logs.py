@@ -13,6 +13,17 @@ import sys
 import time
 from typing import Any
 
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F]}
+_CONTROL.update({ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"})
+
+
+def printable(text: str, limit: int = 4000) -> str:
+    """User text (a handler's error, a payload) made safe for one log line or
+    a terminal: control characters escaped (a newline cannot forge a second
+    log line, an ANSI/OSC escape cannot reach the terminal), cut to ``limit``."""
+    cut = text[:limit].translate(_CONTROL)
+    return cut + f"... ({len(text) - limit} more characters)" if len(text) > limit else cut
+
 
 def fields(**kw: Any) -> dict[str, Any]:
     """``log.info("msg", extra=fields(job=..., queue=...))``"""

@@ -37,6 +37,9 @@ RENEW_SECONDS = Histogram("jobq_lease_renewal_duration_seconds",
                           buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5))
 RENEWALS = Counter("jobq_lease_renewals_total", "Batched renewal statements.", ["result"],
                    registry=REGISTRY)
+CHILD_DEATHS = Counter("jobq_child_deaths_total", "Handler child processes (--pool process) "
+                       "that died running a job; the job is charged one stall.", ["queue"],
+                       registry=REGISTRY)
 IN_FLIGHT = Gauge("jobq_jobs_in_flight", "Jobs this consumer runs now.", registry=REGISTRY)
 LOOP_LAG = Gauge("jobq_event_loop_lag_seconds", "How late the event loop ran a 0.25 s timer "
                  "(last sample).", registry=REGISTRY)
@@ -49,6 +52,8 @@ JOBS_OF_DEATH = Counter("jobq_jobs_of_death_total", "Jobs failed after max_stall
 SWEEP_SECONDS = Histogram("jobq_reaper_sweep_duration_seconds", "One reaper sweep.",
                           registry=REGISTRY,
                           buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5))
+SWEEP_FAILURES = Counter("jobq_reaper_sweep_failures_total", "Sweeps that failed (database or "
+                         "broker unreachable, or an error).", registry=REGISTRY)
 SWEEP_ROWS = Counter("jobq_reaper_rows_total", "Rows a reaper acted on.", ["action"],
                      registry=REGISTRY)
 LAST_SWEEP = Gauge("jobq_reaper_last_sweep_timestamp_seconds", "Unix time of the last "

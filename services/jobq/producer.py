@@ -21,14 +21,21 @@ from typing import Any
 import asyncpg
 
 from jobq import crash
-from jobq.app import QUEUE_NAME
+from jobq.app import check_queue_name
 from jobq.broker import Broker
 from jobq.db import open_pool, translated
-from jobq.errors import InvalidPayload, InvalidQueue
+from jobq.errors import InvalidPayload
+from jobq.queues import BY_COLUMN
+from jobq.relay import publish_and_mark
 from jobq.settings import Settings
 from jobq.sql import Q
 
 log = logging.getLogger("jobq.producer")
+
+MAX_DELAY_S = 365 * 86400.0
+# The highest max_payload_bytes a queue may have (schema/0003): larger is
+# refused here, before it is sent; the queue's own limit is checked in SQL.
+MAX_PAYLOAD_BYTES = int(BY_COLUMN["max_payload_bytes"].hi)
 
 
 @dataclass(frozen=True)
@@ -41,34 +48,24 @@ class NewJob:
 
 def validate(job: NewJob) -> str:
     """Check a job's queue name and payload; returns the payload as JSON text."""
-    if not isinstance(job.queue, str) or not QUEUE_NAME.match(job.queue):
-        raise InvalidQueue(
-            f"invalid queue name {job.queue!r}: use 1-100 letters, digits, _ . : - "
-            "(first a letter or digit)"
-        )
+    check_queue_name(job.queue)
+    delay = job.delay_s
+    # `not delay < MAX` is also true for NaN; a negative delay means "now".
+    if isinstance(delay, bool) or not isinstance(delay, int | float) or not delay < MAX_DELAY_S:
+        raise InvalidPayload(f"delay_s must be a finite number of seconds under a year, "
+                             f"got {delay!r}")
+    if job.idempotency_key is not None and len(job.idempotency_key.encode()) > 200:
+        raise InvalidPayload("idempotency key is over 200 bytes: use a short key "
+                             "(e.g. a hash of what makes the job unique)")
     try:
-        return json.dumps({} if job.payload is None else job.payload, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise InvalidPayload(f"payload is not JSON-serialisable: {exc}") from exc
-
-
-async def publish_and_mark(broker: Broker, pool: asyncpg.Pool,
-                           rows: Sequence[tuple[uuid.UUID, str, uuid.UUID | None]]) -> None:
-    """Publish committed rows' ids (id, queue, lock token of their queued
-    spell: NULL if never claimed), then mark the confirmed ones published.
-    Any failure leaves rows unmarked and the reaper's relay publishes them:
-    a crash between confirm and mark costs a duplicate message, never a job."""
-    if not rows:
-        return
-    try:
-        confirmed = await broker.publish([(i, q) for i, q, _ in rows])
-        locks = {i: lk for i, _, lk in rows}
-        with translated():
-            await pool.execute(Q["mark_published"], list(confirmed),
-                               [locks[i] for i in confirmed])
-    except Exception as exc:  # the rows are durable; the relay takes over
-        log.warning("could not publish %d id(s) now (%s); the reaper will publish them",
-                    len(rows), exc)
+        text = json.dumps({} if job.payload is None else job.payload, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidPayload(f"payload is not JSON-serialisable: {type(exc).__name__}: "
+                             f"{str(exc)[:200]}") from exc
+    if len(text) > MAX_PAYLOAD_BYTES:  # checked before it crosses the wire
+        raise InvalidPayload(f"payload is {len(text)} bytes, over the {MAX_PAYLOAD_BYTES} "
+                             "byte limit any queue can have; pass a reference instead")
+    return text
 
 
 class Client:

@@ -67,6 +67,14 @@ ORDER BY relay_after
 LIMIT $1
 FOR UPDATE SKIP LOCKED;
 
+-- name: relay_defer
+-- Rows the broker would not take now (their queue cannot be declared, or the
+-- publish failed): try them again later, so they never sit at the head of
+-- every relay batch and starve the other queues' rows.
+UPDATE jobq.job
+SET relay_after = now() + make_interval(secs => $2)
+WHERE id = ANY($1::uuid[]) AND status COLLATE "C" = 'queued' AND published_at IS NULL;
+
 -- name: relay_mark
 WITH marked AS (
     UPDATE jobq.job j SET published_at = now()
@@ -99,7 +107,8 @@ WITH todo AS (
         worker_id = $2,
         attempts = j.attempts + 1,
         lease_expires_at = now() + make_interval(secs => q.lease_s),
-        started_at = now()
+        started_at = now(),
+        isolated = false
     FROM todo, jobq.queue q
     WHERE j.id = todo.id
       AND q.name = j.queue
@@ -226,6 +235,7 @@ WITH released AS (
         run_at = now(),
         relay_after = now(),
         published_at = NULL,
+        isolated = false,
         handoffs = j.handoffs + CASE WHEN $4 THEN 1 ELSE 0 END
     FROM unnest($1::uuid[], $2::uuid[]) AS t(id, lock), jobq.queue q
     WHERE j.id = t.id
@@ -245,14 +255,23 @@ SELECT id, queue, lock FROM released;
 -- a row another reaper is handling is skipped, and a row it already requeued
 -- fails the re-checked status filter, so each lapsed lease is requeued once.
 --
--- Poison isolation: when the dead worker held several jobs, any of them may
--- be the cause. Such a job becomes a *suspect* (suspect_stalls + 1) and is
--- rerun alone. A job that lapses alone, or that was already a suspect, is
--- charged a real stall (stalls + 1): at once after the first, after a
--- doubling cool-down after the next; past max_stalls it fails as a job of
--- death. Limit: a frozen worker's leases lapse one by one (no session end
--- cuts them together), so its last lapsing job sees itself alone and is
--- charged; harmless with max_stalls >= 2.
+-- Who is charged for a dead worker (issue #12). A job is charged a stall
+-- (stalls + 1, failed as a job of death past max_stalls) only on evidence
+-- that it caused the crash:
+--   * it was the one suspect its worker ran isolated (isolated = true), or
+--   * it was the worker's only active job.
+-- Every other job of a worker that held an isolated suspect is a bystander:
+-- requeued at once, nothing charged. A worker that died holding several jobs
+-- and no isolated suspect died for a reason nobody can pin on one job (a
+-- deploy, an OOM kill of the pod, a lost node): each of its jobs is a
+-- witness, suspect_stalls + 1, and runs again at once, in parallel, wherever
+-- there is capacity. A job that witnessed a second crash becomes a suspect;
+-- workers run suspects one at a time, isolated, beside their other jobs, so
+-- the next crash it causes points at it alone. A poison job among healthy
+-- ones therefore costs them at most two shared re-runs and never a stall.
+-- Limit: a frozen (SIGSTOPped) worker's leases lapse by their own deadlines;
+-- jobs claimed at different times can lapse in different sweeps, and the
+-- last one then looks alone and is charged. Harmless with max_stalls >= 1.
 WITH lapsed AS (
     SELECT id, worker_id
     FROM jobq.job
@@ -261,48 +280,136 @@ WITH lapsed AS (
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 ), held AS (
-    SELECT worker_id, count(*) AS n
+    SELECT worker_id, count(*) AS n, count(*) FILTER (WHERE isolated) AS isolating
     FROM jobq.job
     WHERE status = 'active' AND worker_id IN (SELECT worker_id FROM lapsed)
     GROUP BY worker_id
 ), judged AS (
-    SELECT l.id, (j.suspect OR coalesce(h.n, 1) <= 1) AS own, coalesce(h.n, 1) AS held
+    SELECT l.id, coalesce(h.n, 1) AS held,
+           CASE WHEN j.isolated THEN 'own'
+                WHEN coalesce(h.isolating, 0) > 0 THEN 'bystander'
+                WHEN coalesce(h.n, 1) <= 1 THEN 'own'
+                ELSE 'witness' END AS verdict
     FROM lapsed l
     JOIN jobq.job j ON j.id = l.id
     LEFT JOIN held h ON h.worker_id = l.worker_id
 ), requeued AS (
     UPDATE jobq.job j
-    SET stalls = j.stalls + CASE WHEN d.own THEN 1 ELSE 0 END,
-        suspect_stalls = j.suspect_stalls + CASE WHEN d.own THEN 0 ELSE 1 END,
-        suspect = true,
-        status = CASE WHEN d.own AND j.stalls + 1 > q.max_stalls THEN 'failed' ELSE 'queued' END,
-        last_error = CASE WHEN d.own AND j.stalls + 1 > q.max_stalls
+    SET stalls = j.stalls + CASE WHEN d.verdict = 'own' THEN 1 ELSE 0 END,
+        suspect_stalls = j.suspect_stalls + CASE WHEN d.verdict = 'witness' THEN 1 ELSE 0 END,
+        suspect = j.suspect OR d.verdict = 'own'
+                  OR (d.verdict = 'witness' AND j.suspect_stalls + 1 >= 2),
+        isolated = false,
+        status = CASE WHEN d.verdict = 'own' AND j.stalls + 1 > q.max_stalls
+                      THEN 'failed' ELSE 'queued' END,
+        last_error = CASE WHEN d.verdict = 'own' AND j.stalls + 1 > q.max_stalls
             THEN format('job of death: its lease lapsed %s times (max_stalls=%s), '
                         'last held by worker %s', j.stalls + 1, q.max_stalls, j.worker_id)
             ELSE j.last_error END,
-        finished_at = CASE WHEN d.own AND j.stalls + 1 > q.max_stalls THEN now() ELSE NULL END,
+        finished_at = CASE WHEN d.verdict = 'own' AND j.stalls + 1 > q.max_stalls
+                           THEN now() ELSE NULL END,
         lease_expires_at = NULL,
-        run_at = now() + make_interval(secs => CASE WHEN NOT d.own OR j.stalls = 0 THEN 0
-            ELSE least(q.backoff_max_s, q.stall_cooldown_s * power(2, j.stalls - 1)) END),
-        relay_after = now() + make_interval(secs => CASE WHEN NOT d.own OR j.stalls = 0 THEN 0
-            ELSE least(q.backoff_max_s, q.stall_cooldown_s * power(2, j.stalls - 1)) END),
+        run_at = now() + make_interval(secs => CASE WHEN d.verdict <> 'own' OR j.stalls = 0
+            THEN 0 ELSE least(q.backoff_max_s, q.stall_cooldown_s * power(2, j.stalls - 1)) END),
+        relay_after = now() + make_interval(secs => CASE WHEN d.verdict <> 'own' OR j.stalls = 0
+            THEN 0 ELSE least(q.backoff_max_s, q.stall_cooldown_s * power(2, j.stalls - 1)) END),
         published_at = NULL
     FROM judged d, jobq.queue q
     WHERE j.id = d.id AND q.name = j.queue
-    RETURNING j.id, j.queue, j.status, j.stalls, j.suspect_stalls, j.worker_id, j.attempts,
-              j.last_error, d.own, d.held, q.history
+    RETURNING j.id, j.queue, j.status, j.stalls, j.suspect_stalls, j.suspect, j.worker_id,
+              j.attempts, j.last_error, d.verdict, d.held, q.history
 ), logged AS (
     INSERT INTO jobq.job_event (job_id, event, worker_id, attempt, detail)
     SELECT id, CASE WHEN status = 'failed' THEN 'failed' ELSE 'stalled' END, $2, attempts,
            CASE WHEN status = 'failed' THEN last_error
-                WHEN own THEN format('lease of worker %s lapsed (stall %s); requeued, '
-                                     'runs alone', worker_id, stalls)
-                ELSE format('lease of worker %s lapsed while it held %s jobs; requeued as '
-                            'a suspect, runs alone', worker_id, held)
+                WHEN verdict = 'own' THEN format('lease of worker %s lapsed (stall %s); '
+                                                 'requeued', worker_id, stalls)
+                WHEN verdict = 'bystander' THEN format('lease of worker %s lapsed while it '
+                    'isolated another (suspect) job; requeued, not charged', worker_id)
+                ELSE format('lease of worker %s lapsed while it held %s jobs; requeued, not '
+                            'charged (crashes witnessed: %s%s)', worker_id, held,
+                            suspect_stalls, CASE WHEN suspect THEN ', now a suspect: runs '
+                                                 'isolated' ELSE '' END)
            END
     FROM requeued WHERE history
 )
-SELECT id, queue, status, stalls, suspect_stalls, own, worker_id FROM requeued;
+SELECT id, queue, status, stalls, suspect_stalls, verdict, worker_id FROM requeued;
+
+-- name: isolate
+-- A worker starts a suspect's isolated run: from now until the run ends, if
+-- the worker dies, this job alone is charged (requeue_lapsed). Fenced like
+-- every worker write; zero rows means the lease is lost.
+WITH marked AS (
+    UPDATE jobq.job j
+    SET isolated = true
+    FROM jobq.queue q
+    WHERE j.id = $1
+      AND j.lock = $2
+      AND j.status COLLATE "C" = 'active'
+      AND j.lease_expires_at > now()
+      AND q.name = j.queue
+    RETURNING j.id, j.worker_id, j.attempts, q.history
+), logged AS (
+    INSERT INTO jobq.job_event (job_id, event, worker_id, attempt, detail)
+    SELECT id, 'isolated', worker_id, attempts,
+           'suspect (present at two crashes): runs isolated, one suspect per worker'
+    FROM marked WHERE history
+)
+SELECT id FROM marked;
+
+-- name: child_died
+-- --pool process: the child process running this job died (killed, OOM,
+-- segfault, os._exit). The parent knows exactly which job it ran, so this is
+-- the evidence requeue_lapsed can only guess at: the job is charged one
+-- stall and put back in line at once (after the stall cool-down, as a lapse
+-- would be), or failed as a job of death past max_stalls. No lease wait.
+WITH died AS (
+    UPDATE jobq.job j
+    SET stalls = j.stalls + 1,
+        suspect = true,
+        isolated = false,
+        status = CASE WHEN j.stalls + 1 > q.max_stalls THEN 'failed' ELSE 'queued' END,
+        last_error = CASE WHEN j.stalls + 1 > q.max_stalls
+            THEN format('job of death: its handler''s process died %s times (max_stalls=%s): %s',
+                        j.stalls + 1, q.max_stalls, $3::text)
+            ELSE $3::text END,
+        finished_at = CASE WHEN j.stalls + 1 > q.max_stalls THEN now() ELSE NULL END,
+        lease_expires_at = NULL,
+        run_at = now() + make_interval(secs => CASE WHEN j.stalls = 0 THEN 0
+            ELSE least(q.backoff_max_s, q.stall_cooldown_s * power(2, j.stalls - 1)) END),
+        relay_after = now() + make_interval(secs => CASE WHEN j.stalls = 0 THEN 0
+            ELSE least(q.backoff_max_s, q.stall_cooldown_s * power(2, j.stalls - 1)) END),
+        published_at = NULL
+    FROM jobq.queue q
+    WHERE j.id = $1
+      AND j.lock = $2
+      AND j.status COLLATE "C" = 'active'
+      AND j.lease_expires_at > now()
+      AND q.name = j.queue
+    RETURNING j.id, j.queue, j.lock, j.status, j.stalls, j.worker_id, j.attempts,
+              j.last_error, j.run_at <= now() AS due, q.history
+), logged AS (
+    INSERT INTO jobq.job_event (job_id, event, worker_id, attempt, detail)
+    SELECT id, CASE WHEN status = 'failed' THEN 'failed' ELSE 'child_died' END, worker_id,
+           attempts, last_error
+    FROM died WHERE history
+)
+SELECT id, queue, lock, status, stalls, due FROM died;
+
+-- name: quarantine
+-- A claim that fails on the job's own data (not on the database being
+-- away), found by claiming the batch's ids one at a time: that job is
+-- failed with the reason and never blocks the rest of intake again.
+WITH bad AS (
+    UPDATE jobq.job j
+    SET status = 'failed', last_error = $2, finished_at = now(), lease_expires_at = NULL
+    WHERE j.id = $1 AND j.status COLLATE "C" = 'queued'
+    RETURNING j.id
+), logged AS (
+    INSERT INTO jobq.job_event (job_id, event, detail)
+    SELECT id, 'failed', $2 FROM bad
+)
+SELECT id FROM bad;
 
 -- name: lost_candidates
 -- Queues holding due rows that were published a while ago and are still
@@ -463,7 +570,19 @@ INSERT INTO jobq.reaper (reaper_id, host, pid) VALUES ($1, $2, $3)
 ON CONFLICT (reaper_id) DO NOTHING;
 
 -- name: reaper_swept
-UPDATE jobq.reaper SET last_sweep_at = now(), sweeps = sweeps + $2 WHERE reaper_id = $1;
+UPDATE jobq.reaper
+SET last_sweep_at = now(), sweeps = sweeps + $2, last_error = NULL, failing_since = NULL
+WHERE reaper_id = $1;
+
+-- name: reaper_failed
+-- Best effort (the database may be what fails): shown in jobq.reaper_status.
+UPDATE jobq.reaper
+SET last_error = $2, failing_since = coalesce(failing_since, now())
+WHERE reaper_id = $1;
+
+-- name: reaper_gone
+-- A reaper that stops cleanly leaves the status view.
+DELETE FROM jobq.reaper WHERE reaper_id = $1;
 
 -- name: overdue
 SELECT overdue_leases, oldest_overdue_s FROM jobq.overdue;
@@ -475,26 +594,30 @@ INSERT INTO jobq.queue (name) VALUES ($1) ON CONFLICT (name) DO NOTHING;
 
 -- name: queue_list
 SELECT name, lease_s, max_stalls, max_attempts, timeout_s, backoff_base_s,
-       backoff_max_s, stall_cooldown_s, max_payload_bytes, history
+       backoff_max_s, stall_cooldown_s, max_payload_bytes, vanished_grace_s, history
 FROM jobq.queue
 ORDER BY name;
 
 -- name: queue_update
--- NULL leaves a setting as it is; timeout_s = 0 removes the timeout.
+-- $2: a JSON object of the settings to change (services/jobq/queues.py lists
+-- them, with their bounds); a setting not in it stays as it is, and
+-- timeout_s = 0 removes the timeout.
 UPDATE jobq.queue
-SET lease_s = coalesce($2, lease_s),
-    max_stalls = coalesce($3, max_stalls),
-    max_attempts = coalesce($4, max_attempts),
-    timeout_s = CASE WHEN $5::float8 IS NULL THEN timeout_s
-                     WHEN $5::float8 = 0 THEN NULL ELSE $5::float8 END,
-    backoff_base_s = coalesce($6, backoff_base_s),
-    backoff_max_s = coalesce($7, backoff_max_s),
-    stall_cooldown_s = coalesce($8, stall_cooldown_s),
-    max_payload_bytes = coalesce($9, max_payload_bytes),
-    history = coalesce($10, history)
+SET lease_s = coalesce(($2::jsonb->>'lease_s')::float8, lease_s),
+    max_stalls = coalesce(($2::jsonb->>'max_stalls')::int, max_stalls),
+    max_attempts = coalesce(($2::jsonb->>'max_attempts')::int, max_attempts),
+    timeout_s = CASE WHEN NOT $2::jsonb ? 'timeout_s' THEN timeout_s
+                     WHEN ($2::jsonb->>'timeout_s')::float8 = 0 THEN NULL
+                     ELSE ($2::jsonb->>'timeout_s')::float8 END,
+    backoff_base_s = coalesce(($2::jsonb->>'backoff_base_s')::float8, backoff_base_s),
+    backoff_max_s = coalesce(($2::jsonb->>'backoff_max_s')::float8, backoff_max_s),
+    stall_cooldown_s = coalesce(($2::jsonb->>'stall_cooldown_s')::float8, stall_cooldown_s),
+    max_payload_bytes = coalesce(($2::jsonb->>'max_payload_bytes')::int, max_payload_bytes),
+    vanished_grace_s = coalesce(($2::jsonb->>'vanished_grace_s')::float8, vanished_grace_s),
+    history = coalesce(($2::jsonb->>'history')::bool, history)
 WHERE name = $1
 RETURNING name, lease_s, max_stalls, max_attempts, timeout_s, backoff_base_s,
-          backoff_max_s, stall_cooldown_s, max_payload_bytes, history;
+          backoff_max_s, stall_cooldown_s, max_payload_bytes, vanished_grace_s, history;
 
 -- ───────────────────────────── inspect ─────────────────────────────
 

@@ -40,9 +40,10 @@ import asyncpg
 
 from jobq import crash, lease, metrics
 from jobq.broker import Broker
-from jobq.db import open_pool, transaction, translated
+from jobq.db import execute, open_pool, translated
 from jobq.errors import UnavailableError
 from jobq.logs import fields
+from jobq.relay import relay_due
 from jobq.service import (
     database_answers,
     install_stop_signals,
@@ -56,6 +57,12 @@ from jobq.sql import Q
 log = logging.getLogger("jobq.reaper")
 
 IDLE_IN_TX_S = 5.0
+FAILING_AFTER = 3  # sweeps failed in a row before /readyz says not ready
+
+# requeue_lapsed's verdicts, for the log line (the rule is in queries.sql).
+_VERDICT = {"own": "charged a stall: it ran alone or isolated",
+            "witness": "not charged: its worker died holding several jobs",
+            "bystander": "not charged: its worker was isolating another job"}
 
 
 @dataclass
@@ -79,6 +86,7 @@ class Reaper:
         self._listener: asyncpg.Connection | None = None
         self.sweeps = 0
         self.last_sweep_at: float | None = None
+        self.failures = 0  # sweeps failed in a row
         self.reaper_id = f"reaper-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._registered = False
 
@@ -91,6 +99,11 @@ class Reaper:
     async def close(self) -> None:
         if self._listener is not None and not self._listener.is_closed():
             await self._listener.close()
+        if self.pool is not None and self._registered:
+            try:  # a clean stop leaves jobq.reaper_status (no stale-sweep alert)
+                await execute(self.pool, Q["reaper_gone"], self.reaper_id)
+            except Exception as exc:
+                log.debug("reaper_gone: %r", exc)
         await self.broker.close()
         if self.pool is not None:
             await self.pool.close()
@@ -122,7 +135,7 @@ class Reaper:
                 else:
                     metrics.JOBS_STALLED.labels(r["queue"]).inc()
                     sweep.requeued.append(str(r["id"]))
-                    log.info("lease lapsed; requeued%s", "" if r["own"] else " as a suspect",
+                    log.info("lease lapsed; requeued (%s)", _VERDICT[r["verdict"]],
                              extra=fields(event="stalled", job=r["id"], queue=r["queue"],
                                           worker=r["worker_id"], stalls=r["stalls"],
                                           suspect_stalls=r["suspect_stalls"]))
@@ -163,19 +176,7 @@ class Reaper:
     async def relay(self) -> int:
         """Publish due rows nobody is known to have published; returns how many."""
         assert self.pool is not None
-        total = 0
-        while True:
-            async with transaction(self.pool) as conn:
-                rows = await conn.fetch(Q["relay_take"], self.cfg.batch_size)
-                if not rows:
-                    return total
-                confirmed = await self.broker.publish([(r["id"], r["queue"]) for r in rows])
-                crash.point("reaper.mid_relay")
-                await conn.execute(Q["relay_mark"], list(confirmed))
-            total += len(confirmed)
-            log.debug("relayed %d id(s)", len(confirmed))
-            if len(rows) < self.cfg.batch_size or len(confirmed) < len(rows):
-                return total
+        return await relay_due(self.broker, self.pool, self.cfg.batch_size)
 
     async def check_lost(self) -> int:
         """Republish rows whose messages the broker lost; returns how many."""
@@ -226,7 +227,21 @@ class Reaper:
             log.debug("LISTEN unavailable: %r", exc)
 
     async def _readiness(self) -> dict[str, bool]:
-        return {"database": await database_answers(self.pool), "broker": self.broker.connected}
+        # Not ready while sweeps keep failing: a reaper that cannot requeue
+        # or relay must not look healthy (issue #13).
+        return {"database": await database_answers(self.pool), "broker": self.broker.connected,
+                "sweeping": self.failures < FAILING_AFTER}
+
+    async def _sweep_failed(self, exc: BaseException) -> None:
+        self.failures += 1
+        metrics.SWEEP_FAILURES.inc()
+        if self.pool is None or not self._registered:
+            return
+        try:
+            await execute(self.pool, Q["reaper_failed"], self.reaper_id,
+                          f"{type(exc).__name__}: {exc}"[:1000])
+        except Exception:  # the database may be what fails
+            pass
 
     async def run(self) -> None:
         install_stop_signals(self.request_stop)
@@ -259,12 +274,14 @@ class Reaper:
                              len(sweep.requeued), len(sweep.failed), sweep.published,
                              sweep.duration_s)
                 sleep_s = await self._seconds_to_next()
-                backoff = 0.5
+                backoff, self.failures = 0.5, 0
             except UnavailableError as exc:
                 log.warning("sweep failed: %s; retrying in %.1fs", exc, backoff)
+                await self._sweep_failed(exc)
                 sleep_s, backoff = backoff, min(backoff * 2, 5.0)
-            except Exception:
+            except Exception as exc:
                 log.exception("sweep failed unexpectedly; retrying in %.1fs", backoff)
+                await self._sweep_failed(exc)
                 sleep_s, backoff = backoff, min(backoff * 2, 5.0)
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=sleep_s)

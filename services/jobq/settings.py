@@ -11,10 +11,32 @@ is *not* here: it lives in the ``jobq.queue`` table so every process agrees.
 
 from __future__ import annotations
 
+import difflib
+import os
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# JOBQ_ variables that are not settings: test and demo harnesses read them.
+_NOT_SETTINGS = ("JOBQ_TEST_", "JOBQ_DEMO_")
+
+
+def _redacted(url: str) -> str:
+    """A URL as it may appear in an error: no password."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return parts._replace(netloc=netloc).geturl()
+
+
+def _check_port(url: str, what: str) -> None:
+    try:
+        urlsplit(url).port  # noqa: B018 - raises for "notaport" and 99999
+    except ValueError:
+        raise ValueError(f"{what} has a bad port (0-65535): {_redacted(url)}") from None
 
 
 class ConsumerSettings(BaseModel):
@@ -33,6 +55,19 @@ class ConsumerSettings(BaseModel):
     shutdown_grace_s: float = Field(default=25.0, ge=0)
     # Threads for synchronous handlers (default: concurrency).
     sync_threads: int | None = Field(default=None, ge=1)
+    # Where sync handlers run: "thread" (a thread pool; the default) or
+    # "process" (pre-started child processes, one job each at a time: a
+    # child's death is charged to its job alone, lease loss and timeouts stop
+    # the handler, CPU-bound handlers use every core).
+    pool: Literal["thread", "process"] = "thread"
+    # Recycle a child after this many jobs, or once its RSS is over this
+    # (checked after each job), as Celery's max_tasks_per_child and
+    # max_memory_per_child do. Unset: never.
+    max_jobs_per_child: int | None = Field(default=None, ge=1)
+    max_memory_per_child_mb: float | None = Field(default=None, gt=0)
+    # A child told to stop (lease lost, timeout, shutdown) gets SIGTERM, then
+    # SIGKILL after this long.
+    child_kill_grace_s: float = Field(default=2.0, ge=0, le=60)
 
 
 class ReaperSettings(BaseModel):
@@ -90,22 +125,47 @@ class Settings(BaseSettings):
     reaper: ReaperSettings = ReaperSettings()
     producer: ProducerSettings = ProducerSettings()
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_unknown_variables(cls, data: Any) -> Any:
+        """A typo (JOBQ_DATABSE_URL) must not silently fall back to a default."""
+        known = {f"JOBQ_{name.upper()}" for name in cls.model_fields}
+        for section in ("consumer", "reaper", "producer"):
+            model = cls.model_fields[section].annotation
+            known |= {f"JOBQ_{section.upper()}__{n.upper()}"
+                      for n in getattr(model, "model_fields", {})}
+        for var in os.environ:
+            up = var.upper()
+            if up.startswith("JOBQ_") and up not in known and not up.startswith(_NOT_SETTINGS):
+                near = difflib.get_close_matches(up, sorted(known), n=1)
+                hint = f"; did you mean {near[0]}?" if near else ""
+                raise ValueError(f"unknown setting {var}{hint}")
+        return data
+
     @field_validator("database_url")
     @classmethod
     def _check_database_url(cls, v: str) -> str:
         if urlsplit(v).scheme not in ("postgres", "postgresql"):
-            raise ValueError(
-                f"JOBQ_DATABASE_URL must look like postgresql://user@host:5432/db, got {v!r}"
-            )
+            raise ValueError("JOBQ_DATABASE_URL must look like postgresql://user@host:5432/db, "
+                             f"got {_redacted(v)!r}")
+        _check_port(v, "JOBQ_DATABASE_URL")
         return v
 
     @field_validator("amqp_url")
     @classmethod
     def _check_amqp_url(cls, v: str) -> str:
         if urlsplit(v).scheme not in ("amqp", "amqps"):
-            raise ValueError(
-                f"JOBQ_AMQP_URL must look like amqp://user:pass@host:5672/vhost, got {v!r}"
-            )
+            raise ValueError("JOBQ_AMQP_URL must look like amqp://user:pass@host:5672/vhost, "
+                             f"got {_redacted(v)!r}")
+        _check_port(v, "JOBQ_AMQP_URL")
+        return v
+
+    @field_validator("namespace")
+    @classmethod
+    def _check_namespace(cls, v: str) -> str:
+        if v == "amq" or v.startswith("amq."):
+            raise ValueError("JOBQ_NAMESPACE may not be amq or start with amq. "
+                             "(RabbitMQ reserves those names)")
         return v
 
     @field_validator("log_level")

@@ -66,35 +66,6 @@ def test_a_live_worker_that_loses_its_session_is_not_blamed(db, procs, settings)
     assert db.val("SELECT vanished_at FROM jobq.worker WHERE worker_id = $1", a_id) is None
 
 
-def test_poison_job_among_healthy_ones_fails_alone(db, procs, settings, report):
-    """One job crashes a consumer running 8 at once: the 7 healthy ones are
-    suspects, rerun alone, and complete; the poison fails after max_stalls."""
-    set_queue(db, "work", lease_s=LONG_LEASE_S, vanished_grace_s=1, max_stalls=2,
-              stall_cooldown_s=0.1)
-    procs.reaper()
-    first = procs.consumer("--concurrency", "8")
-    first.worker_id()
-    healthy = publish(settings, "work", [{"sleep_first": 2} for _ in range(7)])
-    wait_until(lambda: db.val("SELECT count(*) FROM test_run") == 7, 10, "7 healthy running")
-    (poison,) = publish(settings, "work", [{"kill_on_attempt": 99}])
-    fleet = [first]
-    deadline = time.monotonic() + 60
-    while job(db, poison)["status"] != "failed" or lost_and_duplicates(db, healthy)[0]:
-        assert time.monotonic() < deadline, dict(job(db, poison))
-        fleet = [c for c in fleet if c.alive()]
-        while len(fleet) < 2:  # an orchestrator restarts what died
-            fleet.append(procs.consumer("--concurrency", "8"))
-        time.sleep(0.05)
-    row = job(db, poison)
-    assert row["stalls"] == 3 and "job of death" in row["last_error"]
-    for jid in healthy:
-        h = job(db, jid)
-        assert h["status"] == "completed" and h["stalls"] == 0, dict(h)
-        assert h["suspect_stalls"] <= 1
-    lost, dups = lost_and_duplicates(db, healthy)
-    report("poison among 7 healthy (concurrency 8)", 8, lost, dups)
-
-
 def test_sigstop_falls_back_to_the_lease(db, procs, settings, report):
     set_queue(db, "work", lease_s=2, vanished_grace_s=2)
     procs.reaper()

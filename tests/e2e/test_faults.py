@@ -155,10 +155,10 @@ def test_poison_job_kills_its_worker_until_it_fails_alone(db, procs, settings, r
         time.sleep(0.05)
     row = job(db, poison)
     assert row["stalls"] == 3 and "job of death" in row["last_error"]
-    # The first crash may be shared with healthy jobs (a suspect stall, not
-    # charged); every later run is alone and charged.
+    # Up to two crashes may be shared with healthy jobs (witnessed, not
+    # charged); after that it runs isolated, and every crash is charged.
     assert len(runs(db, poison)) == row["stalls"] + row["suspect_stalls"]
-    assert row["suspect_stalls"] <= 1
+    assert row["suspect_stalls"] <= 2
     lost, dups = lost_and_duplicates(db, healthy)
     report("poison job (kills its worker)", 21, lost, dups)
 

@@ -56,7 +56,8 @@ def test_stalled_job_is_visible_before_the_reaper_and_its_history_says_why_it_ra
         ("enqueued", None), ("claimed", a_id),
         ("worker_vanished", a_id),  # A's session ended: lease cut to the grace
         ("stalled", story[3][1]),
-        ("claimed", b_id), ("completed", b_id)]
+        # it died alone, so it is now a suspect: B runs it isolated
+        ("claimed", b_id), ("isolated", b_id), ("completed", b_id)]
     assert story[3][1].startswith("reaper-")
     full = [e for e, _ in events(db, jid)]
     assert "published" in full[full.index("stalled"):]  # republished by the relay
@@ -137,7 +138,7 @@ def test_history_can_be_switched_off_per_queue(db, procs, settings, env):
     assert c.returncode == 2  # the test app has no 'quiet' handler: refused, not run
     (jid,) = publish(settings, "quiet", [{}])
     assert db.val("SELECT count(*) FROM jobq.job_event WHERE job_id = $1", jid) == 0
-    assert run_cli(env, "queue", "set", "quiet", "--history", "maybe").returncode == 2
+    assert run_cli(env, "queue", "set", "quiet", "--history", "maybe").returncode == 1
 
 
 def test_json_logs_carry_job_queue_attempt_and_worker(db, procs, settings):

@@ -14,11 +14,11 @@ import aio_pika
 import asyncpg
 import pytest
 
-from jobq.consumer import Consumer
 from jobq.errors import ConfigError
 from jobq.producer import Client, NewJob
 from jobq.reaper import Reaper
 from jobq.settings import Settings
+from jobq.worker.consumer import Consumer
 from tests import apps
 
 
@@ -79,7 +79,7 @@ def scenario(settings: Settings, body: Callable[[World], Awaitable[None]],
         reaper = Reaper(settings)
         consumer_task = asyncio.create_task(consumer.run())
         reaper_task = asyncio.create_task(reaper.run())
-        await asyncio.wait_for(consumer._ready.wait(), 15)
+        await asyncio.wait_for(consumer.ready.wait(), 15)
         client = Client(settings)
         await client.connect()
         try:

@@ -161,10 +161,11 @@ def test_concurrent_reapers_requeue_each_lapsed_lease_once(db_url: str) -> None:
         results = await asyncio.gather(reaper(), reaper(), reaper())
         requeued = [r["id"] for rs in results for r in rs]
         assert sorted(requeued) == sorted(ids)  # every one, exactly once
-        # one worker held all 200: each is a suspect, none is charged a real stall
+        # one worker held all 200: each witnessed one crash, none is charged,
+        # none is a suspect yet (that takes a second crash)
         row = await pool.fetchrow("SELECT min(suspect_stalls) AS lo, max(suspect_stalls) AS hi,"
-                                  " max(stalls) AS stalls, bool_and(suspect) AS s FROM jobq.job")
-        assert (row["lo"], row["hi"], row["stalls"], row["s"]) == (1, 1, 0, True)
+                                  " max(stalls) AS stalls, bool_or(suspect) AS s FROM jobq.job")
+        assert (row["lo"], row["hi"], row["stalls"], row["s"]) == (1, 1, 0, False)
 
     run(db_url, body)
 
@@ -215,30 +216,5 @@ def test_publish_mark_only_hits_the_spell_it_published(db_url: str) -> None:
         assert (await status(pool, jid))["published_at"] is None
         await pool.execute(Q["mark_published"], [jid], [mine.lock])
         assert (await status(pool, jid))["published_at"] is not None
-
-    run(db_url, body)
-
-
-def test_suspects_are_charged_only_when_alone_or_again(db_url: str) -> None:
-    async def body(pool: asyncpg.Pool) -> None:
-        a, b, c = (
-            await new_job(pool), await new_job(pool), await new_job(pool))
-        for jid in (a, b, c):
-            await claim(pool, jid, "crashy")
-        await pool.execute("UPDATE jobq.job SET lease_expires_at = now() - interval '1 s'")
-        rows = {r["id"]: r for r in await lease.requeue_lapsed(pool, 10, "r")}
-        assert all(not r["own"] and r["stalls"] == 0 for r in rows.values())
-        # rerun alone: b completes; a crashes again (alone) and is charged
-        mine = await claim(pool, b, "w2")
-        assert mine is not None and await lease.complete(pool, [mine]) == [True]
-        await claim(pool, a, "w3")
-        await lapse(pool, a)
-        (r,) = await lease.requeue_lapsed(pool, 10, "r")
-        assert r["own"] and r["stalls"] == 1 and r["suspect_stalls"] == 1
-        # a handler error clears the suspicion: it ran and returned
-        again = await claim(pool, c, "w4")
-        assert again is not None
-        await lease.fail(pool, [Failure(again, "x", True, 0.0)])
-        assert (await status(pool, c))["suspect"] is False
 
     run(db_url, body)

@@ -38,6 +38,9 @@ BY_ID: dict[str, Any] = {
     "job_get": lambda ids: (ids[0],),
     "relay_mark": lambda ids: (ids,),
     "lease_lost_event": lambda ids: (ids[0], "w", 1, "why"),
+    "isolate": lambda ids: (ids[0], ids[0]),
+    "child_died": lambda ids: (ids[0], ids[0], "why"),
+    "quarantine": lambda ids: (ids[0], "why"),
 }
 ALLOWED_INDEXES = {"job_pkey", "queue_pkey", "worker_pkey", "job_event_pkey"}
 

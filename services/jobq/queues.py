@@ -1,0 +1,96 @@
+"""Per-queue settings, stated once: column, CLI flag, type, finite bounds,
+default and meaning. The ``jobq queue set`` flags are built from this list,
+values are checked against it before they reach the database, and tests hold
+the schema's columns and CHECK bounds, ``queue_update`` in ``queries.sql``
+and the README's table to it. The bounds are also CHECK constraints in
+``schema/0003_bounded_queues.sql``: NaN, Infinity and absurd values never
+reach a claim, where they made every claim of the queue fail."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Setting:
+    column: str
+    flag: str
+    kind: type
+    lo: float
+    hi: float
+    default: Any
+    help: str
+    lo_open: bool = False  # lo itself is not allowed
+    zero_is_none: bool = False  # 0 on the CLI means "no value" (timeout_s)
+
+    def parse(self, text: str) -> Any:
+        """A CLI value, checked; raises ArgumentTypeError with one line."""
+        if self.kind is bool:
+            low = text.lower()
+            if low in ("on", "true", "yes", "1"):
+                return True
+            if low in ("off", "false", "no", "0"):
+                return False
+            raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
+        try:
+            value = int(text) if self.kind is int else float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected {'a whole number' if self.kind is int else 'a number'}, "
+                f"got {text!r}") from None
+        if self.zero_is_none and value == 0:
+            return 0
+        if not math.isfinite(value) or value > self.hi or value < self.lo or (
+                self.lo_open and value == self.lo):
+            low = f"over {_num(self.lo)}" if self.lo_open else f"at least {_num(self.lo)}"
+            raise argparse.ArgumentTypeError(
+                f"must be {low} and at most {_num(self.hi)}, got {text}")
+        return value
+
+
+def _num(x: float) -> str:
+    return f"{int(x):,}" if x == int(x) else f"{x:g}"
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("lease_s", "--lease-seconds", float, 0.5, 86400, 30.0,
+            "lease length; renewed every third of it"),
+    Setting("max_stalls", "--max-stalls", int, 0, 10000, 3,
+            "crashes charged to a job before it fails as a job of death"),
+    Setting("max_attempts", "--max-attempts", int, 1, 10000, 5,
+            "handler runs before a failing job is failed"),
+    Setting("timeout_s", "--timeout-seconds", float, 0, 604800, None,
+            "stop a handler that runs longer (0 = no timeout)", lo_open=True, zero_is_none=True),
+    Setting("backoff_base_s", "--backoff-seconds", float, 0, 86400, 1.0,
+            "first retry delay; doubles each attempt"),
+    Setting("backoff_max_s", "--backoff-max-seconds", float, 0, 2592000, 300.0,
+            "cap of retry delay and stall cool-down"),
+    Setting("stall_cooldown_s", "--stall-cooldown-seconds", float, 0, 86400, 5.0,
+            "wait before rerunning a job charged a 2nd, 3rd... stall; doubles each time"),
+    Setting("max_payload_bytes", "--max-payload-bytes", int, 1, 104857600, 1048576,
+            "largest payload accepted at enqueue"),
+    Setting("vanished_grace_s", "--vanished-grace-seconds", float, 0, 3600, 2.0,
+            "how short a reaper cuts the leases of a worker whose session ended",
+            lo_open=True),
+    Setting("history", "--history", bool, 0, 1, True,
+            "on/off: record every transition in jobq.job_event"),
+)
+
+BY_COLUMN = {s.column: s for s in SETTINGS}
+
+
+def changes(values: dict[str, Any]) -> str:
+    """The settings to change, as the JSON object ``queue_update`` takes
+    (only the given ones; timeout_s = 0 removes the timeout)."""
+    out = {}
+    for column, value in values.items():
+        if value is None:
+            continue
+        if column not in BY_COLUMN:
+            raise KeyError(column)
+        out[column] = value
+    return json.dumps(out)

@@ -1,0 +1,78 @@
+"""Publishing ids of committed rows, and the one writer of ``published_at``.
+
+Two ways an id reaches the broker, both here:
+
+- :func:`publish_and_mark`, on the caller's path (producer right after its
+  commit, a consumer releasing jobs, a child death requeued): publish, then
+  mark the confirmed rows published. Any failure leaves rows unmarked and
+  :func:`relay_due` publishes them later: a crash between confirm and mark
+  costs a duplicate message (consumers drop it), never a job.
+- :func:`relay_due`, the reapers' relay: rows nobody is known to have
+  published, taken ``FOR UPDATE SKIP LOCKED`` inside a transaction that
+  stays open until the broker confirmed, so two reapers never publish the
+  same row at once and a consumer that gets the id early waits for the row
+  lock instead of missing the row.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Sequence
+
+import asyncpg
+
+from jobq import crash
+from jobq.broker import Broker
+from jobq.db import execute, transaction
+from jobq.sql import Q
+
+log = logging.getLogger("jobq.relay")
+
+RETRY_LATER_S = 5.0  # a row the broker would not take is tried again after this
+
+
+async def publish_and_mark(broker: Broker, pool: asyncpg.Pool,
+                           rows: Sequence[tuple[uuid.UUID, str, uuid.UUID | None]]) -> int:
+    """Publish committed rows' ids (id, queue, lock token of their queued
+    spell: NULL if never claimed), then mark the confirmed ones; returns how
+    many the broker confirmed. Never raises: the relay is the fallback."""
+    if not rows:
+        return 0
+    try:
+        confirmed = await broker.publish([(i, q) for i, q, _ in rows])
+    except Exception as exc:
+        log.warning("could not publish %d id(s) now (%s); the reaper will publish them",
+                    len(rows), exc)
+        return 0
+    locks = {i: lk for i, _, lk in rows}
+    try:
+        await execute(pool, Q["mark_published"], list(confirmed), [locks[i] for i in confirmed])
+    except Exception as exc:
+        # The messages are out; only the mark is missing. The relay will
+        # publish these ids once more, and consumers drop the duplicate.
+        log.warning("published %d id(s), but could not mark them published (%s); the reaper "
+                    "will publish them again (a harmless duplicate)", len(confirmed), exc)
+    return len(confirmed)
+
+
+async def relay_due(broker: Broker, pool: asyncpg.Pool, batch_size: int) -> int:
+    """Publish due rows nobody is known to have published; returns how many."""
+    total = 0
+    while True:
+        async with transaction(pool) as conn:
+            rows = await conn.fetch(Q["relay_take"], batch_size)
+            if not rows:
+                return total
+            # Raises if nothing could be sent at all (the broker is away): the
+            # transaction rolls back and the next sweep tries again.
+            confirmed = await broker.publish([(r["id"], r["queue"]) for r in rows])
+            crash.point("reaper.mid_relay")
+            await conn.execute(Q["relay_mark"], list(confirmed))
+            missed = [r["id"] for r in rows if r["id"] not in confirmed]
+            if missed:
+                await conn.execute(Q["relay_defer"], missed, RETRY_LATER_S)
+        total += len(confirmed)
+        log.debug("relayed %d id(s)", len(confirmed))
+        if len(rows) < batch_size or missed:
+            return total

@@ -1,0 +1,183 @@
+"""The end of every run: complete, fail (the handler's error mapped to a
+retry or a final failure), release, or charge a child's death.
+
+Every final write is fenced by the lease token and idempotent, so it is
+retried on *any* error — a dropped connection, a driver's internal error,
+a bug — until it succeeds, the lease is provably lost (the write matched no
+row: :meth:`Heartbeat.lose`), or the lease is no longer trusted. The
+heartbeat keeps renewing the lease meanwhile, so a job is never left to wait
+a whole lease, and charged a stall, because jobq's own write failed
+(issue #19). Completions of concurrent jobs share one statement
+(:class:`~jobq.batch.Coalescer`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import asyncpg
+from pydantic import ValidationError
+
+from jobq import lease
+from jobq.batch import Coalescer
+from jobq.broker import Broker
+from jobq.db import is_transient
+from jobq.errors import Fail, LeaseLost, Retry
+from jobq.lease import Failure, Lease
+from jobq.logs import fields, printable
+from jobq.relay import publish_and_mark
+from jobq.worker.heartbeat import Heartbeat
+from jobq.worker.run import Run
+from jobq.worker.tally import Tally
+
+log = logging.getLogger("jobq.consumer")
+
+T = TypeVar("T")
+_GIVE_UP = object()
+
+
+class PayloadUndecodable(Exception):
+    """The stored payload cannot be decoded (too deep, a huge number): it never will be."""
+
+
+def failure_for(run: Run, exc: BaseException) -> Failure | None:
+    """What a handler's exception means for the job; None: the lease is lost."""
+    le, queue = run.lease, run.job.queue
+    if isinstance(exc, Retry):
+        return Failure(le, f"Retry: {printable(str(exc))}", True, exc.delay_s)
+    if isinstance(exc, Fail):
+        return Failure(le, f"Fail: {printable(str(exc))}", False)
+    if isinstance(exc, PayloadUndecodable):
+        return Failure(le, f"payload cannot be decoded: {printable(str(exc))}", False)
+    if isinstance(exc, ValidationError):
+        first = exc.errors()[0]
+        where = ".".join(map(str, first["loc"])) or "payload"
+        return Failure(le, f"payload failed validation for queue {queue}: "
+                           f"{exc.error_count()} error(s): {first['msg']} at {where}", False)
+    if isinstance(exc, LeaseLost):
+        return None
+    name = type(exc).__name__
+    text = printable(str(exc))
+    return Failure(le, f"{name}: {text}" if text else name, True)
+
+
+class Completer:
+    def __init__(self, pool: asyncpg.Pool, broker: Broker, heartbeat: Heartbeat, tally: Tally,
+                 worker_id: str) -> None:
+        self.pool = pool
+        self.broker = broker
+        self.heartbeat = heartbeat
+        self.tally = tally
+        self.worker_id = worker_id
+        self._completions: Coalescer[Lease, bool] = Coalescer(self._complete_batch)
+
+    async def _complete_batch(self, leases: list[Lease]) -> list[bool]:
+        return await lease.complete(self.pool, leases)
+
+    async def fenced(self, run: Run, what: str, op: Callable[[], Awaitable[T]]) -> Any:
+        """Run a fenced write until it answers; ``_GIVE_UP`` if the lease ran
+        out of trust first (then the reaper recovers the job)."""
+        loop = asyncio.get_running_loop()
+        delay, reported = 0.05, False
+        while True:
+            try:
+                return await op()
+            except Exception as exc:
+                if not is_transient(exc) and not reported:
+                    reported = True  # a bug or the unexpected: say it once, keep trying
+                    log.error("%s of job %s raised; retrying", what, run.job.id, exc_info=exc)
+                if loop.time() + delay >= run.lease.trusted_until:
+                    log.warning("could not record the %s before the lease ran out (%s); the "
+                                "job will be reaped and run again", what, exc,
+                                extra=fields(job=run.job.id, worker=self.worker_id))
+                    return _GIVE_UP
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    async def complete(self, run: Run) -> None:
+        job = run.job
+        run.lease.finishing = True
+        ok = await self.fenced(run, "completion", lambda: self._completions.submit(run.lease))
+        if ok is True:
+            self.tally.count("completed", job.queue)
+            if log.isEnabledFor(logging.INFO):
+                log.info("completed", extra=fields(event="completed", job=job.id,
+                                                   queue=job.queue, attempt=job.attempt,
+                                                   worker=self.worker_id))
+        elif ok is False:
+            self.heartbeat.lose(run, "completion rejected")
+
+    async def fail(self, run: Run, exc: BaseException) -> None:
+        job = run.job
+        run.lease.finishing = True
+        failure = failure_for(run, exc)
+        if failure is None:
+            self.heartbeat.lose(run, "the handler reported the lease lost")
+            return
+
+        async def write() -> Any:
+            (row,) = await lease.fail(self.pool, [failure])
+            return row
+
+        row = await self.fenced(run, "failure", write)
+        if row is _GIVE_UP:
+            return
+        if row is None:
+            self.heartbeat.lose(run, "failure rejected")
+        elif row["status"] == "queued":
+            self.tally.count("retried", job.queue)
+            log.info("handler failed; retry in %.1fs: %s", row["retry_in_s"],
+                     failure.error[:500], extra=fields(event="retry", job=job.id,
+                                                       queue=job.queue, attempt=job.attempt,
+                                                       worker=self.worker_id))
+        else:
+            self.tally.count("failed", job.queue)
+            log.warning("failed: %s", failure.error[:500], extra=fields(
+                event="failed", job=job.id, queue=job.queue, attempt=job.attempt,
+                worker=self.worker_id))
+
+    async def child_died(self, run: Run, why: str) -> None:
+        """Its child process died running it: charge it, requeue it now."""
+        job = run.job
+        run.lease.finishing = True
+        row = await self.fenced(run, "child death",
+                                lambda: lease.child_died(self.pool, run.lease, why))
+        if row is _GIVE_UP:
+            return
+        if row is None:
+            self.heartbeat.lose(run, "child death not recorded: lease already gone")
+            return
+        self.tally.count("child_died", job.queue)
+        log.warning("%s; %s", why, "failed as a job of death" if row["status"] == "failed"
+                    else f"requeued (stall {row['stalls']})",
+                    extra=fields(event="child_died", job=job.id, queue=job.queue,
+                                 attempt=job.attempt, worker=self.worker_id))
+        if row["status"] == "queued" and row["due"]:
+            await publish_and_mark(self.broker, self.pool, [(row["id"], row["queue"],
+                                                             row["lock"])])
+
+    async def release(self, runs: Sequence[Run], why: str, handoff: bool = False) -> None:
+        """Give leases back at once (no stall, no error) and publish the ids."""
+        if not runs:
+            return
+        rows: list[Any] = []
+        for attempt in range(4):
+            try:
+                rows = await lease.release(self.pool, [r.lease for r in runs], why, handoff)
+                break
+            except Exception as exc:
+                if attempt == 3:
+                    log.warning("could not release %d lease(s): %s; they will lapse and be "
+                                "reaped", len(runs), exc)
+                    return
+                await asyncio.sleep(0.1 * 2 ** attempt)
+        for row in rows:
+            self.tally.count("released", row["queue"])
+            log.info("released (%s)", why, extra=fields(
+                event="released", job=row["id"], queue=row["queue"], worker=self.worker_id))
+        # Publish them ourselves so they run at once; the relay is the fallback.
+        await publish_and_mark(self.broker, self.pool,
+                               [(r["id"], r["queue"], r["lock"]) for r in rows])

@@ -1,0 +1,210 @@
+"""The consumer process: wiring, start, drain and supervision.
+
+It owns no job logic itself; it connects the units and keeps them alive:
+
+- ``intake.py``     deliveries → batched claims → acks (the ack policy)
+- ``executor.py``   one task per claimed job, to its recorded end
+- ``completer.py``  complete / fail / release / child death, retried until known
+- ``heartbeat.py``  one renewal statement per process, self-fencing, lease loss
+- ``registry.py``   the advisory-lock session that makes a death visible at once
+- ``processes.py``  ``--pool process``: sync handlers in child processes
+
+Supervision: if the heartbeat or the intake loop dies, the process exits
+non-zero (the orchestrator restarts it, the reaper recovers its jobs);
+nothing dies silently. SIGTERM drains: intake stops, running jobs get
+``shutdown_grace_s`` to finish, the rest are released (not stalled) and
+republished at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import uuid
+from typing import Any
+
+import asyncpg
+
+from jobq import crash, metrics
+from jobq.app import App
+from jobq.broker import Broker
+from jobq.db import execute, open_pool
+from jobq.errors import ConfigError
+from jobq.logs import fields
+from jobq.service import (
+    database_answers,
+    install_stop_signals,
+    remove_stop_signals,
+    start_health,
+    unless_stopped,
+)
+from jobq.settings import Settings
+from jobq.sql import Q
+from jobq.worker.completer import Completer
+from jobq.worker.executor import Executor
+from jobq.worker.heartbeat import Heartbeat
+from jobq.worker.intake import Intake
+from jobq.worker.processes import ProcessPool
+from jobq.worker.registry import Registry
+from jobq.worker.run import Run, Stop
+from jobq.worker.tally import Tally
+
+log = logging.getLogger("jobq.consumer")
+
+
+def new_worker_id() -> str:
+    """Unique per process start: host and pid for humans, random for uniqueness."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+class Consumer:
+    def __init__(self, app: App, settings: Settings, queues: list[str] | None = None,
+                 concurrency: int | None = None, *, app_spec: str | None = None) -> None:
+        self.app = app
+        self.settings = settings
+        self.cfg = settings.consumer
+        self.queues = sorted(set(queues or app.queues))
+        if not self.queues:
+            raise ConfigError("the app registers no handlers: nothing to consume")
+        missing = [q for q in self.queues if q not in app.handlers]
+        if missing:
+            raise ConfigError(
+                f"no handler registered for queue(s) {', '.join(missing)}; "
+                f"this app handles: {', '.join(app.queues) or 'nothing'}")
+        if self.cfg.pool == "process" and app_spec is None:
+            raise ConfigError("--pool process needs the app as module:attribute")
+        self.app_spec = app_spec
+        self.concurrency = concurrency or self.cfg.concurrency
+        self.worker_id = new_worker_id()
+        self.tally = Tally()
+        self.counters = self.tally.counters
+        self.runs: dict[uuid.UUID, Run] = {}
+        self.broker = Broker(settings.amqp_url, settings.namespace, settings.amqp_heartbeat_s)
+        self.ready = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._slots = asyncio.Semaphore(self.concurrency)
+        self._dead = False  # a supervised task died: liveness fails
+        self.pool: asyncpg.Pool | None = None
+        self.processes: ProcessPool | None = None
+        self.registry: Registry | None = None
+        self.executor: Executor | None = None
+        self.intake: Intake | None = None
+        self._heartbeat: Heartbeat | None = None
+        metrics.IN_FLIGHT.set_function(lambda: len(self.runs))  # computed when scraped
+
+    def request_stop(self) -> None:
+        if not self._stop.is_set():
+            log.info("stop requested: draining", extra=fields(worker=self.worker_id))
+        self._stop.set()
+
+    async def run(self) -> None:
+        """Run until :meth:`request_stop`; drain and release on the way out."""
+        crash.configure(self.settings.crash_at)
+        install_stop_signals(self.request_stop)
+        health = await start_health(self.settings, lambda: not self._dead, self._readiness)
+        try:
+            started, _ = await unless_stopped(self._connect(), self._stop)
+            if started:
+                await self._serve()
+        finally:
+            remove_stop_signals()
+            if self.registry is not None:
+                await self.registry.deregister()
+            if health is not None:
+                await health.stop()
+            await self.broker.close()
+            if self.processes is not None:
+                await self.processes.close()
+            if self.pool is not None:
+                await self.pool.close()
+            if self.executor is not None:
+                self.executor.close()
+        log.info("consumer stopped", extra=fields(worker=self.worker_id, **dict(self.counters)))
+
+    async def _readiness(self) -> dict[str, bool]:
+        return {"database": await database_answers(self.pool),
+                "broker": self.broker.connected,
+                "accepting": self.ready.is_set() and not self._stop.is_set()}
+
+    async def _connect(self) -> None:
+        pool = self.pool = await open_pool(
+            self.settings.database_url, wait=True, min_size=1,
+            max_size=min(20, 4 + self.concurrency // 4), app_name="jobq-consumer")
+        await self.broker.connect(wait=True)
+        for q in self.queues:
+            await execute(pool, Q["queue_ensure"], q)
+        if self.cfg.pool == "process":
+            assert self.app_spec is not None
+            self.processes = ProcessPool(
+                self.app_spec, self.concurrency, max_jobs_per_child=self.cfg.max_jobs_per_child,
+                max_memory_mb=self.cfg.max_memory_per_child_mb,
+                kill_grace_s=self.cfg.child_kill_grace_s)
+            await self.processes.start()
+        hb = self._heartbeat = Heartbeat(self.runs, self.cfg, self.worker_id, self.tally, pool)
+        self.registry = Registry(self.settings.database_url, self.worker_id,
+                                 on_lost=hb.session_lost, on_registered=hb.renew_now)
+        hb.registry = self.registry
+        completer = Completer(pool, self.broker, hb, self.tally, self.worker_id)
+        self.executor = Executor(self.app, self.cfg, self.concurrency, self.worker_id, pool, hb,
+                                 completer, self.tally, self._slots, self.processes)
+        self.intake = Intake(pool, self.worker_id, self.queues, self._slots, self._stop,
+                             self.tally, self.executor.start)
+        self._completer = completer
+        self.registry.start()
+        await self.registry.registered.wait()
+
+    async def _serve(self) -> None:
+        assert self._heartbeat is not None and self.intake is not None
+        renewer = asyncio.create_task(self._heartbeat.loop(), name="jobq-heartbeat")
+        lag = asyncio.create_task(metrics.watch_loop_lag())
+        intake = asyncio.create_task(self.intake.loop(), name="jobq-intake")
+        stop_intake = await self.broker.consume(
+            self.queues, self.intake.on_message, self.cfg.prefetch or self.concurrency)
+        self.ready.set()
+        log.info("consumer ready", extra=fields(
+            worker=self.worker_id, queues=",".join(self.queues), concurrency=self.concurrency,
+            pool=self.cfg.pool))
+        stopper = asyncio.create_task(self._stop.wait())
+        done, _ = await asyncio.wait({stopper, renewer, intake},
+                                     return_when=asyncio.FIRST_COMPLETED)
+        for task, what in ((renewer, "lease renewer"), (intake, "intake")):
+            if task in done and not self._stop.is_set():
+                # A dead renewer means leases we cannot keep, a dead intake a
+                # worker that takes nothing: exit non-zero, get restarted.
+                stopper.cancel()
+                self._dead = True
+                exc = task.exception() if not task.cancelled() else None
+                raise RuntimeError(f"{what} died: {exc!r}") from exc
+        await self._drain(stop_intake, intake)
+        renewer.cancel()
+        lag.cancel()
+        await asyncio.gather(renewer, lag, return_exceptions=True)
+
+    async def _drain(self, stop_intake: Any, intake: asyncio.Task[None]) -> None:
+        """SIGTERM: stop intake, let jobs finish within the grace, release the rest."""
+        assert self.intake is not None and self.executor is not None
+        grace = self.cfg.shutdown_grace_s
+        await stop_intake()
+        # The intake loop finishes a claim in flight (its jobs start, so they
+        # are waited for or released below) and requeues the rest. Bounded:
+        # a claim hanging on an unresponsive database must not eat the grace.
+        self.intake.wake()
+        pending = {intake, *self.intake.retries}
+        _, late = await asyncio.wait(pending, timeout=grace)
+        for task in late:
+            log.warning("intake did not stop within %.1fs (claim in flight); cancelled", grace)
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
+        tasks = [r.task for r in self.runs.values() if r.task is not None]
+        if tasks:
+            log.info("waiting up to %.1fs for %d job(s)", grace, len(tasks))
+            await asyncio.wait(tasks, timeout=grace)
+        left = self.executor.stop_all(Stop.SHUTDOWN)
+        if self.executor.tasks:  # job tasks record their own ends (complete / fail)
+            await asyncio.wait(list(self.executor.tasks), timeout=10)
+        stopped = [r for r in left if r.stop_reason is Stop.SHUTDOWN]
+        await self._completer.release(stopped, "worker shutting down")
+        for r in stopped:
+            self.runs.pop(r.job.id, None)

@@ -1,0 +1,232 @@
+"""Runs claimed jobs: one task per job, from its claim to its end.
+
+Each run is tracked by the heartbeat from the moment it exists, so whatever
+happens next — a payload that cannot be decoded, a handler error, a child
+process that dies, a bug in jobq itself — ends in a recorded state: complete,
+fail, retry, release or a charged child death. Never "the task died, wait
+for the lease" (issue #19).
+
+Where execution modes differ, and nowhere else (:meth:`Executor._call`):
+async handlers run on the event loop; sync handlers in a thread pool
+(``--pool thread``, the default) or in child processes (``--pool
+process``, ``processes.py``).
+
+Suspects (jobs present at two crashes, see ``requeue_lapsed`` in
+``queries.sql``) run *isolated*: at most one per worker at a time, marked in
+its row, while the other slots keep running other jobs. A suspect that finds
+another one isolated here waits up to ``SUSPECT_WAIT_S`` for its turn, then
+is handed on to another worker (at most ``MAX_HANDOFFS`` times, then it
+waits). In process mode sync handlers need no isolation: a child's death
+names its job exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import json
+import logging
+from typing import Any
+
+import asyncpg
+
+from jobq import crash, lease
+from jobq.app import App
+from jobq.job import Job
+from jobq.lease import Lease
+from jobq.logs import fields
+from jobq.settings import ConsumerSettings
+from jobq.worker.completer import Completer, PayloadUndecodable
+from jobq.worker.heartbeat import Heartbeat
+from jobq.worker.processes import ChildDied, ProcessPool
+from jobq.worker.run import Run, Stop
+from jobq.worker.tally import Tally
+
+log = logging.getLogger("jobq.consumer")
+
+SUSPECT_WAIT_S = 2.0
+MAX_HANDOFFS = 2
+
+
+class Executor:
+    def __init__(self, app: App, cfg: ConsumerSettings, concurrency: int, worker_id: str,
+                 pool: asyncpg.Pool, heartbeat: Heartbeat, completer: Completer,
+                 tally: Tally, slots: asyncio.Semaphore,
+                 processes: ProcessPool | None = None) -> None:
+        self.app = app
+        self.cfg = cfg
+        self.concurrency = concurrency
+        self.worker_id = worker_id
+        self.pool = pool
+        self.heartbeat = heartbeat
+        self.completer = completer
+        self.tally = tally
+        self.runs = heartbeat.runs
+        self._slots = slots
+        self._processes = processes
+        self._threads = concurrent.futures.ThreadPoolExecutor(
+            max_workers=cfg.sync_threads or concurrency, thread_name_prefix="jobq-handler")
+        self._isolation = asyncio.Lock()  # held by the one suspect running isolated here
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def start(self, row: asyncpg.Record, sent_at: float) -> None:
+        """Run a claimed row; its slot is released when the run ends."""
+        task = asyncio.create_task(self._job(row, sent_at))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _job(self, row: asyncpg.Record, sent_at: float) -> None:
+        run = None
+        try:
+            run = self._track(row, sent_at)
+            await self._run(run, row)
+        except Exception:
+            log.exception("jobq error while running job %s", row["id"])
+            if run is not None and run.ours:
+                # Our own bug must not cost the job a lease wait and a stall.
+                run.stop(Stop.SHUTDOWN)
+                await self.completer.release([run], "jobq error in the consumer; released")
+                self.runs.pop(run.job.id, None)
+        finally:
+            self._slots.release()
+
+    def _track(self, row: asyncpg.Record, sent_at: float) -> Run:
+        le = Lease.from_claim(row, sent_at, self.cfg.fence_margin_fraction)
+        job = Job(id=row["id"], queue=row["queue"], payload=None, attempt=row["attempts"],
+                  lock=row["lock"], worker_id=self.worker_id, stalls=row["stalls"],
+                  created_at=row["created_at"])
+        run = Run(job, le, self.app.handlers[row["queue"]])
+        self.heartbeat.track(run)  # from here on the lease is renewed and fenced
+        self.tally.count("claimed", job.queue)
+        if log.isEnabledFor(logging.INFO):
+            log.info("claimed", extra=fields(event="claimed", job=job.id, queue=job.queue,
+                                             attempt=job.attempt, worker=self.worker_id))
+        return run
+
+    async def _run(self, run: Run, row: asyncpg.Record) -> None:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        isolated = False
+        outcome = "ok"
+        try:
+            try:
+                run.job.payload = json.loads(row["payload"])
+            except (ValueError, RecursionError) as exc:
+                outcome = "error"
+                await self.completer.fail(run, PayloadUndecodable(
+                    f"{type(exc).__name__}: {str(exc)[:200]}"))
+                return
+            if row["suspect"] and self._isolates(run):
+                isolated = await self._isolate(run, row["handoffs"])
+                if not isolated:
+                    outcome = (run.stop_reason or Stop.LOST).value
+                    return
+            if row["timeout_s"]:
+                run.timeout = loop.call_later(float(row["timeout_s"]), run.stop, Stop.TIMEOUT)
+            outcome = await self._execute(run)
+        finally:
+            if isolated:
+                self._isolation.release()
+            self.tally.handler_time(run.job.queue, outcome, loop.time() - started)
+            run.disarm()
+            if run.stop_reason is not Stop.SHUTDOWN:
+                self.runs.pop(run.job.id, None)  # shutdown: the drain releases it
+
+    def _isolates(self, run: Run) -> bool:
+        if self.concurrency == 1:
+            return False  # it runs alone anyway
+        return not (self._processes is not None and not run.handler.is_async)
+
+    async def _isolate(self, run: Run, handoffs: int) -> bool:
+        """Take this worker's isolation for a suspect; False if it went away."""
+        acquire = asyncio.ensure_future(self._isolation.acquire())
+        run.task = acquire  # a stop (lease lost, shutdown) cancels the wait
+        await asyncio.wait({acquire}, timeout=SUSPECT_WAIT_S if handoffs < MAX_HANDOFFS else None)
+        run.task = None
+        if not acquire.done():
+            acquire.cancel()
+            if run.stop(Stop.HANDED_ON):
+                await self.completer.release(
+                    [run], "suspect: this worker isolates another suspect; handed on",
+                    handoff=True)
+            return False
+        if acquire.cancelled() or not run.ours:
+            if not acquire.cancelled():
+                self._isolation.release()
+            return False
+        ok = await self.completer.fenced(run, "isolation",
+                                         lambda: lease.isolate(self.pool, run.lease))
+        if ok is True:
+            log.info("suspect job: running it isolated", extra=fields(
+                event="isolated", job=run.job.id, queue=run.job.queue, worker=self.worker_id))
+            return True
+        self._isolation.release()
+        if ok is False:
+            self.heartbeat.lose(run, "isolation rejected")
+        return False
+
+    async def _execute(self, run: Run) -> str:
+        """Call the handler and record how it ended; returns the outcome label."""
+        try:
+            if run.handler.payload_model is not None:
+                run.job.payload = run.handler.payload_model.model_validate(run.job.payload)
+            run.task = asyncio.ensure_future(self._call(run))
+            await run.task
+        except BaseException as exc:
+            if run.stop_reason is not None:
+                return await self._after_stop(run)
+            if isinstance(exc, asyncio.CancelledError):
+                raise  # not a stop of ours: this task itself is being cancelled
+            if isinstance(exc, ChildDied):
+                await self.completer.child_died(run, str(exc))
+                return "child_died"
+            await self.completer.fail(run, exc)
+            return "error"
+        if run.stop_reason is not None:
+            return await self._after_stop(run)
+        crash.point("consumer.after_handler")
+        await self.completer.complete(run)
+        return "ok"
+
+    async def _call(self, run: Run) -> Any:
+        handler, job = run.handler, run.job
+        if handler.is_async:
+            return await handler.fn(job)
+        if self._processes is not None:
+            return await self._processes.call(run, _job_fields(job))
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._threads, functools.partial(handler.fn, job))
+
+    async def _after_stop(self, run: Run) -> str:
+        reason = run.stop_reason
+        assert reason is not None
+        if reason is Stop.TIMEOUT:
+            await self.completer.fail(run, TimeoutError(
+                "job timeout: the handler ran past the queue's timeout_s and was stopped"))
+        elif reason is Stop.LOST:
+            log.info("handler stopped: lease lost (%s)", run.lease.lost, extra=fields(
+                event="stopped", job=run.job.id, queue=run.job.queue, attempt=run.job.attempt,
+                worker=self.worker_id))
+        # SHUTDOWN: the drain releases every such run in one statement.
+        return reason.value
+
+    def stop_all(self, reason: Stop) -> list[Run]:
+        """Stop every run still going (the drain); returns them."""
+        left = list(self.runs.values())
+        for run in left:
+            run.stop(reason)
+        return left
+
+    def close(self) -> None:
+        self._threads.shutdown(wait=False, cancel_futures=True)
+
+
+def _job_fields(job: Job) -> dict[str, Any]:
+    """What a child process needs to rebuild the Job (no event, no lock object)."""
+    return {"id": job.id, "queue": job.queue, "payload": job.payload, "attempt": job.attempt,
+            "lock": job.lock, "worker_id": job.worker_id, "stalls": job.stalls,
+            "created_at": job.created_at}
+
+
+__all__ = ["Executor"]

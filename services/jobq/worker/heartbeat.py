@@ -1,0 +1,165 @@
+"""Lease renewal and self-fencing for every job this process runs, and THE
+one place that reacts to a lost lease (:meth:`Heartbeat.lose`).
+
+One statement renews all leases of the process, on the registry session, as
+soon as the lease renewed longest ago (relative to its length) is due: one
+heartbeat per process per interval, whatever the number of jobs. Each run
+also has a local fence at its lease's *trusted until* (event-loop clock,
+see ``lease.py``): if renewals stop succeeding, the handler is stopped
+before the database could let the lease lapse and hand the job to another
+worker. A renewal that matches no row means the lease is gone (lapsed,
+reaped, cancelled): the handler is stopped at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import Any
+
+import asyncpg
+
+from jobq import lease, metrics
+from jobq.errors import DatabaseUnavailable, UnavailableError
+from jobq.logs import fields
+from jobq.settings import ConsumerSettings
+from jobq.worker.run import Run, Stop
+from jobq.worker.tally import Tally
+
+log = logging.getLogger("jobq.consumer")
+
+
+class Heartbeat:
+    def __init__(self, runs: dict[uuid.UUID, Run], cfg: ConsumerSettings, worker_id: str,
+                 tally: Tally, pool: asyncpg.Pool) -> None:
+        self.runs = runs  # shared with the executor, which adds and removes runs
+        self.cfg = cfg
+        self.worker_id = worker_id
+        self.tally = tally
+        self.pool = pool
+        self.registry: Any = None  # set by the consumer: .conn and .reset()
+        self._wakeup = asyncio.Event()  # replan the next renewal
+        self._next = float("inf")  # loop time the next renewal is planned for
+        self._now = False
+        self._side: set[asyncio.Task[None]] = set()
+
+    # ── per run ──
+
+    def track(self, run: Run) -> None:
+        """A new claim: fence it, and renew sooner if its lease is the shortest."""
+        self.runs[run.job.id] = run
+        self._arm(run)
+        le = run.lease
+        if le.renewed_at + le.lease_s * self.cfg.renew_fraction < self._next:
+            self._wakeup.set()
+
+    def _arm(self, run: Run) -> None:
+        if run.fence is not None:
+            run.fence.cancel()
+        run.fence = asyncio.get_running_loop().call_at(run.lease.trusted_until,
+                                                       self._fenced, run)
+
+    def _fenced(self, run: Run) -> None:
+        if run.lease.finishing or not run.ours:
+            return
+        self.lose(run, "lease not renewed in time: self-fenced before it could lapse")
+
+    def lose(self, run: Run, why: str) -> None:
+        """The lease is no longer ours: stop the handler, count, log, record.
+        Never retried: whoever holds the row now owns what happens next."""
+        if run.lease.lost is not None:
+            return
+        run.lease.lost = why
+        run.stop(Stop.LOST)
+        job = run.job
+        self.tally.count("lease_lost", job.queue)
+        log.warning("lease lost (%s): the handler is stopped and cannot finish the job", why,
+                    extra=fields(event="lease_lost", job=job.id, queue=job.queue,
+                                 attempt=job.attempt, worker=self.worker_id))
+        task = asyncio.create_task(lease.record_lost(self.pool, run.lease, self.worker_id,
+                                                     job.attempt))
+        self._side.add(task)
+        task.add_done_callback(self._side.discard)
+
+    # ── session events (from the registry) ──
+
+    def session_lost(self, at: float) -> None:
+        """A reaper may now cut our leases to their grace: trust them no longer."""
+        for run in list(self.runs.values()):
+            run.lease.session_lost(at)
+            if run.ours and not run.lease.finishing:
+                self._arm(run)
+
+    def renew_now(self) -> None:
+        self._now = True
+        self._wakeup.set()
+
+    # ── the loop ──
+
+    def _due(self) -> float:
+        loop = asyncio.get_running_loop()
+        if self._now:
+            return loop.time()
+        return min((r.lease.renewed_at + r.lease.lease_s * self.cfg.renew_fraction
+                    for r in self.runs.values() if r.stop_reason is None),
+                   default=loop.time() + 1.0)
+
+    async def loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        failures = 0
+        retry_at = float("inf")  # after a failure: again soon, not an interval later
+        while True:
+            self._next = min(self._due(), retry_at)
+            self._now = False
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), max(0.0, self._next - loop.time()))
+                continue  # replan: a sooner lease, or a re-registered session
+            except TimeoutError:
+                pass
+            runs = [r for r in self.runs.values() if r.stop_reason is None]
+            if not runs:
+                continue
+            sent_at = loop.time()
+            try:
+                held = await self._renew(runs)
+            except Exception as exc:
+                metrics.RENEWALS.labels("failed").inc()
+                failures += 1
+                retry_at = loop.time() + 0.1
+                if failures == 1 or failures % 10 == 0:
+                    log.warning("lease renewal failed (%s); handlers stop at their fence "
+                                "if this goes on", exc, extra=fields(worker=self.worker_id))
+                continue
+            metrics.RENEW_SECONDS.observe(loop.time() - sent_at)
+            metrics.RENEWALS.labels("ok").inc()
+            failures, retry_at = 0, float("inf")
+            for r in runs:
+                if r.job.id in held:
+                    r.lease.extend(sent_at)
+                    if r.ours and not r.lease.finishing:
+                        self._arm(r)
+                elif r.ours and not r.lease.finishing:
+                    self.lose(r, "renewal matched no row: lapsed, reaped or cancelled")
+                else:
+                    r.lease.renewed_at = sent_at  # finishing: its own write will tell
+
+    async def _renew(self, runs: list[Run]) -> set[uuid.UUID]:
+        conn = self.registry.conn if self.registry is not None else None
+        if conn is None:
+            raise DatabaseUnavailable("worker registry session is down")
+        # Bounded: a renewal hanging on a cut network must not stall every
+        # later one. Any failure ends the session (the registry re-registers
+        # and renews at once): a statement abandoned mid-flight would leave
+        # the connection busy, and reusing it is how "another operation is
+        # in progress" happens.
+        timeout = max(1.0, min(r.lease.lease_s for r in runs) * self.cfg.renew_fraction)
+        try:
+            return await asyncio.wait_for(
+                lease.renew(conn, [r.lease for r in runs], self.worker_id), timeout)
+        except Exception as exc:
+            if not isinstance(exc, UnavailableError | TimeoutError):
+                log.exception("lease renewal raised unexpectedly")
+            self.registry.reset()
+            raise

@@ -1,0 +1,299 @@
+"""Intake: deliveries → batched claims → acks, the consumer's ack policy.
+
+- body not a job id             → reject, no requeue (dead-letters to <ns>.dead)
+- claim committed               → ack, then the executor runs the job
+- row not claimable (unknown id,
+  duplicate delivery, not due,
+  already finished)             → ack and drop: the row, not the message, is
+                                  the truth, and whoever changed the row owns
+                                  publishing it again
+- job of a queue we don't handle→ hand it back to the relay, then ack
+- claim failed, database away   → retry that batch with a short backoff while
+                                  the rest of intake goes on; still failing:
+                                  nack with requeue. Never dropped.
+- claim failed on the job itself
+  (not the database)            → claim the batch's ids one by one; the one
+                                  that fails is failed with the reason
+                                  (quarantined) and acked; the rest run
+- intake stopped (SIGTERM)      → nack with requeue
+
+A message is acked only after its claim is durable: dying before the claim
+leaves an unacked message that RabbitMQ redelivers; dying after it leaves an
+active row whose lease the reaper handles. Deliveries wait in an inbox in
+arrival order; one loop claims whatever arrived during the previous claim's
+round trip in one statement and settles it with one ``multiple=True`` ack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import aiormq
+import asyncpg
+from aio_pika.abc import AbstractIncomingMessage
+
+from jobq import crash, lease
+from jobq.db import is_transient
+from jobq.logs import fields
+from jobq.worker.tally import Tally
+
+log = logging.getLogger("jobq.consumer")
+
+SETTLE_TIMEOUT_S = 5.0
+CLAIM_BATCH_MAX = 256  # deliveries claimed by one statement at most
+CLAIM_TRIES = 6  # a failed batch is tried again this often (50 ms .. 1.6 s apart)
+
+Batch = list[tuple[uuid.UUID, AbstractIncomingMessage]]
+
+
+def _channel_of(msg: AbstractIncomingMessage) -> Any:
+    """The channel a delivery came on, or None once that channel is closed."""
+    try:
+        return msg.channel
+    except aiormq.exceptions.ChannelInvalidStateError:
+        return None
+
+
+class Intake:
+    def __init__(self, pool: asyncpg.Pool, worker_id: str, queues: list[str],
+                 slots: asyncio.Semaphore, stop: asyncio.Event, tally: Tally,
+                 start_job: Callable[[asyncpg.Record, float], None]) -> None:
+        self.pool = pool
+        self.worker_id = worker_id
+        self.queues = queues
+        self._slots = slots
+        self._stop = stop
+        self.tally = tally
+        self._start_job = start_job
+        self._inbox: collections.deque[AbstractIncomingMessage] = collections.deque()
+        self._ready = asyncio.Event()
+        self._unsettled: set[AbstractIncomingMessage] = set()  # taken, not yet settled
+        self.retries: set[asyncio.Task[None]] = set()  # batches whose claim is retried
+
+    def on_message(self, msg: AbstractIncomingMessage) -> None:
+        # A plain function, so aio-pika calls it without a task per delivery.
+        self._inbox.append(msg)
+        self._ready.set()
+
+    def wake(self) -> None:
+        self._ready.set()
+
+    async def loop(self) -> None:
+        """The only claimer. Jobs run in tasks the executor owns, not in
+        aio-pika's callback tasks: those are cancelled when a channel closes,
+        and a job must outlive that (its handler only needs the database)."""
+        while True:
+            if not self._inbox and not self._stop.is_set():
+                self._ready.clear()
+                await self._ready.wait()
+            if self._stop.is_set():
+                msgs = list(self._inbox)
+                self._inbox.clear()
+                await self._settle(msgs, ack=False)
+                return
+            batch = await self._take_batch()
+            if batch:
+                await self._claim_and_start(batch)
+
+    async def _take_batch(self) -> Batch:
+        """Deliveries from the front of the inbox, one free slot each."""
+        batch: Batch = []
+        inbox = self._inbox
+        while inbox and len(batch) < CLAIM_BATCH_MAX:
+            msg = inbox[0]
+            body = msg.body
+            try:
+                if len(body) > 64:  # an id is 36 characters: do not even decode junk
+                    raise ValueError("too long")
+                job_id = uuid.UUID(body.decode("ascii").strip())
+            except (UnicodeDecodeError, ValueError):
+                inbox.popleft()
+                self.tally.drop("malformed")
+                if self.tally.counters["malformed"] <= 10 or \
+                        self.tally.counters["malformed"] % 1000 == 0:  # rate-limited
+                    log.warning("malformed message: body is not a job id; dead-lettered "
+                                "(%d so far)", self.tally.counters["malformed"],
+                                extra=fields(event="malformed", body=repr(body[:80])))
+                await self._settle_one(msg.reject(requeue=False))
+                continue
+            if self._slots.locked():
+                if batch or not await self._wait_for_slot():
+                    break
+            else:
+                await self._slots.acquire()  # free: returns at once
+            inbox.popleft()
+            batch.append((job_id, msg))
+        self._unsettled.update(m for _, m in batch)
+        return batch
+
+    async def _wait_for_slot(self) -> bool:
+        """Block for a slot, unless intake stops first (then False)."""
+        acquire = asyncio.ensure_future(self._slots.acquire())
+        stopped = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({acquire, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+            if not acquire.done():
+                acquire.cancel()
+        if acquire.done() and not acquire.cancelled():
+            if not self._stop.is_set():
+                return True
+            self._slots.release()
+        return False
+
+    async def _claim_and_start(self, batch: Batch) -> None:
+        crash.point("consumer.before_claim")
+        sent_at = asyncio.get_running_loop().time()
+        try:
+            rows = await self._claim([i for i, _ in batch])
+        except Exception as exc:
+            # Retried aside, so one failed claim never pauses intake (#19).
+            task = asyncio.create_task(self._claim_later(batch, exc))
+            self.retries.add(task)
+            task.add_done_callback(self.retries.discard)
+            return
+        await self._started(batch, rows, sent_at)
+
+    async def _started(self, batch: Batch, rows: list[Any], sent_at: float) -> None:
+        crash.point("consumer.after_claim")
+        await self._settle([m for _, m in batch], ack=True)
+        for row in rows:
+            if row is None:
+                self._slots.release()
+            else:
+                self._start_job(row, sent_at)
+
+    async def _claim_later(self, batch: Batch, exc: Exception) -> None:
+        loop = asyncio.get_running_loop()
+        delay = 0.05
+        for attempt in range(CLAIM_TRIES):
+            if not is_transient(exc):
+                await self._claim_one_by_one(batch)
+                return
+            if attempt == 0:
+                self.tally.note("claim_retried", len(batch))
+                log.warning("cannot claim %d job(s) now (%s); retrying them", len(batch), exc)
+            if self._stop.is_set():
+                break
+            await asyncio.sleep(delay)
+            delay *= 2
+            sent_at = loop.time()
+            try:
+                rows = await self._claim([i for i, _ in batch])
+            except Exception as again:
+                exc = again
+                continue
+            await self._started(batch, rows, sent_at)
+            return
+        # Never drop: the messages go back and are redelivered.
+        self.tally.note("claim_unavailable", len(batch))
+        ids = ", ".join(str(i) for i, _ in batch[:3])
+        more = f" and {len(batch) - 3} more" if len(batch) > 3 else ""
+        log.warning("cannot claim %s%s: %s; message%s requeued", ids, more, exc,
+                    "s" if len(batch) > 1 else "")
+        for _ in batch:
+            self._slots.release()
+        await self._settle([m for _, m in batch], ack=False)
+
+    async def _claim_one_by_one(self, batch: Batch) -> None:
+        """A claim failed on data, not on the database: find who, fail only it."""
+        loop = asyncio.get_running_loop()
+        for job_id, msg in batch:
+            sent_at = loop.time()
+            try:
+                rows = await self._claim([job_id])
+            except Exception as exc:
+                self._slots.release()
+                if is_transient(exc):
+                    await self._settle([msg], ack=False)
+                    continue
+                why = f"cannot be claimed: {exc} (check the queue's settings; then jobq retry)"
+                try:
+                    failed = await lease.quarantine(self.pool, job_id, why)
+                except Exception as again:
+                    log.warning("could not fail unclaimable job %s: %s", job_id, again)
+                    await self._settle([msg], ack=False)
+                    continue
+                self.tally.drop("unclaimable")
+                log.error("job %s %s; failed", job_id, why,
+                          extra=fields(event="failed", job=job_id, quarantined=failed))
+                await self._settle([msg], ack=True)
+                continue
+            await self._started([(job_id, msg)], rows, sent_at)
+
+    async def _claim(self, ids: list[uuid.UUID]) -> list[Any]:
+        rows = await lease.claim(self.pool, ids, self.worker_id, self.queues)
+        misses = [i for i, r in zip(ids, rows) if r is None]
+        if misses:
+            # The claims above are committed: failing to explain the misses
+            # must not make us drop the rows we just claimed.
+            try:
+                await self._explain_misses(misses)
+            except Exception as exc:
+                log.warning("could not look up %d unclaimable id(s): %s", len(misses), exc)
+        return rows
+
+    async def _explain_misses(self, ids: list[uuid.UUID]) -> None:
+        found = await lease.claim_misses(self.pool, ids)
+        foreign = []
+        for i in ids:
+            row = found.get(i)
+            if row is None:
+                self.tally.drop("unknown_job")
+                log.warning("message for unknown job id; dropped",
+                            extra=fields(event="unknown_job", job=i))
+            elif row["status"] == "queued" and row["queue"] not in self.queues:
+                foreign.append(i)
+                self.tally.drop("foreign_queue")
+                log.warning("job belongs to queue %s, which this worker does not handle; "
+                            "handed back to the relay", row["queue"],
+                            extra=fields(event="foreign_queue", job=i, queue=row["queue"]))
+            elif row["status"] == "queued" and row["not_due"]:
+                self.tally.drop("not_due")
+                log.info("early delivery for a job not due yet; dropped (the relay "
+                         "publishes it when due)", extra=fields(event="not_due", job=i))
+            else:
+                self.tally.drop("duplicate")
+                log.info("duplicate delivery: job is %s; dropped", row["status"],
+                         extra=fields(event="duplicate", job=i, status=row["status"]))
+        if foreign:
+            await lease.hand_back(self.pool, foreign)
+
+    async def _settle(self, msgs: list[AbstractIncomingMessage], ack: bool) -> None:
+        """Ack (or nack with requeue) deliveries: one frame per channel,
+        ``multiple=True`` on the highest tag when no delivery still
+        unsettled (in the inbox, or in a batch being retried) has a lower tag
+        on that channel; otherwise one by one. Tags are per channel, and a
+        channel may change between deliveries (reconnect); deliveries of a
+        closed channel are skipped: RabbitMQ requeued them already."""
+        self._unsettled.difference_update(msgs)
+        by_channel: dict[Any, list[AbstractIncomingMessage]] = {}
+        for m in msgs:
+            ch = _channel_of(m)
+            if ch is not None:
+                by_channel.setdefault(ch, []).append(m)
+        for ch, ms in by_channel.items():
+            top = max(ms, key=lambda m: m.delivery_tag or 0)
+            tag = top.delivery_tag or 0
+            multiple = len(ms) > 1 and not any(
+                _channel_of(m) is ch and (m.delivery_tag or 0) < tag
+                for pending in (self._inbox, self._unsettled) for m in pending)
+            for m in ([top] if multiple else ms):
+                await self._settle_one(m.ack(multiple=multiple) if ack
+                                       else m.nack(multiple=multiple, requeue=True))
+
+    @staticmethod
+    async def _settle_one(op: Any) -> None:
+        # The channel may be gone (broker restart): RabbitMQ then redelivers
+        # the message itself, and the redelivered id's claim fails and is
+        # dropped. Bounded: on a channel that died mid-flight an ack can hang.
+        try:
+            await asyncio.wait_for(op, SETTLE_TIMEOUT_S)
+        except Exception as exc:
+            log.debug("ack/nack failed: %r", exc)

@@ -1,0 +1,107 @@
+"""The worker registry session: one dedicated connection per consumer
+process that holds a session-level advisory lock for the process's life.
+
+When the process dies, PostgreSQL ends the session and the lock vanishes at
+once; reapers see that within a sweep and cut the worker's leases to the
+queue's ``vanished_grace_s`` (see ``jobq.worker`` in the schema). Renewals
+are sent on this same session, so a successful renewal also proves it alive.
+
+If the session ends while the process lives (a blip, an admin, a failover),
+:class:`Registry` tells the heartbeat at once (``on_lost``: leases are now
+trusted for their grace only) and re-registers with a fresh lock; once back
+(``on_registered``) every lease is renewed immediately.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import socket
+from collections.abc import Callable
+
+import asyncpg
+
+from jobq.db import SESSION_SETTINGS
+from jobq.logs import fields
+from jobq.sql import Q
+
+log = logging.getLogger("jobq.consumer")
+
+
+class Registry:
+    def __init__(self, database_url: str, worker_id: str, on_lost: Callable[[float], None],
+                 on_registered: Callable[[], None]) -> None:
+        self._url = database_url
+        self.worker_id = worker_id
+        self._on_lost = on_lost
+        self._on_registered = on_registered
+        self.conn: asyncpg.Connection | None = None  # None while not registered
+        self.registered = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="jobq-registry")
+
+    def reset(self) -> None:
+        """The session is in an unknown state (a driver error on it): end it;
+        the loop re-registers."""
+        if self.conn is not None and not self.conn.is_closed():
+            self.conn.terminate()
+
+    async def _session(self) -> None:
+        conn = await asyncpg.connect(
+            self._url, timeout=5,
+            server_settings={"application_name": "jobq-consumer-registry", **SESSION_SETTINGS})
+        try:
+            ended = asyncio.Event()
+            conn.add_termination_listener(lambda _c: ended.set())
+            key = random.randrange(1, 2**31)
+            while not await conn.fetchval(Q["worker_lock"], key):
+                key = random.randrange(1, 2**31)
+            await conn.execute(Q["worker_register"], self.worker_id, socket.gethostname(),
+                               os.getpid(), key)
+            self.conn = conn
+            self.registered.set()
+            self._on_registered()
+            await ended.wait()
+        finally:
+            if not conn.is_closed():
+                conn.terminate()
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        delay = 0.1
+        while True:
+            try:
+                await self._session()
+                delay = 0.1
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("worker registry session unavailable: %s; retrying in %.1fs",
+                            exc, delay, extra=fields(worker=self.worker_id))
+            if self.conn is not None:
+                self.conn = None
+                log.warning("worker registry session ended; re-registering (leases are "
+                            "trusted for their grace period only until then)",
+                            extra=fields(worker=self.worker_id))
+                self._on_lost(loop.time())
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    async def deregister(self) -> None:
+        """Graceful stop: say we are gone (nothing to cut), end the session."""
+        conn = self.conn
+        if conn is not None and not conn.is_closed():
+            try:
+                # The heartbeat is stopped before this, and the loop only
+                # waits for the session to end: nothing else uses conn now.
+                await asyncio.wait_for(conn.execute(Q["worker_gone"], self.worker_id), 5)
+            except Exception as exc:  # best effort: the reaper copes either way
+                log.debug("deregister: %r", exc)
+        if self._task is not None:
+            self._task.cancel()  # its session's finally ends the connection
+            await asyncio.gather(self._task, return_exceptions=True)
+        self.conn = None

@@ -1,0 +1,74 @@
+"""One bad input never stops work for everyone (I6, issue #13): a queue the
+broker refuses, a queue setting that makes claims fail, a payload that is
+valid JSON but cannot be decoded. Each costs only its own job."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aio_pika
+import pytest
+
+from tests.helpers import job, lost_and_duplicates, publish, run_cli, set_queue, wait_until
+
+pytestmark = pytest.mark.e2e
+
+
+def sql_enqueue(db, queue: str, payload: str, n: int = 1) -> list:
+    return [db.val("SELECT jobq.enqueue($1, $2::jsonb)", queue, payload) for _ in range(n)]
+
+
+def test_a_queue_the_broker_refuses_holds_up_only_its_own_jobs(db, procs, settings, amqp_url):
+    async def squat() -> None:  # the name is taken on the broker by a different queue
+        conn = await aio_pika.connect(amqp_url)
+        ch = await conn.channel()
+        await ch.declare_queue(f"{settings.namespace}.blocked", durable=True,
+                               arguments={"x-max-length": 1})
+        await conn.close()
+
+    asyncio.run(squat())
+    blocked = sql_enqueue(db, "blocked", "{}", 10)  # more than a relay batch
+    work = sql_enqueue(db, "work", "{}", 20)
+    procs.reaper(JOBQ_REAPER__BATCH_SIZE="5")
+    procs.consumer()
+    wait_until(lambda: lost_and_duplicates(db, work)[0] == 0, 20, "the other queue's jobs")
+    assert all(job(db, j)["published_at"] is None for j in blocked)
+
+
+def test_a_queue_named_dead_is_refused_with_one_line(db, env, settings):
+    out = run_cli(env, "publish", "dead", "{}")
+    assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1
+    assert "reserved" in out.stderr
+    with pytest.raises(Exception, match="reserved"):
+        db.val("SELECT jobq.enqueue('dead')")
+    with pytest.raises(Exception, match="reserved"):
+        publish(settings, "dead", [{}])
+
+
+def test_a_claim_that_fails_on_its_job_fails_that_job_only(db, procs, settings):
+    # A setting that makes every claim of its queue fail (possible before
+    # schema 0003 bounded them; here forced past the constraint).
+    set_queue(db, "other", lease_s=30)
+    db.execute("ALTER TABLE jobq.queue DROP CONSTRAINT IF EXISTS queue_lease_s_range")
+    db.execute("UPDATE jobq.queue SET lease_s = 'NaN' WHERE name = 'other'")
+    procs.reaper()
+    procs.consumer("--concurrency", "8").worker_id()
+    (bad,) = publish(settings, "other", [{}])
+    good = publish(settings, "work", [{} for _ in range(300)])
+    wait_until(lambda: lost_and_duplicates(db, good)[0] == 0, 30, "every other job")
+    wait_until(lambda: job(db, bad)["status"] == "failed", 10, "the unclaimable job failed")
+    assert "cannot be claimed" in job(db, bad)["last_error"]
+
+
+@pytest.mark.parametrize("payload", ["[" * 2000 + "]" * 2000, '{"n": ' + "9" * 5000 + "}"],
+                         ids=["nested-2000-deep", "5000-digit-number"])
+def test_a_payload_that_cannot_be_decoded_fails_at_once(db, procs, settings, payload):
+    procs.reaper()
+    procs.consumer().worker_id()
+    (bad,) = sql_enqueue(db, "work", payload)
+    (ok,) = sql_enqueue(db, "work", "{}")
+    wait_until(lambda: job(db, bad)["status"] == "failed", 15, "the hostile job failed")
+    row = job(db, bad)
+    assert (row["attempts"], row["stalls"], row["suspect_stalls"]) == (1, 0, 0)
+    assert "payload cannot be decoded" in row["last_error"]
+    wait_until(lambda: job(db, ok)["status"] == "completed", 10, "the next job")

@@ -1,0 +1,119 @@
+"""``--pool process`` (issue #12): sync handlers in child processes. A child's
+death is charged to exactly the job it ran, at once; lease loss, timeouts
+and shutdown stop the child, which a thread never could."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from tests.helpers import job, lost_and_duplicates, publish, runs, set_queue, wait_until
+
+pytestmark = pytest.mark.e2e
+
+
+def pool_consumer(procs, n: int = 4, *extra: str, **env: str):
+    c = procs.consumer("--queue", "proc", "--pool", "process", "--concurrency", str(n),
+                       *extra, **env)
+    c.worker_id()
+    return c
+
+
+def dead(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # a zombie still answers kill(0): look at its state
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_a_dying_child_is_charged_to_its_own_job_only(db, procs, settings, report):
+    set_queue(db, "proc", lease_s=30)
+    procs.reaper()
+    consumer = pool_consumer(procs)
+    healthy = publish(settings, "proc", [{"sleep": 2} for _ in range(3)])
+    wait_until(lambda: db.val("SELECT count(*) FROM test_run") == 3, 15, "3 running")
+    (killer,) = publish(settings, "proc", [{"kill_self_on_attempt": 1}])
+    wait_until(lambda: job(db, killer)["status"] == "completed", 15, "the killer re-run")
+    first, second = runs(db, killer)
+    assert first["outcome"] is None and second["outcome"] == "returned"
+    again_s = (second["started_at"] - first["started_at"]).total_seconds()
+    assert again_s < 1.0, again_s  # the parent knew at once: no lease wait
+    assert first["pid"] != second["pid"] and dead(first["pid"])  # its child was replaced
+    row = job(db, killer)
+    assert (row["stalls"], row["attempts"]) == (1, 2)
+    wait_until(lambda: lost_and_duplicates(db, healthy)[0] == 0, 10, "healthy completed")
+    for jid in healthy:  # untouched: started exactly once, never charged
+        assert len(runs(db, jid)) == 1 and job(db, jid)["stalls"] == 0
+    assert "child_died" in [r["event"] for r in db.fetch(
+        "SELECT event FROM jobq.history WHERE job_id = $1", killer)]
+    assert consumer.alive()
+    report("--pool process: child SIGKILLed by its handler -> running again", 4, 0, 1,
+           [again_s])
+
+
+def test_a_job_that_always_kills_its_child_is_a_job_of_death(db, procs, settings):
+    set_queue(db, "proc", lease_s=30, max_stalls=2, stall_cooldown_s=0.1)
+    procs.reaper()
+    consumer = pool_consumer(procs, 2)
+    (poison,) = publish(settings, "proc", [{"kill_self_on_attempt": 99}])
+    (ok,) = publish(settings, "proc", [{"sleep": 0.1}])
+    wait_until(lambda: job(db, poison)["status"] == "failed", 20, "job of death")
+    row = job(db, poison)
+    assert row["stalls"] == 3 and "job of death" in row["last_error"]
+    assert len(runs(db, poison)) == 3
+    wait_until(lambda: job(db, ok)["status"] == "completed", 10, "the other job")
+    assert consumer.alive()
+
+
+def test_a_hung_handler_past_its_timeout_is_killed_and_retried(db, procs, settings):
+    set_queue(db, "proc", lease_s=30, timeout_s=1, backoff_base_s=0.1)
+    procs.reaper()
+    pool_consumer(procs, 2)
+    (jid,) = publish(settings, "proc", [{"hang_on_attempt": 1}])
+    wait_until(lambda: job(db, jid)["status"] == "completed", 20, "the retry completes")
+    first, second = runs(db, jid)
+    assert first["outcome"] is None and second["outcome"] == "returned"
+    wait_until(lambda: dead(first["pid"]), 5, "the hung child killed")
+    row = job(db, jid)
+    assert (row["attempts"], row["errors"], row["stalls"]) == (2, 1, 0)
+
+
+def test_a_zombie_parent_stops_its_child_which_cannot_complete(db, procs, settings):
+    set_queue(db, "proc", lease_s=2, vanished_grace_s=2)
+    procs.reaper()
+    a = pool_consumer(procs, 2)
+    (jid,) = publish(settings, "proc", [{"sleep": 6}])
+    wait_until(lambda: runs(db, jid), 10, "the job runs in A's child")
+    child = runs(db, jid)[0]["pid"]
+    a.signal(signal.SIGSTOP)  # past the lease: the reaper hands the job on
+    b = pool_consumer(procs, 2)
+    wait_until(lambda: len(runs(db, jid)) == 2, 15, "B runs it")
+    a.signal(signal.SIGCONT)  # A learns it lost the lease and stops its child
+    wait_until(lambda: dead(child), 5, "A's child stopped")
+    wait_until(lambda: job(db, jid)["status"] == "completed", 15, "B completes it")
+    time.sleep(0.5)
+    assert runs(db, jid)[0]["outcome"] is None  # A's run never returned
+    assert job(db, jid)["worker_id"] == b.worker_id()
+    assert a.alive()
+
+
+def test_sigterm_in_process_mode_releases_unfinished_jobs(db, procs, settings):
+    set_queue(db, "proc", lease_s=30)
+    procs.reaper()
+    a = pool_consumer(procs, 2, JOBQ_CONSUMER__SHUTDOWN_GRACE_S="1")
+    (jid,) = publish(settings, "proc", [{"sleep": 30}])
+    wait_until(lambda: runs(db, jid), 10, "the job runs")
+    child = runs(db, jid)[0]["pid"]
+    a.signal(signal.SIGTERM)
+    assert a.wait(15) == 0
+    assert dead(child)
+    row = job(db, jid)
+    assert (row["status"], row["stalls"], row["suspect_stalls"]) == ("queued", 0, 0)
+    assert "released" in [r["event"] for r in db.fetch(
+        "SELECT event FROM jobq.history WHERE job_id = $1", jid)]

@@ -1,0 +1,83 @@
+"""Mistakes get one line, the right exit code, and no secret (issue #13);
+services exit 2 on what cannot heal instead of retrying forever."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+import pytest
+
+from tests.helpers import SyncDB, run_cli
+from tests.integration.test_cli import one_line_error
+
+SECRET = "S3cretPW"
+
+
+def _with(env: dict[str, str], **changes: str) -> dict[str, str]:
+    return {**env, **changes}
+
+
+def test_a_mistyped_variable_is_refused_with_the_closest_name(env) -> None:
+    out = run_cli(_with(env, JOBQ_DATABSE_URL="postgresql://x@y/z"), "stats")
+    one_line_error(out, 2, "unknown setting JOBQ_DATABSE_URL", "did you mean JOBQ_DATABASE_URL")
+    out = run_cli(_with(env, JOBQ_CONSUMER__CONCURENCY="3"), "stats")
+    one_line_error(out, 2, "did you mean JOBQ_CONSUMER__CONCURRENCY")
+
+
+@pytest.mark.parametrize("url", [
+    f"postgresq://admin:{SECRET}@127.0.0.1/db",
+    f"postgresql://admin:{SECRET}@127.0.0.1:notaport/db",
+    f"postgresql://admin:{SECRET}@127.0.0.1:99999/db",
+])
+def test_a_bad_database_url_never_shows_its_password(env, url: str) -> None:
+    out = run_cli(_with(env, JOBQ_DATABASE_URL=url), "stats")
+    one_line_error(out, 2)
+    assert SECRET not in out.stderr + out.stdout
+
+
+def test_a_bad_amqp_port_or_reserved_namespace_is_one_line(env) -> None:
+    one_line_error(run_cli(_with(env, JOBQ_AMQP_URL=f"amqp://u:{SECRET}@h:99999/"), "stats"),
+                   2, "bad port")
+    one_line_error(run_cli(_with(env, JOBQ_NAMESPACE="amq"), "stats"), 2, "reserves")
+
+
+def test_consume_says_what_is_wrong_with_app(env) -> None:
+    one_line_error(run_cli(env, "consume", "jobq.demo:nope"), 2, "has no attribute 'nope'")
+    one_line_error(run_cli(env, "consume", "../x:app"), 2, "cannot import")
+
+
+@pytest.mark.parametrize("flag", ["--lease-seconds nan", "--lease-seconds inf",
+                                  "--lease-seconds 1e14", "--lease-seconds -1",
+                                  "--max-payload-bytes 99999999999"])
+def test_queue_settings_out_of_range_are_one_line(env, db: SyncDB, flag: str) -> None:
+    one_line_error(run_cli(env, "queue", "set", "q", *flag.split()), 1, flag.split()[0])
+
+
+def test_queue_set_reaches_every_setting(env, db: SyncDB) -> None:
+    out = run_cli(env, "queue", "set", "q", "--vanished-grace-seconds", "3", "--history", "off")
+    assert out.returncode == 0, out.stderr
+    row = db.fetchrow("SELECT vanished_grace_s, history FROM jobq.queue WHERE name = 'q'")
+    assert (row["vanished_grace_s"], row["history"]) == (3.0, False)
+
+
+def test_settings_out_of_range_are_refused_from_sql_too(db: SyncDB) -> None:
+    db.execute("INSERT INTO jobq.queue (name) VALUES ('q') ON CONFLICT DO NOTHING")
+    for value in ("'NaN'", "'Infinity'", "1e14"):
+        with pytest.raises(Exception, match="check constraint"):
+            db.execute(f"UPDATE jobq.queue SET lease_s = {value} WHERE name = 'q'")
+
+
+@pytest.mark.parametrize("service", ["reap", "consume"])
+def test_services_exit_2_on_a_database_that_does_not_exist(env, service: str) -> None:
+    url = urlsplit(env["JOBQ_DATABASE_URL"])._replace(path="/jobq_no_such_db").geturl()
+    args = [service] + (["tests.apps:app"] if service == "consume" else [])
+    out = run_cli(_with(env, JOBQ_DATABASE_URL=url), *args, timeout=20)
+    assert out.returncode == 2, (out.returncode, out.stderr[-500:])
+    assert "does not exist" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_services_exit_2_on_a_vhost_that_does_not_exist(env) -> None:
+    url = env["JOBQ_AMQP_URL"].rstrip("/") + "/jobq_no_such_vhost"
+    out = run_cli(_with(env, JOBQ_AMQP_URL=url), "reap", timeout=20)
+    assert out.returncode == 2, (out.returncode, out.stderr[-500:])
+    assert "vhost" in out.stderr and "Traceback" not in out.stderr

@@ -1,0 +1,118 @@
+"""Who is charged for a crash (issue #12), on the SQL alone: requeue_lapsed's
+verdicts (own / witness / bystander), isolation, a child's death, and the
+quarantine of a job whose claim fails on its own data."""
+
+from __future__ import annotations
+
+import uuid
+
+import asyncpg
+
+from jobq import lease
+from jobq.lease import Failure
+from tests.integration.test_lease import claim, new_job, run, status
+
+
+async def crash(pool: asyncpg.Pool, worker: str) -> dict[uuid.UUID, str]:
+    """The worker's leases all lapse at once (its session ended): verdicts."""
+    await pool.execute("UPDATE jobq.job SET lease_expires_at = now() - interval '1 ms' "
+                       "WHERE worker_id = $1 AND status = 'active'", worker)
+    return {r["id"]: r["verdict"] for r in await lease.requeue_lapsed(pool, 500, "r")}
+
+
+def test_a_shared_crash_charges_nobody_and_a_second_makes_suspects(db_url: str) -> None:
+    async def body(pool: asyncpg.Pool) -> None:
+        a, b, c = [await new_job(pool) for _ in range(3)]
+        for jid in (a, b, c):
+            await claim(pool, jid, "crash1")
+        assert await crash(pool, "crash1") == {a: "witness", b: "witness", c: "witness"}
+        for jid in (a, b, c):
+            row = await status(pool, jid)
+            # back in line at once, nothing charged, not isolated next time
+            assert (row["status"], row["stalls"], row["suspect_stalls"], row["suspect"]) == \
+                ("queued", 0, 1, False)
+            assert row["run_at"] <= await pool.fetchval("SELECT now()")
+        for jid in (a, b):
+            await claim(pool, jid, "crash2")
+        assert await crash(pool, "crash2") == {a: "witness", b: "witness"}
+        assert [(await status(pool, j))["suspect"] for j in (a, b, c)] == [True, True, False]
+        assert max([(await status(pool, j))["stalls"] for j in (a, b, c)]) == 0
+
+    run(db_url, body)
+
+
+def test_an_isolated_suspect_is_charged_alone(db_url: str) -> None:
+    async def body(pool: asyncpg.Pool) -> None:
+        suspect, other = await new_job(pool), await new_job(pool)
+        await pool.execute("UPDATE jobq.job SET suspect = true, suspect_stalls = 2 "
+                           "WHERE id = $1", suspect)
+        mine = await claim(pool, suspect, "w")
+        assert mine is not None and await claim(pool, other, "w") is not None
+        assert await lease.isolate(pool, mine) is True
+        assert await crash(pool, "w") == {suspect: "own", other: "bystander"}
+        s, o = await status(pool, suspect), await status(pool, other)
+        assert (s["stalls"], s["isolated"], s["status"]) == (1, False, "queued")
+        assert (o["stalls"], o["suspect_stalls"], o["suspect"]) == (0, 0, False)
+
+    run(db_url, body)
+
+
+def test_isolate_is_fenced(db_url: str) -> None:
+    async def body(pool: asyncpg.Pool) -> None:
+        jid = await new_job(pool)
+        mine = await claim(pool, jid, "w")
+        assert mine is not None
+        mine.lock = uuid.uuid4()  # not our token
+        assert await lease.isolate(pool, mine) is False
+        assert (await status(pool, jid))["isolated"] is False
+
+    run(db_url, body)
+
+
+def test_a_lone_job_is_charged_and_an_error_clears_suspicion(db_url: str) -> None:
+    async def body(pool: asyncpg.Pool) -> None:
+        alone, failing = await new_job(pool), await new_job(pool)
+        await claim(pool, alone, "solo")
+        assert await crash(pool, "solo") == {alone: "own"}
+        row = await status(pool, alone)
+        assert (row["stalls"], row["suspect"]) == (1, True)
+        await pool.execute("UPDATE jobq.job SET suspect = true WHERE id = $1", failing)
+        again = await claim(pool, failing, "w4")
+        assert again is not None
+        await lease.fail(pool, [Failure(again, "x", True, 0.0)])
+        assert (await status(pool, failing))["suspect"] is False  # it ran and returned
+
+    run(db_url, body)
+
+
+def test_a_child_death_is_charged_to_its_job_at_once(db_url: str) -> None:
+    async def body(pool: asyncpg.Pool) -> None:
+        jid = await new_job(pool, max_stalls=1, stall_cooldown_s=30)
+        mine = await claim(pool, jid, "w")
+        assert mine is not None
+        row = await lease.child_died(pool, mine, "killed by SIGKILL")
+        assert (row["status"], row["stalls"], row["due"]) == ("queued", 1, True)
+        assert await lease.child_died(pool, mine, "again") is None  # fenced: no longer ours
+        mine = await claim(pool, jid, "w")
+        assert mine is not None
+        row = await lease.child_died(pool, mine, "killed by SIGSEGV")
+        assert (row["status"], row["stalls"]) == ("failed", 2)
+        assert "job of death" in (await status(pool, jid))["last_error"]
+        events = [r["event"] for r in await pool.fetch(
+            "SELECT event FROM jobq.job_event WHERE job_id = $1 ORDER BY n", jid)]
+        assert events.count("child_died") == 1 and events[-1] == "failed"
+
+    run(db_url, body)
+
+
+def test_quarantine_fails_only_a_queued_job(db_url: str) -> None:
+    async def body(pool: asyncpg.Pool) -> None:
+        queued, active = await new_job(pool), await new_job(pool)
+        await claim(pool, active, "w")
+        assert await lease.quarantine(pool, queued, "cannot be claimed: bad") is True
+        assert await lease.quarantine(pool, active, "cannot be claimed: bad") is False
+        row = await status(pool, queued)
+        assert (row["status"], row["last_error"]) == ("failed", "cannot be claimed: bad")
+        assert (await status(pool, active))["status"] == "active"
+
+    run(db_url, body)

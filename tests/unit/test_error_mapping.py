@@ -1,0 +1,111 @@
+"""Error classification and the handler-error mapping, with no services:
+which driver errors are retried (transient), which are the caller's or the
+operator's mistake, and what a handler's exception does to its job."""
+
+from __future__ import annotations
+
+import uuid
+
+import asyncpg
+import pytest
+from pydantic import BaseModel, ValidationError
+
+from jobq.db import is_transient, translated
+from jobq.errors import (
+    BadInput,
+    ConfigError,
+    DatabaseUnavailable,
+    Fail,
+    InvalidQueue,
+    LeaseLost,
+    Retry,
+)
+from jobq.job import Job
+from jobq.lease import Lease
+from jobq.logs import printable
+from jobq.worker.completer import PayloadUndecodable, failure_for
+from jobq.worker.run import Run, Stop
+
+
+def _pg(cls: type[asyncpg.PostgresError]) -> asyncpg.PostgresError:
+    return cls.new({"M": "boom", "C": cls.sqlstate or "XX000"}, query=None)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("exc", [
+    OSError("refused"), TimeoutError(), asyncpg.InterfaceError("closed"),
+    asyncpg.InternalClientError("cannot switch to state 12; another operation (2)"),
+    asyncpg.exceptions.ConnectionDoesNotExistError("gone"),
+    _pg(asyncpg.exceptions.AdminShutdownError), _pg(asyncpg.exceptions.CannotConnectNowError),
+    _pg(asyncpg.exceptions.TooManyConnectionsError), _pg(asyncpg.exceptions.DeadlockDetectedError),
+    _pg(asyncpg.exceptions.SerializationError), _pg(asyncpg.exceptions.QueryCanceledError),
+])
+def test_connection_and_conflict_errors_are_transient(exc: BaseException) -> None:
+    assert is_transient(exc)
+    with pytest.raises(DatabaseUnavailable), translated():
+        raise exc
+    try:
+        with translated():
+            raise exc
+    except DatabaseUnavailable as translated_exc:
+        assert is_transient(translated_exc)
+
+
+@pytest.mark.parametrize(("exc", "becomes"), [
+    (_pg(asyncpg.exceptions.UndefinedTableError), ConfigError),
+    (_pg(asyncpg.exceptions.InvalidPasswordError), ConfigError),
+    (_pg(asyncpg.exceptions.InvalidParameterValueError), InvalidQueue),
+    (_pg(asyncpg.exceptions.CheckViolationError), BadInput),
+])
+def test_mistakes_are_not_transient(exc: BaseException, becomes: type[Exception]) -> None:
+    assert not is_transient(exc)
+    with pytest.raises(becomes), translated():
+        raise exc
+
+
+@pytest.mark.parametrize("exc", [
+    _pg(asyncpg.exceptions.PostgresSyntaxError), _pg(asyncpg.exceptions.DatetimeFieldOverflowError),
+    ValueError("a bug"), KeyError("k"),
+])
+def test_bugs_and_bad_data_are_not_transient(exc: BaseException) -> None:
+    assert not is_transient(exc)
+
+
+def _run() -> Run:
+    job = Job(uuid.uuid4(), "q", {}, 1, uuid.uuid4(), "w")
+    le = Lease(job.id, "q", job.lock, 30.0, 0.15, 25.5)
+    return Run(job, le, None)  # type: ignore[arg-type]
+
+
+class Model(BaseModel):
+    to: str
+
+
+def test_a_handlers_exception_decides_retry_or_failure() -> None:
+    run = _run()
+    r = failure_for(run, Retry("later", delay_s=3))
+    assert r is not None and (r.retry, r.delay_s, r.error) == (True, 3, "Retry: later")
+    f = failure_for(run, Fail("never"))
+    assert f is not None and (f.retry, f.error) == (False, "Fail: never")
+    u = failure_for(run, PayloadUndecodable("RecursionError"))
+    assert u is not None and not u.retry and "cannot be decoded" in u.error
+    with pytest.raises(ValidationError) as info:
+        Model.model_validate({})
+    v = failure_for(run, info.value)
+    assert v is not None and not v.retry and "at to" in v.error
+    assert failure_for(run, LeaseLost("gone")) is None
+    e = failure_for(run, RuntimeError("boom\ncompleted job=FORGED"))
+    assert e is not None and e.retry and e.error == "RuntimeError: boom\\ncompleted job=FORGED"
+    assert failure_for(run, KeyError()).error == "KeyError"  # type: ignore[union-attr]
+
+
+def test_printable_escapes_control_characters_and_cuts() -> None:
+    assert printable("a\nb\r\x1b]0;title\x07") == "a\\nb\\r\\x1b]0;title\\x07"
+    assert printable("x" * 10, 4) == "xxxx... (6 more characters)"
+
+
+def test_a_run_stops_once_and_remembers_the_first_reason() -> None:
+    run = _run()
+    assert run.ours
+    assert run.stop(Stop.TIMEOUT) is True
+    assert run.stop(Stop.LOST) is False
+    assert run.stop_reason is Stop.TIMEOUT and not run.ours and run.job.stop_requested.is_set()

@@ -1,0 +1,86 @@
+"""Input checks that need no services: queue names, per-queue settings and
+what the client refuses before anything crosses the wire (issue #13)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import pytest
+
+from jobq.app import check_queue_name
+from jobq.errors import InvalidPayload, InvalidQueue
+from jobq.producer import NewJob, validate
+from jobq.queues import BY_COLUMN, SETTINGS
+from jobq.sql import Q
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("name", ["dead", "abc\n", "", "-x", "a" * 101, "a b", None, 7])
+def test_bad_queue_names_are_refused(name: object) -> None:
+    with pytest.raises(InvalidQueue):
+        check_queue_name(name)
+
+
+def test_good_queue_names_pass() -> None:
+    for name in ("emails", "a", "Q.1:x-y_z", "dead2", "a" * 100):
+        assert check_queue_name(name) == name
+
+
+@pytest.mark.parametrize(("column", "text"), [
+    ("lease_s", "nan"), ("lease_s", "inf"), ("lease_s", "1e14"), ("lease_s", "-1"),
+    ("lease_s", "0.4"), ("max_payload_bytes", "99999999999"), ("max_stalls", "1.5"),
+    ("timeout_s", "-3"), ("vanished_grace_s", "0"), ("history", "maybe"),
+])
+def test_out_of_range_settings_get_one_line(column: str, text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError) as info:
+        BY_COLUMN[column].parse(text)
+    assert "\n" not in str(info.value)
+
+
+def test_settings_in_range_parse() -> None:
+    assert BY_COLUMN["lease_s"].parse("60") == 60.0
+    assert BY_COLUMN["timeout_s"].parse("0") == 0  # removes the timeout
+    assert BY_COLUMN["history"].parse("off") is False
+    assert BY_COLUMN["max_stalls"].parse("0") == 0
+
+
+def test_every_setting_is_in_the_update_statement_and_the_readme() -> None:
+    """One list of settings: the SQL and the README table must name them all."""
+    update = Q["queue_update"]
+    readme = (ROOT / "README.md").read_text()
+    for s in SETTINGS:
+        assert re.search(rf"\b{s.column} = ", update), s.column
+        assert f"`{s.column}`" in readme, s.column
+        assert s.flag in readme or s.column in readme
+
+
+def test_schema_bounds_match_the_settings() -> None:
+    schema = (ROOT / "schema" / "0003_bounded_queues.sql").read_text()
+    for s in SETTINGS:
+        if s.kind is bool:
+            continue
+        hi = int(s.hi) if s.hi == int(s.hi) else s.hi
+        assert re.search(rf"{s.column}\b[^;\n]*\b{hi}\b", schema), s.column
+
+
+@pytest.mark.parametrize("job", [
+    NewJob("q", {}, delay_s=float("nan")), NewJob("q", {}, delay_s=float("inf")),
+    NewJob("q", {}, delay_s=1e300), NewJob("q", {}, idempotency_key="k" * 201),
+    NewJob("q", {"x": float("nan")}),
+], ids=["nan-delay", "inf-delay", "huge-delay", "long-key", "nan-payload"])
+def test_the_client_refuses_what_the_database_would(job: NewJob) -> None:
+    with pytest.raises(InvalidPayload):
+        validate(job)
+
+
+def test_deep_payloads_are_refused_before_they_are_sent() -> None:
+    deep: list[object] = []
+    for _ in range(5000):
+        deep = [deep]
+    with pytest.raises(InvalidPayload, match="RecursionError"):
+        validate(NewJob("q", deep))
+    with pytest.raises(InvalidPayload, match="byte limit"):
+        validate(NewJob("q", {"blob": "x" * (100 * 1024 * 1024 + 1)}))
