@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: test run install bench clean
+.PHONY: test lint run install bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,10 @@ install: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check services tests harness bench
+	$(VENV)/bin/mypy
 
 run: $(VENV)/.installed
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash deploy/run-local.sh

@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchenv import world
 from detection import pct
-from tests.helpers import SyncDB, set_queue, wait_until
 
+from harness.helpers import SyncDB, set_queue, wait_until
 from jobq.settings import Settings
 
 
@@ -60,7 +60,7 @@ def killer(url: str, every_s: float, stop: threading.Event, count: list[int]) ->
 
 
 def measure(kill: bool, seconds: float, rate: float) -> dict[str, Any]:
-    with world(("work",), "kills", JOBQ_LOG_LEVEL="WARNING") as w:
+    with world(("work",), "kills") as w:
         set_queue(w.db, "work", lease_s=30)
         w.procs.reaper()
         w.procs.consumer("--concurrency", "16").worker_id()
@@ -77,13 +77,14 @@ def measure(kill: bool, seconds: float, rate: float) -> dict[str, Any]:
             t.join()
         wait_until(lambda: w.db.val("SELECT count(*) FROM jobq.job WHERE status <> "
                                     "'completed'") == 0, 120, "drain", interval=0.2)
-        rows = w.db.fetch("SELECT extract(epoch FROM started_at - created_at) * 1000 AS ms "
-                          "FROM jobq.job")
+        rows = w.db.fetch("SELECT (extract(epoch FROM started_at - created_at) * 1000)::float8 "
+                          "AS ms FROM jobq.job")
         lat = [r["ms"] for r in rows]
         agg = w.db.fetchrow(
-            "SELECT coalesce(sum(stalls + suspect_stalls), 0) AS charged, "
-            "max(extract(epoch FROM finished_at - started_at)) AS slowest_s, "
-            "(SELECT count(*) - count(DISTINCT job_id) FROM test_run) AS twice FROM jobq.job")
+            "SELECT coalesce(sum(stalls + suspect_stalls), 0)::int AS charged, "
+            "max(extract(epoch FROM finished_at - started_at))::float8 AS slowest_s, "
+            "(SELECT count(*) - count(DISTINCT job_id) FROM test_run)::int AS twice "
+            "FROM jobq.job")
         return {"jobs": len(ids), "backends_killed": kills[0],
                 "claim_ms_p50": round(pct(lat, 0.5), 1), "claim_ms_p99": round(pct(lat, 0.99), 1),
                 "claim_ms_max": round(max(lat), 1), "charged": agg["charged"],
@@ -100,7 +101,7 @@ def main() -> None:
     out = {"rate_jobs_per_s": a.rate, "seconds": a.seconds, "baseline": base,
            "backend_kills_2_per_s": kills,
            "p99_ratio": round(kills["claim_ms_p99"] / max(base["claim_ms_p99"], 0.01), 2)}
-    print(json.dumps(out, indent=2))
+    print(json.dumps(out, indent=2, default=float))
 
 
 if __name__ == "__main__":

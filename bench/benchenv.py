@@ -17,9 +17,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import asyncpg
-from tests.conftest import TEST_RUN_DDL, _admin, _delete_namespace, _with_db
-from tests.helpers import Procs, SyncDB
 
+from harness.helpers import Procs, SyncDB
+from harness.scratch import TEST_RUN_DDL
+from harness.scratch import admin as _admin
+from harness.scratch import delete_namespace as _delete_namespace
+from harness.scratch import with_db as _with_db
 from jobq import migrate
 from jobq.settings import Settings
 

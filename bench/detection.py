@@ -30,14 +30,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchenv import world
-from tests.helpers import Procs, SyncDB, publish, set_queue, wait_until
 
+from harness.helpers import Procs, SyncDB, publish, set_queue, wait_until
 from jobq.settings import Settings
 
 
 def pct(values: list[float], q: float) -> float:
     values = sorted(values)
-    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+    return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
 
 def summary(values: list[float]) -> dict[str, float]:
@@ -73,7 +73,7 @@ def kills(db: SyncDB, procs: Procs, settings: Settings, n: int, trials: int) -> 
         running += _rerun_latencies(db, ids, killed_at)
         wait_until(lambda: db.val("SELECT count(*) FROM jobq.job WHERE id = ANY($1) AND "
                                   "status = 'completed'", ids) == n, 60, "completion")
-        charged += db.val("SELECT sum(stalls) FROM jobq.job WHERE id = ANY($1)", ids)
+        charged += db.val("SELECT sum(stalls)::int FROM jobq.job WHERE id = ANY($1)", ids)
         b.kill()
     return {"jobs_per_kill": n, "trials": trials, "kill_to_running_again": summary(running),
             "stalls_charged": charged}
@@ -155,7 +155,7 @@ def child_deaths(db: SyncDB, procs: Procs, settings: Settings, trials: int) -> d
         (jid,) = publish(settings, "proc", [{"kill_self_on_attempt": 1}])
         wait_until(lambda: db.val("SELECT status FROM jobq.job WHERE id = $1", jid)
                    == "completed", 20, "re-run")
-        again.append(db.val("SELECT extract(epoch FROM max(started_at) - min(started_at)) "
+        again.append(db.val("SELECT extract(epoch FROM max(started_at) - min(started_at))::float8 "
                             "FROM test_run WHERE job_id = $1", jid))
     c.kill()
     return {"child_sigkill_to_running_again": summary(again)}
@@ -174,7 +174,7 @@ def cpu_bound(db: SyncDB, procs: Procs, settings: Settings, jobs: int = 40,
         ids = publish(settings, "proc", [{"spin": spin_s} for _ in range(jobs)])
         wait_until(lambda: db.val("SELECT count(*) FROM jobq.job WHERE id = ANY($1) AND "
                                   "status = 'completed'", ids) == jobs, 300, "drain")
-        secs = db.val("SELECT extract(epoch FROM max(finished_at) - min(started_at)) "
+        secs = db.val("SELECT extract(epoch FROM max(finished_at) - min(started_at))::float8 "
                       "FROM jobq.job WHERE id = ANY($1)", ids)
         out[f"{pool}_jobs_per_s"] = round(jobs / secs, 2)
         for c in fleet:
@@ -185,7 +185,7 @@ def cpu_bound(db: SyncDB, procs: Procs, settings: Settings, jobs: int = 40,
 
 def run(trials: int = 3, stops_n: int = 20, stop_parallel: int = 5) -> dict[str, Any]:
     """All detection figures in one scratch database (bench/run.py --detection)."""
-    with world(("work", "proc"), "detect", JOBQ_LOG_LEVEL="WARNING") as w:
+    with world(("work", "proc"), "detect") as w:
         w.procs.reaper()
         result: dict[str, Any] = {"lease_s": 30.0, "vanished_grace_s": 2.0,
                                   "run_s_every_attempt": 5.0}
@@ -205,7 +205,7 @@ def main() -> None:
     p.add_argument("--stops", type=int, default=20)
     p.add_argument("--stop-parallel", type=int, default=5)
     a = p.parse_args()
-    print(json.dumps(run(a.trials, a.stops, a.stop_parallel), indent=2))
+    print(json.dumps(run(a.trials, a.stops, a.stop_parallel), indent=2, default=float))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ duplicate runs, detection latency (kill -> requeued) p50/max.
     .venv/bin/python bench/faults.py            # runs tests/e2e, ~2 minutes
 
 Duplicate runs are handler starts beyond the one that completed the job,
-counted from the database (tests/apps.py logs every start).
+counted from the database (harness/apps.py logs every start).
 """
 
 from __future__ import annotations

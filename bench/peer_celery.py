@@ -11,7 +11,8 @@ from celery import Celery
 app = Celery("peer", broker=os.environ["PEER_AMQP_URL"])
 app.conf.update(task_acks_late=True, task_reject_on_worker_lost=True,
                 worker_prefetch_multiplier=4, task_ignore_result=True,
-                task_default_queue=os.environ["PEER_QUEUE"], broker_connection_retry_on_startup=True,
+                task_default_queue=os.environ["PEER_QUEUE"],
+                broker_connection_retry_on_startup=True,
                 worker_hijack_root_logger=False)
 
 

@@ -23,7 +23,7 @@ import aiormq
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from tests.helpers import SyncDB
+from harness.helpers import SyncDB
 
 VENV = HERE / ".venv-peers"
 PY = VENV / "bin" / "python"

@@ -35,9 +35,9 @@ sys.path.insert(0, str(HERE.parent))
 
 import asyncpg
 from benchenv import world
-from tests.helpers import Procs, SyncDB, wait_until
 
 import jobq
+from harness.helpers import Procs, SyncDB, wait_until
 from jobq.producer import Client, NewJob
 from jobq.settings import Settings
 
@@ -210,7 +210,8 @@ def main() -> None:
     p.add_argument("--peers", action="store_true", help="also Celery, procrastinate, pgqueuer")
     p.add_argument("--history-off", action="store_true", help="also a run with history off")
     p.add_argument("--detection", action="store_true", help="also bench/detection.py")
-    p.add_argument("--trials", type=int, default=20, help="SIGSTOPs (detection; SIGKILLs: 3 per N = 1, 8, 32)")
+    p.add_argument("--trials", type=int, default=20,
+                   help="SIGSTOPs (detection; SIGKILLs: 3 per N = 1, 8, 32)")
     p.add_argument("--scale", action="store_true", help="also bench/scale.py")
     p.add_argument("--all", action="store_true",
                    help="--peers --history-off --detection --scale")

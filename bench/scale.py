@@ -26,8 +26,8 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 from benchenv import world
-from tests.helpers import Procs, SyncDB, free_port, wait_until
 
+from harness.helpers import Procs, SyncDB, free_port, wait_until
 from jobq import lease
 from jobq.producer import Client, NewJob
 from jobq.reaper import Reaper
@@ -132,7 +132,7 @@ def chaos(db: SyncDB, procs: Procs, settings: Settings, n: int = 20000) -> dict[
 
         async def fill() -> None:
             async with Client(settings) as client:
-                for i in range(0, n, 1000):
+                for _ in range(0, n, 1000):
                     await client.publish_many([NewJob("work", {"sleep": 0.02})
                                                for _ in range(1000)])
 

@@ -33,7 +33,7 @@ async def main(db_url: str, amqp_url: str, n: int) -> dict[str, float]:
     conn = await aio_pika.connect(amqp_url)
     ch = await conn.channel(publisher_confirms=True)
     qname = f"substrate.{uuid.uuid4().hex[:8]}"
-    queue = await ch.declare_queue(qname, durable=True, arguments={"x-queue-type": "quorum"})
+    await ch.declare_queue(qname, durable=True, arguments={"x-queue-type": "quorum"})
     t0 = time.perf_counter()
     for _ in range(n):
         jid = uuid.uuid4()

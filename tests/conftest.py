@@ -16,49 +16,23 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-import socket
 import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
 
+from harness.scratch import TEST_RUN_DDL, admin, delete_namespace, reachable, with_db
 from jobq import migrate
 from jobq.settings import Settings
 
 if TYPE_CHECKING:
-    from tests.helpers import Procs, SyncDB
+    from harness.helpers import Procs, SyncDB
 
 RUN = uuid.uuid4().hex[:8]
 
-TEST_RUN_DDL = """
-CREATE TABLE public.test_run (
-    n          bigserial PRIMARY KEY,
-    job_id     uuid NOT NULL,
-    worker     text NOT NULL,
-    attempt    integer NOT NULL,
-    lock       uuid NOT NULL,
-    pid        integer NOT NULL,
-    started_at timestamptz NOT NULL DEFAULT clock_timestamp(),
-    ended_at   timestamptz,
-    outcome    text  -- NULL while running (or killed), 'returned', 'cancelled'
-)"""
 _counter = itertools.count()
-
-
-def _reachable(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
-def _with_db(url: str, db: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(path=f"/{db}"))
 
 
 @pytest.fixture(scope="session")
@@ -66,7 +40,7 @@ def pg_admin_url(request: pytest.FixtureRequest) -> str:
     url = os.environ.get("JOBQ_TEST_DATABASE_URL")
     if url:
         return url
-    if _reachable("127.0.0.1", 5432):
+    if reachable("127.0.0.1", 5432):
         return "postgresql://postgres@127.0.0.1:5432/postgres"
     from testcontainers.postgres import PostgresContainer
 
@@ -81,7 +55,7 @@ def amqp_url(request: pytest.FixtureRequest) -> str:
     url = os.environ.get("JOBQ_TEST_AMQP_URL")
     if url:
         return url
-    if _reachable("127.0.0.1", 5672):
+    if reachable("127.0.0.1", 5672):
         return "amqp://guest:guest@127.0.0.1:5672/"
     from testcontainers.rabbitmq import RabbitMqContainer
 
@@ -93,61 +67,31 @@ def amqp_url(request: pytest.FixtureRequest) -> str:
     return f"amqp://guest:guest@{host}:{port}/"
 
 
-async def _admin(url: str, *statements: str) -> None:
-    conn = await asyncpg.connect(url)
-    try:
-        for s in statements:
-            await conn.execute(s)
-    finally:
-        await conn.close()
-
-
 @pytest.fixture(scope="session")
 def template_db(pg_admin_url: str) -> Iterator[str]:
     name = f"jobq_tpl_{RUN}"
 
     async def setup() -> None:
-        await _admin(pg_admin_url, f"CREATE DATABASE {name}")
-        conn = await asyncpg.connect(_with_db(pg_admin_url, name))
+        await admin(pg_admin_url, f"CREATE DATABASE {name}")
+        conn = await asyncpg.connect(with_db(pg_admin_url, name))
         try:
             await migrate.apply(conn)
-            # Test handlers (tests/apps.py) log every start here.
+            # Test handlers (harness/apps.py) log every start here.
             await conn.execute(TEST_RUN_DDL)
         finally:
             await conn.close()
 
     asyncio.run(setup())
     yield name
-    asyncio.run(_admin(pg_admin_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+    asyncio.run(admin(pg_admin_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
 
 
 @pytest.fixture
 def db_url(pg_admin_url: str, template_db: str) -> Iterator[str]:
     name = f"jobq_t_{RUN}_{next(_counter)}"
-    asyncio.run(_admin(pg_admin_url, f"CREATE DATABASE {name} TEMPLATE {template_db}"))
-    yield _with_db(pg_admin_url, name)
-    asyncio.run(_admin(pg_admin_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-
-
-async def _delete_namespace(amqp_url: str, namespace: str, queues: list[str]) -> None:
-    import aio_pika
-
-    conn = await aio_pika.connect(amqp_url)
-    try:
-        for q in [f"{namespace}.{x}" for x in queues] + [f"{namespace}.dead"]:
-            ch = await conn.channel()
-            try:
-                await ch.queue_delete(q)
-            except Exception:
-                pass
-        for ex in (namespace, f"{namespace}.dlx"):
-            ch = await conn.channel()
-            try:
-                await ch.exchange_delete(ex)
-            except Exception:
-                pass
-    finally:
-        await conn.close()
+    asyncio.run(admin(pg_admin_url, f"CREATE DATABASE {name} TEMPLATE {template_db}"))
+    yield with_db(pg_admin_url, name)
+    asyncio.run(admin(pg_admin_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
 
 
 @pytest.fixture
@@ -166,7 +110,7 @@ def namespace(amqp_url: str, db_url: str) -> Iterator[str]:
         names = asyncio.run(queues())
     except Exception:
         names = []
-    asyncio.run(_delete_namespace(amqp_url, ns, names))
+    asyncio.run(delete_namespace(amqp_url, ns, names))
 
 
 @pytest.fixture
@@ -201,7 +145,7 @@ def env(settings: Settings, tmp_path: os.PathLike[str]) -> dict[str, str]:
 
 @pytest.fixture
 def db(db_url: str) -> Iterator[SyncDB]:
-    from tests.helpers import SyncDB
+    from harness.helpers import SyncDB
 
     handle = SyncDB(db_url)
     yield handle
@@ -212,7 +156,7 @@ def db(db_url: str) -> Iterator[SyncDB]:
 def procs(env: dict[str, str], tmp_path: os.PathLike[str]) -> Iterator[Procs]:
     from pathlib import Path
 
-    from tests.helpers import Procs
+    from harness.helpers import Procs
 
     factory = Procs(env, Path(tmp_path))
     yield factory

@@ -17,6 +17,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
@@ -29,12 +30,39 @@ from aio_pika.abc import (
     AbstractRobustConnection,
 )
 
+from jobq.backoff import Backoff
 from jobq.db import redact
 from jobq.errors import BrokerUnavailable, ConfigError
 
 log = logging.getLogger("jobq.broker")
 
 PUBLISH_TIMEOUT_S = 10.0
+
+# Every aio-pika / aiormq error is one of three kinds (the database's are in
+# db.py; db.is_transient answers for both through the jobq error tree):
+# - configuration, never retried: refused credentials
+#   (ProbableAuthenticationError) or vhost (Connection.Close instead of OpenOk,
+#   an InvalidFrameError at connect): ConfigError, the service exits 2;
+# - one queue refused (ChannelClosed and its kind: precondition failed, access
+#   refused, not found, locked): only that queue's ids wait; the channel was
+#   private to that declare;
+# - transient, everything else: the network, a broker restart, a closed
+#   channel or connection (aio-pika reconnects), a timeout, an unroutable
+#   publish (the queue is declared again next time). Retried.
+QUEUE_REFUSED: tuple[type[BaseException], ...] = (aiormq.exceptions.ChannelClosed,)
+TRANSIENT: tuple[type[BaseException], ...] = (
+    TimeoutError, OSError, RuntimeError,  # aiormq's ChannelInvalidStateError is a RuntimeError
+    aiormq.exceptions.AMQPError, aio_pika.exceptions.AMQPError,
+)
+
+
+def classify(exc: BaseException) -> str:
+    """'config', 'queue' or 'transient' (for tests and log lines)."""
+    if isinstance(exc, ConfigError | aiormq.exceptions.ProbableAuthenticationError):
+        return "config"
+    if isinstance(exc, QUEUE_REFUSED):
+        return "queue"
+    return "transient"
 
 
 def queue_arguments(namespace: str) -> dict[str, str]:
@@ -46,7 +74,8 @@ class Broker:
     def __init__(self, url: str, namespace: str, heartbeat_s: int = 5) -> None:
         parts = urlsplit(url)
         if "heartbeat=" not in parts.query:
-            query = f"{parts.query}&heartbeat={heartbeat_s}" if parts.query else f"heartbeat={heartbeat_s}"
+            hb = f"heartbeat={heartbeat_s}"
+            query = f"{parts.query}&{hb}" if parts.query else hb
             url = urlunsplit(parts._replace(query=query))
         self.url = url
         self.namespace = namespace
@@ -64,7 +93,7 @@ class Broker:
 
     async def connect(self, *, wait: bool) -> None:
         """Connect (robustly: aio-pika reconnects and restores consumers)."""
-        delay = 0.5
+        backoff = Backoff(0.5, 5.0)
         while True:
             try:
                 self._conn = await aio_pika.connect_robust(self.url, timeout=10)
@@ -81,16 +110,16 @@ class Broker:
                 raise ConfigError(
                     f"RabbitMQ at {redact(self.url)} refused to open the vhost: check that it "
                     "exists and that the user may use it (JOBQ_AMQP_URL)") from exc
-            except (TimeoutError, OSError, aiormq.exceptions.AMQPError) as exc:
+            except TRANSIENT as exc:
                 if not wait:
                     raise BrokerUnavailable(
                         f"cannot reach RabbitMQ at {redact(self.url)} ({type(exc).__name__}: "
                         f"{exc}); is it running? set JOBQ_AMQP_URL"
                     ) from exc
+                delay = backoff.next()
                 log.warning("broker not ready at %s: %s; retrying in %.1fs",
                             redact(self.url), exc, delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
         self._conn.close_callbacks.add(self._on_close)
         self._conn.reconnect_callbacks.add(self._on_reconnect)
         self._pub = await self._conn.channel(publisher_confirms=True, on_return_raises=True)
@@ -170,13 +199,12 @@ class Broker:
         for queue in sorted({q for _, q in items}):
             try:
                 await self.ensure_queue(queue)
-            except (TimeoutError, aiormq.exceptions.AMQPError, aio_pika.exceptions.AMQPError,
-                    OSError, RuntimeError) as exc:
+            except TRANSIENT as exc:  # QUEUE_REFUSED is among them: it stays per queue
                 refused[queue] = exc
         if refused:
-            queue, exc = next(iter(refused.items()))
+            first, why = next(iter(refused.items()))
             log.warning("cannot declare %d queue(s) (%s: %r); their ids stay unpublished",
-                        len(refused), queue, exc)
+                        len(refused), first, why)
             items = [(i, q) for i, q in items if q not in refused]
             if not items:
                 return set()
@@ -234,7 +262,7 @@ class Broker:
     async def consume(
         self,
         queues: Iterable[str],
-        on_message: Callable[[AbstractIncomingMessage], Awaitable[None]],
+        on_message: Callable[[AbstractIncomingMessage], Any],
         prefetch: int,
     ) -> Callable[[], Awaitable[None]]:
         """Start consuming; returns a coroutine function that stops intake."""

@@ -22,7 +22,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from jobq import crash, logs
-from jobq.errors import BadInput, ConfigError, JobqError, UnknownJob
+from jobq.errors import BadInput, ConfigError, JobqError
+from jobq.logs import printable
 from jobq.queues import SETTINGS
 from jobq.settings import Settings
 
@@ -154,48 +155,41 @@ async def _publish(settings: Settings, args: argparse.Namespace) -> None:
     print(job_id)
 
 
-async def _queue(settings: Settings, args: argparse.Namespace) -> None:
-    from jobq.db import translated
-    from jobq.sql import Q
+def _setting_values(args: argparse.Namespace) -> dict[str, Any]:
+    values = {}
+    for q in SETTINGS:
+        text = getattr(args, q.column)
+        if text is not None:
+            try:
+                values[q.column] = q.parse(text)
+            except argparse.ArgumentTypeError as exc:
+                raise BadInput(f"{q.flag} {exc}") from None
+    return values
+
+
+async def _admin(settings: Settings, action: str, *args: Any) -> Any:
+    """Run one admin action on a short-lived pool."""
+    from jobq import admin
 
     pool = await _pool(settings)
     try:
-        with translated():
-            if args.queue_command == "set":
-                from jobq.app import check_queue_name
-                from jobq.queues import changes
-
-                check_queue_name(args.name)
-                values = {}
-                for q in SETTINGS:
-                    text = getattr(args, q.column)
-                    if text is not None:
-                        try:
-                            values[q.column] = q.parse(text)
-                        except argparse.ArgumentTypeError as exc:
-                            raise BadInput(f"{q.flag} {exc}") from None
-                await pool.execute(Q["queue_ensure"], args.name)
-                row = await pool.fetchrow(Q["queue_update"], args.name, changes(values))
-                rows = [row]
-            else:
-                rows = await pool.fetch(Q["queue_list"])
+        return await getattr(admin, action)(pool, *args)
     finally:
         await pool.close()
+
+
+async def _queue(settings: Settings, args: argparse.Namespace) -> None:
+    if args.queue_command == "set":
+        values = _setting_values(args)
+        rows = [await _admin(settings, "set_queue", args.name, values)]
+    else:
+        rows = await _admin(settings, "list_queues")
     _table([dict(r) for r in rows])
 
 
 async def _stats(settings: Settings) -> None:
-    from jobq.db import translated
-    from jobq.sql import Q
-
-    pool = await _pool(settings)
-    try:
-        with translated():
-            rows = await pool.fetch(Q["stats"])
-    finally:
-        await pool.close()
     out = []
-    for r in rows:
+    for r in await _admin(settings, "stats"):
         d = dict(r)
         d["oldest_queued_s"] = round(d["oldest_queued_s"], 1) if d["oldest_queued_s"] else 0
         if d["stalled"]:
@@ -205,25 +199,11 @@ async def _stats(settings: Settings) -> None:
 
 
 async def _inspect(settings: Settings, args: argparse.Namespace) -> None:
-    from jobq.db import translated
-    from jobq.sql import Q
-
-    job_id = _uuid(args.id)
-    pool = await _pool(settings)
-    events: list[Any] = []
-    try:
-        with translated():
-            row = await pool.fetchrow(Q["job_get"], job_id)
-        if row is not None:
-            with translated():
-                events = await pool.fetch(Q["history"], job_id)
-    finally:
-        await pool.close()
-    if row is None:
-        raise UnknownJob(f"no job with id {job_id}")
-    width = max(len(k) for k in row.keys())
-    for k, v in row.items():
-        print(f"{k:<{width}}  {v}")
+    row, events = await _admin(settings, "inspect", _uuid(args.id))
+    fields_ = dict(row)  # a Record iterates over its values, not its keys
+    width = max(len(k) for k in fields_)
+    for k, v in fields_.items():
+        print(f"{k:<{width}}  {printable(str(v))}")  # payloads and errors are user data
     print()
     _table([{"at": e["at"].strftime("%Y-%m-%d %H:%M:%S.%f")[:-3], "event": e["event"],
              "worker": e["worker_id"], "attempt": e["attempt"], "detail": e["detail"]}
@@ -231,66 +211,28 @@ async def _inspect(settings: Settings, args: argparse.Namespace) -> None:
 
 
 async def _retry(settings: Settings, args: argparse.Namespace) -> None:
-    from jobq.db import translated
+    from jobq import admin
     from jobq.producer import Client
-    from jobq.sql import Q
 
     job_id = _uuid(args.id)
     async with Client(settings) as client:
         assert client.pool is not None
-        with translated():
-            row = await client.pool.fetchrow(Q["retry_failed"], job_id)
-            if row is None:
-                status = await client.pool.fetchval("SELECT status FROM jobq.job WHERE id = $1",
-                                                    job_id)
-        if row is None:
-            if status is None:
-                raise UnknownJob(f"no job with id {job_id}")
-            raise BadInput(f"job {job_id} is {status}: only failed or cancelled jobs can be "
-                           "retried")
+        row = await admin.retry(client.pool, job_id)
         await client.republish([(row["id"], row["queue"], row["lock"])])
     print(f"{job_id} queued again")
 
 
 async def _cancel(settings: Settings, args: argparse.Namespace) -> None:
-    from jobq.db import translated
-    from jobq.sql import Q
-
     job_id = _uuid(args.id)
-    pool = await _pool(settings)
-    try:
-        with translated():
-            done = await pool.fetchval(Q["cancel"], job_id, args.reason)
-            status = None if done else await pool.fetchval(
-                "SELECT status FROM jobq.job WHERE id = $1", job_id)
-    finally:
-        await pool.close()
-    if not done:
-        if status is None:
-            raise UnknownJob(f"no job with id {job_id}")
-        raise BadInput(f"job {job_id} is already {status}")
+    await _admin(settings, "cancel", job_id, args.reason)
     print(f"{job_id} cancelled")
 
 
 async def _prune(settings: Settings, args: argparse.Namespace) -> None:
-    from jobq.db import translated
-    from jobq.sql import Q
-
     older = parse_duration(args.older_than)
     if args.batch < 1:
         raise BadInput("--batch must be at least 1")
-    pool = await _pool(settings)
-    total = 0
-    try:
-        while True:
-            with translated():
-                status = await pool.execute(Q["prune_batch"], older, args.batch)
-            n = int(status.split()[-1])
-            total += n
-            if n < args.batch:
-                break
-    finally:
-        await pool.close()
+    total = await _admin(settings, "prune", older, args.batch)
     print(f"pruned {total} finished job(s)")
 
 
@@ -299,7 +241,7 @@ def _table(rows: list[dict[str, Any]]) -> None:
         print("(none)")
         return
     cols = list(rows[0])
-    cells = [[("" if r[c] is None else str(r[c])) for c in cols] for r in rows]
+    cells = [[("" if r[c] is None else printable(str(r[c]), 200)) for c in cols] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
     print("  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip())
     for row in cells:

@@ -13,11 +13,12 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import asyncpg
 
+from jobq.backoff import Backoff
 from jobq.errors import (
     BadInput,
     ConfigError,
@@ -26,6 +27,7 @@ from jobq.errors import (
     InvalidQueue,
     JobqError,
     SchemaMissing,
+    UnavailableError,
 )
 
 log = logging.getLogger("jobq.db")
@@ -63,11 +65,18 @@ _SESSION_ENDING = ("08", "57")
 
 def is_transient(exc: BaseException) -> bool:
     """Will running the same (fenced, idempotent) statement again heal it?"""
-    if isinstance(exc, DatabaseUnavailable):
+    if isinstance(exc, UnavailableError):  # DatabaseUnavailable, BrokerUnavailable
         return True
     cause = exc.__cause__ if isinstance(exc, JobqError) else exc
     return isinstance(cause, TRANSIENT)
 
+
+# What pool.acquire() hands out (a proxy with a Connection's methods); generic
+# only in the type stubs.
+if TYPE_CHECKING:
+    PooledConnection = asyncpg.pool.PoolConnectionProxy[asyncpg.Record]
+else:
+    PooledConnection = asyncpg.pool.PoolConnectionProxy
 
 # Plan every statement for its actual arguments. A generic plan cached while
 # jobq.job was empty (a fresh deployment, a test) keeps sequential scans long
@@ -99,7 +108,8 @@ def translated() -> Any:
         raise ConfigError(f"{_message(exc)}: the role in JOBQ_DATABASE_URL lacks a right "
                           "jobq needs (grant it one of the jobq_* roles)") from exc
     except asyncpg.exceptions.UndefinedTableError as exc:
-        raise ConfigError(f"{_message(exc)}: the jobq schema is missing; run `jobq migrate`") from exc
+        raise ConfigError(
+            f"{_message(exc)}: the jobq schema is missing; run `jobq migrate`") from exc
     except asyncpg.exceptions.UndefinedFunctionError as exc:
         raise ConfigError(
             f"{_message(exc)}: the jobq schema is missing or old; run `jobq migrate`") from exc
@@ -170,7 +180,7 @@ async def open_pool(
     database is down or not migrated yet) forever, one line per attempt; a
     mistake that cannot heal (no such database, bad credentials, a missing
     right) raises ConfigError at once, and the service exits 2 with it."""
-    delay = 0.5
+    backoff = Backoff(0.5, 5.0)
     while True:
         try:
             return await connect_once(
@@ -185,13 +195,13 @@ async def open_pool(
                         "is it running? set JOBQ_DATABASE_URL"
                     ) from exc
                 raise
+            delay = backoff.next()
             log.warning("database not ready at %s: %s; retrying in %.1fs", redact(url), exc, delay)
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
 
 
 @contextlib.asynccontextmanager
-async def connection(pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
+async def connection(pool: asyncpg.Pool) -> AsyncIterator[PooledConnection]:
     """A pooled connection that never goes back to the pool broken.
 
     A backend terminated mid-statement can leave asyncpg's side of the
@@ -231,6 +241,6 @@ async def execute(pool: asyncpg.Pool, query: str, *args: Any) -> str:
 
 
 @contextlib.asynccontextmanager
-async def transaction(pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
+async def transaction(pool: asyncpg.Pool) -> AsyncIterator[PooledConnection]:
     async with connection(pool) as conn, conn.transaction():
         yield conn

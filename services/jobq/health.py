@@ -45,6 +45,7 @@ class HealthServer:
             request = await asyncio.wait_for(reader.readline(), 5)
             parts = request.decode("latin-1").split()
             path = parts[1] if len(parts) >= 2 else ""
+            body: dict[str, object]
             if path == "/healthz":
                 ok = self._live()
                 status, body = (200, {"status": "ok"}) if ok else (503, {"status": "dead"})
@@ -63,7 +64,8 @@ class HealthServer:
                     checks = {"error": False}
                     log.debug("readiness check failed: %r", exc)
                 ok = all(checks.values())
-                status, body = (200 if ok else 503), {"ready": ok, **checks}
+                status = 200 if ok else 503
+                body = {"ready": ok, **checks}
             else:
                 status, body = 404, {"error": "try /healthz, /readyz or /metrics"}
             payload = json.dumps(body).encode()

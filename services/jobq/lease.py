@@ -21,6 +21,7 @@ from typing import Any
 import asyncpg
 
 from jobq.db import execute, fetch, translated
+from jobq.job import Status
 from jobq.sql import Q
 
 
@@ -103,7 +104,7 @@ async def complete(pool: asyncpg.Pool, leases: Sequence[Lease]) -> list[bool]:
         # A retried completion whose first reply was lost: already ours.
         again = await fetch(pool, Q["finished_by"], [le.job_id for le in missed],
                             [le.lock for le in missed])
-        done |= {r["id"] for r in again if r["status"] == "completed"}
+        done |= {r["id"] for r in again if r["status"] == Status.COMPLETED}
     return [le.job_id in done for le in leases]
 
 

@@ -35,7 +35,8 @@ class _TextFormatter(logging.Formatter):
         ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
         extra = getattr(record, "f", None) or {}
         kv = " ".join(f"{k}={v}" for k, v in extra.items())
-        line = f"{ts}.{int(record.msecs):03d}Z {record.levelname:<7} {record.name}: {record.getMessage()}"
+        line = (f"{ts}.{int(record.msecs):03d}Z {record.levelname:<7} {record.name}: "
+                f"{record.getMessage()}")
         if kv:
             line += " " + kv
         if record.exc_info and record.levelno >= logging.ERROR:

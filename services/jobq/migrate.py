@@ -17,6 +17,7 @@ from pathlib import Path
 
 import asyncpg
 
+from jobq.db import PooledConnection
 from jobq.errors import ConfigError
 
 log = logging.getLogger("jobq.migrate")
@@ -60,7 +61,7 @@ def load() -> list[Migration]:
     return found
 
 
-async def apply(conn: asyncpg.Connection) -> list[Migration]:
+async def apply(conn: asyncpg.Connection | PooledConnection) -> list[Migration]:
     """Apply what is missing; return the migrations applied by this call."""
     applied: list[Migration] = []
     for migration in load():

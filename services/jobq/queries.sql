@@ -628,6 +628,9 @@ SELECT queue, queued, delayed, running, stalled, completed, failed, cancelled,
 FROM jobq.queue_stats
 ORDER BY queue;
 
+-- name: job_status
+SELECT status FROM jobq.job WHERE id = $1;
+
 -- name: job_get
 SELECT id, queue, payload, status, lock, worker_id, lease_expires_at, attempts, errors, stalls,
        last_error, idempotency_key, run_at, published_at, created_at, started_at,

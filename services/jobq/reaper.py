@@ -39,18 +39,14 @@ from dataclasses import dataclass, field
 import asyncpg
 
 from jobq import crash, lease, metrics
+from jobq.backoff import Backoff
 from jobq.broker import Broker
 from jobq.db import execute, open_pool, translated
 from jobq.errors import UnavailableError
+from jobq.job import Status
 from jobq.logs import fields
 from jobq.relay import relay_due
-from jobq.service import (
-    database_answers,
-    install_stop_signals,
-    remove_stop_signals,
-    start_health,
-    unless_stopped,
-)
+from jobq.service import database_answers, lifecycle
 from jobq.settings import Settings
 from jobq.sql import Q
 
@@ -126,7 +122,7 @@ class Reaper:
         while True:
             rows = await lease.requeue_lapsed(self.pool, self.cfg.batch_size, self.reaper_id)
             for r in rows:
-                if r["status"] == "failed":
+                if r["status"] == Status.FAILED:
                     metrics.JOBS_OF_DEATH.labels(r["queue"]).inc()
                     sweep.failed.append(str(r["id"]))
                     log.warning("job of death: lease lapsed %d times; failed", r["stalls"],
@@ -213,7 +209,7 @@ class Reaper:
             seconds = await self.pool.fetchval(Q["next_deadline_s"])
         if seconds is None:
             return self.cfg.max_sleep_s
-        return max(0.02, min(self.cfg.max_sleep_s, seconds + self.cfg.wake_slack_s))
+        return max(0.02, min(self.cfg.max_sleep_s, float(seconds) + self.cfg.wake_slack_s))
 
     async def _listen(self) -> None:
         """LISTEN for jobq.enqueue()'s NOTIFY (best effort; polling is the floor)."""
@@ -244,22 +240,13 @@ class Reaper:
             pass
 
     async def run(self) -> None:
-        install_stop_signals(self.request_stop)
-        health = await start_health(self.settings, lambda: True, self._readiness)
-        try:
-            started, _ = await unless_stopped(self.connect(wait=True), self._stop)
-            if started:
-                await self._loop()
-        finally:
-            remove_stop_signals()
-            if health is not None:
-                await health.stop()
-            await self.close()
-            log.info("reaper stopped")
+        await lifecycle(self.settings, self._stop, self.request_stop, lambda: True,
+                        self._readiness, lambda: self.connect(wait=True), self._loop, self.close)
+        log.info("reaper stopped")
 
     async def _loop(self) -> None:
         log.info("reaper ready")
-        backoff = 0.5
+        backoff = Backoff(0.5, 5.0)
         next_lost_check = time.monotonic() + self.cfg.lost_check_s
         while not self._stop.is_set():
             self._wake.clear()
@@ -274,15 +261,16 @@ class Reaper:
                              len(sweep.requeued), len(sweep.failed), sweep.published,
                              sweep.duration_s)
                 sleep_s = await self._seconds_to_next()
-                backoff, self.failures = 0.5, 0
+                backoff.reset()
+                self.failures = 0
             except UnavailableError as exc:
-                log.warning("sweep failed: %s; retrying in %.1fs", exc, backoff)
+                sleep_s = backoff.next()
+                log.warning("sweep failed: %s; retrying in %.1fs", exc, sleep_s)
                 await self._sweep_failed(exc)
-                sleep_s, backoff = backoff, min(backoff * 2, 5.0)
             except Exception as exc:
-                log.exception("sweep failed unexpectedly; retrying in %.1fs", backoff)
+                sleep_s = backoff.next()
+                log.exception("sweep failed unexpectedly; retrying in %.1fs", sleep_s)
                 await self._sweep_failed(exc)
-                sleep_s, backoff = backoff, min(backoff * 2, 5.0)
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=sleep_s)
             except TimeoutError:

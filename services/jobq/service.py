@@ -55,6 +55,31 @@ def remove_stop_signals() -> None:
             pass
 
 
+async def lifecycle(settings: Settings, stop: asyncio.Event, request_stop: Callable[[], None],
+                    live: Callable[[], bool], ready: Check,
+                    connect: Callable[[], Awaitable[None]], serve: Callable[[], Awaitable[None]],
+                    close: Callable[[], Awaitable[None]]) -> None:
+    """The one shape of every jobq service: stop signals and health first,
+    then connect (waiting for what can heal, unless a stop comes first),
+    serve until stopped, and close whatever happened."""
+    from jobq import crash
+
+    crash.configure(settings.crash_at)
+    install_stop_signals(request_stop)
+    health = await start_health(settings, live, ready)
+    try:
+        started, _ = await unless_stopped(connect(), stop)
+        if started:
+            await serve()
+    finally:
+        remove_stop_signals()
+        try:
+            await close()
+        finally:
+            if health is not None:
+                await health.stop()
+
+
 async def unless_stopped(work: Awaitable[T], stopped: asyncio.Event) -> tuple[bool, T | None]:
     """Run ``work`` until it ends or ``stopped`` is set: (finished, result)."""
     task = asyncio.ensure_future(work)

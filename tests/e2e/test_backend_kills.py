@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import SyncDB, lost_and_duplicates, set_queue, wait_until
+from harness.helpers import SyncDB, lost_and_duplicates, set_queue, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -9,7 +9,7 @@ import asyncio
 import aio_pika
 import pytest
 
-from tests.helpers import job, lost_and_duplicates, publish, run_cli, set_queue, wait_until
+from harness.helpers import job, lost_and_duplicates, publish, run_cli, set_queue, wait_until
 
 pytestmark = pytest.mark.e2e
 

@@ -9,8 +9,7 @@ import time
 
 import pytest
 
-from jobq.broker import Broker
-from tests.helpers import (
+from harness.helpers import (
     LEASE_S,
     SLACK_S,
     completed,
@@ -23,6 +22,7 @@ from tests.helpers import (
     set_queue,
     wait_until,
 )
+from jobq.broker import Broker
 
 pytestmark = pytest.mark.e2e
 
@@ -200,7 +200,7 @@ def test_sigterm_with_every_slot_busy_requeues_the_waiting_deliveries(db, procs,
     b.worker_id()
     wait_until(lambda: completed(db, long_ + waiting), 15, "all five completed by B")
     assert [r["worker"] for j in waiting for r in runs(db, j)] == [b.worker_id()] * 3
-    assert all([r["worker"] for r in runs(db, j)][0] == a_id for j in long_)
+    assert all(runs(db, j)[0]["worker"] == a_id for j in long_)
     assert db.val("SELECT max(stalls) FROM jobq.job") == 0
     assert lost_and_duplicates(db, waiting) == (0, 0)
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.helpers import job, lost_and_duplicates, publish, runs, set_queue, wait_until
+from harness.helpers import job, lost_and_duplicates, publish, runs, set_queue, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -20,7 +20,7 @@ def test_sigkill_is_noticed_in_seconds_with_a_long_lease(db, procs, settings, re
     set_queue(db, "work", lease_s=LONG_LEASE_S, vanished_grace_s=2)
     procs.reaper()
     latencies = []
-    for round_ in range(3):
+    for _ in range(3):
         a = procs.consumer("--concurrency", "4")
         a.worker_id()
         ids = publish(settings, "work", [{"sleep_first": 60} for _ in range(4)])

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.helpers import (
+from harness.helpers import (
     LEASE_S,
     SLACK_S,
     job,

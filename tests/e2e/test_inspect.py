@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from tests.helpers import free_port, job, publish, run_cli, runs, set_queue, wait_until
+from harness.helpers import free_port, job, publish, run_cli, runs, set_queue, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -134,7 +134,7 @@ def test_retry_prune_and_errors_of_the_cli(db, procs, settings, env):
 
 def test_history_can_be_switched_off_per_queue(db, procs, settings, env):
     assert run_cli(env, "queue", "set", "quiet", "--history", "off").returncode == 0
-    c = run_cli(env, "consume", "tests.apps:app", "--queue", "quiet")
+    c = run_cli(env, "consume", "harness.apps:app", "--queue", "quiet")
     assert c.returncode == 2  # the test app has no 'quiet' handler: refused, not run
     (jid,) = publish(settings, "quiet", [{}])
     assert db.val("SELECT count(*) FROM jobq.job_event WHERE job_id = $1", jid) == 0

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.helpers import TcpProxy, job, publish, runs, set_queue, wait_until
+from harness.helpers import TcpProxy, job, publish, runs, set_queue, wait_until
 
 pytestmark = pytest.mark.e2e
 

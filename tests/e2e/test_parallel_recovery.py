@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.helpers import job, lost_and_duplicates, publish, set_queue, wait_until
+from harness.helpers import job, lost_and_duplicates, publish, set_queue, wait_until
 
 pytestmark = pytest.mark.e2e
 

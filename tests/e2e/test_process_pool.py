@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.helpers import job, lost_and_duplicates, publish, runs, set_queue, wait_until
+from harness.helpers import job, lost_and_duplicates, publish, runs, set_queue, wait_until
 
 pytestmark = pytest.mark.e2e
 

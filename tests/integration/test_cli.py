@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import uuid
 
-from tests.helpers import SyncDB, run_cli
+from harness.helpers import SyncDB, run_cli
 
 
 def free_port() -> int:
@@ -67,11 +67,11 @@ def test_unmigrated_database_says_run_migrate(env, pg_admin_url) -> None:
 
 
 def test_consume_refuses_unknown_app_or_queue(env) -> None:
-    one_line_error(run_cli(env, "consume", "tests.apps:app", "--queue", "nope"), 2,
+    one_line_error(run_cli(env, "consume", "harness.apps:app", "--queue", "nope"), 2,
                    "no handler registered for queue(s) nope")
     one_line_error(run_cli(env, "consume", "no.such.module:app"), 2, "cannot import")
-    one_line_error(run_cli(env, "consume", "tests.apps"), 2, "module:attribute")
-    one_line_error(run_cli(env, "consume", "tests.apps:start"), 2, "not a jobq.App")
+    one_line_error(run_cli(env, "consume", "harness.apps"), 2, "module:attribute")
+    one_line_error(run_cli(env, "consume", "harness.apps:start"), 2, "not a jobq.App")
 
 
 def test_queue_settings_stats_and_inspect(env, db: SyncDB) -> None:

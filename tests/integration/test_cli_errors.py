@@ -7,7 +7,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.helpers import SyncDB, run_cli
+from harness.helpers import SyncDB, run_cli
 from tests.integration.test_cli import one_line_error
 
 SECRET = "S3cretPW"
@@ -70,7 +70,7 @@ def test_settings_out_of_range_are_refused_from_sql_too(db: SyncDB) -> None:
 @pytest.mark.parametrize("service", ["reap", "consume"])
 def test_services_exit_2_on_a_database_that_does_not_exist(env, service: str) -> None:
     url = urlsplit(env["JOBQ_DATABASE_URL"])._replace(path="/jobq_no_such_db").geturl()
-    args = [service] + (["tests.apps:app"] if service == "consume" else [])
+    args = [service] + (["harness.apps:app"] if service == "consume" else [])
     out = run_cli(_with(env, JOBQ_DATABASE_URL=url), *args, timeout=20)
     assert out.returncode == 2, (out.returncode, out.stderr[-500:])
     assert "does not exist" in out.stderr and "Traceback" not in out.stderr

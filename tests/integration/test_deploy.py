@@ -19,8 +19,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from harness.helpers import Proc, free_port, wait_until
 from jobq.broker import queue_arguments
-from tests.helpers import Proc, free_port, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -165,7 +165,7 @@ def _get_quiet(port: int, path: str) -> int:
 def test_readyz_reflects_a_database_outage(settings, procs) -> None:
     from urllib.parse import urlsplit
 
-    from tests.helpers import TcpProxy
+    from harness.helpers import TcpProxy
 
     u = urlsplit(settings.database_url)
     proxy = TcpProxy(u.hostname or "127.0.0.1", u.port or 5432)

@@ -70,7 +70,8 @@ def test_statements_by_id_use_the_primary_key(db_url: str, stats: str) -> None:
                 "CASE WHEN s <> 'queued' OR i % 2 = 0 THEN now() END, "
                 "CASE WHEN s IN ('completed', 'failed') THEN now() END "
                 "FROM generate_series(1, 40000) i, "
-                "LATERAL (SELECT (ARRAY['queued','active','completed','failed'])[1 + i % 4] AS s) x")
+                "LATERAL (SELECT (ARRAY['queued','active','completed','failed'])[1 + i % 4] AS s)"
+                " x")
             if stats == "backlog":  # analyzed while everything was queued, then drained
                 await conn.execute("UPDATE jobq.job SET status = 'queued', lease_expires_at = NULL")
                 await conn.execute("ANALYZE jobq.job")

@@ -6,9 +6,10 @@ import asyncio
 
 import asyncpg
 
+from harness.scratch import admin as _admin
+from harness.scratch import with_db as _with_db
 from jobq import migrate
 from jobq.sql import Q
-from tests.conftest import _admin, _with_db
 
 
 def test_every_query_prepares_against_the_migrated_schema(db_url: str) -> None:

@@ -109,3 +109,20 @@ def test_a_run_stops_once_and_remembers_the_first_reason() -> None:
     assert run.stop(Stop.TIMEOUT) is True
     assert run.stop(Stop.LOST) is False
     assert run.stop_reason is Stop.TIMEOUT and not run.ours and run.job.stop_requested.is_set()
+
+
+@pytest.mark.parametrize(("exc", "kind"), [
+    (__import__("aiormq").exceptions.ProbableAuthenticationError("refused"), "config"),
+    (__import__("aiormq").exceptions.ChannelPreconditionFailed("args differ"), "queue"),
+    (__import__("aiormq").exceptions.ChannelAccessRefused("no configure"), "queue"),
+    (__import__("aiormq").exceptions.ChannelNotFoundEntity("gone"), "queue"),
+    (__import__("aiormq").exceptions.ConnectionClosed(320, "forced"), "transient"),
+    (__import__("aiormq").exceptions.ChannelInvalidStateError("closed"), "transient"),
+    (__import__("aiormq").exceptions.DeliveryError(None, None), "transient"),
+    (ConnectionResetError(), "transient"), (TimeoutError(), "transient"),
+])
+def test_broker_errors_are_classified(exc: BaseException, kind: str) -> None:
+    from jobq.broker import TRANSIENT, classify
+
+    assert classify(exc) == kind
+    assert isinstance(exc, TRANSIENT) or kind == "config"

@@ -84,3 +84,14 @@ def test_deep_payloads_are_refused_before_they_are_sent() -> None:
         validate(NewJob("q", deep))
     with pytest.raises(InvalidPayload, match="byte limit"):
         validate(NewJob("q", {"blob": "x" * (100 * 1024 * 1024 + 1)}))
+
+
+def test_a_consumer_refuses_queues_its_app_has_no_handler_for() -> None:
+    from harness import apps
+    from jobq.settings import Settings
+    from jobq.worker.consumer import Consumer
+
+    with pytest.raises(Exception, match="no handler registered for queue"):
+        Consumer(apps.app, Settings(), ["nope"])
+    with pytest.raises(Exception, match="--pool process needs the app"):
+        Consumer(apps.app, Settings(consumer={"pool": "process"}), ["proc"])

@@ -75,7 +75,7 @@ def serve(app_spec: str, conn: Connection) -> None:
         try:
             app.handlers[queue].fn(job)
             reply: tuple[Any, ...] = ("ok",)
-        except BaseException as exc:  # noqa: BLE001 - every outcome goes back to the parent
+        except BaseException as exc:
             reply = describe(exc)
         conn.send(reply)
 

@@ -22,10 +22,12 @@ import asyncpg
 from pydantic import ValidationError
 
 from jobq import lease
+from jobq.backoff import Backoff
 from jobq.batch import Coalescer
 from jobq.broker import Broker
 from jobq.db import is_transient
 from jobq.errors import Fail, LeaseLost, Retry
+from jobq.job import Status
 from jobq.lease import Failure, Lease
 from jobq.logs import fields, printable
 from jobq.relay import publish_and_mark
@@ -81,7 +83,7 @@ class Completer:
         """Run a fenced write until it answers; ``_GIVE_UP`` if the lease ran
         out of trust first (then the reaper recovers the job)."""
         loop = asyncio.get_running_loop()
-        delay, reported = 0.05, False
+        backoff, reported = Backoff(0.05, 1.0), False
         while True:
             try:
                 return await op()
@@ -89,13 +91,13 @@ class Completer:
                 if not is_transient(exc) and not reported:
                     reported = True  # a bug or the unexpected: say it once, keep trying
                     log.error("%s of job %s raised; retrying", what, run.job.id, exc_info=exc)
+                delay = backoff.next()
                 if loop.time() + delay >= run.lease.trusted_until:
                     log.warning("could not record the %s before the lease ran out (%s); the "
                                 "job will be reaped and run again", what, exc,
                                 extra=fields(job=run.job.id, worker=self.worker_id))
                     return _GIVE_UP
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
 
     async def complete(self, run: Run) -> None:
         job = run.job
@@ -109,6 +111,16 @@ class Completer:
                                                    worker=self.worker_id))
         elif ok is False:
             self.heartbeat.lose(run, "completion rejected")
+
+    def completed_by_handler(self, run: Run) -> None:
+        """The handler completed the job in its own transaction
+        (``job.complete_in``): nothing left to write."""
+        run.lease.finishing = True
+        job = run.job
+        self.tally.count("completed", job.queue)
+        log.info("completed (in the handler's transaction)", extra=fields(
+            event="completed", job=job.id, queue=job.queue, attempt=job.attempt,
+            worker=self.worker_id))
 
     async def fail(self, run: Run, exc: BaseException) -> None:
         job = run.job
@@ -127,7 +139,7 @@ class Completer:
             return
         if row is None:
             self.heartbeat.lose(run, "failure rejected")
-        elif row["status"] == "queued":
+        elif row["status"] == Status.QUEUED:
             self.tally.count("retried", job.queue)
             log.info("handler failed; retry in %.1fs: %s", row["retry_in_s"],
                      failure.error[:500], extra=fields(event="retry", job=job.id,
@@ -151,11 +163,11 @@ class Completer:
             self.heartbeat.lose(run, "child death not recorded: lease already gone")
             return
         self.tally.count("child_died", job.queue)
-        log.warning("%s; %s", why, "failed as a job of death" if row["status"] == "failed"
+        log.warning("%s; %s", why, "failed as a job of death" if row["status"] == Status.FAILED
                     else f"requeued (stall {row['stalls']})",
                     extra=fields(event="child_died", job=job.id, queue=job.queue,
                                  attempt=job.attempt, worker=self.worker_id))
-        if row["status"] == "queued" and row["due"]:
+        if row["status"] == Status.QUEUED and row["due"]:
             await publish_and_mark(self.broker, self.pool, [(row["id"], row["queue"],
                                                              row["lock"])])
 
@@ -164,6 +176,7 @@ class Completer:
         if not runs:
             return
         rows: list[Any] = []
+        backoff = Backoff(0.1, 1.0)
         for attempt in range(4):
             try:
                 rows = await lease.release(self.pool, [r.lease for r in runs], why, handoff)
@@ -173,7 +186,7 @@ class Completer:
                     log.warning("could not release %d lease(s): %s; they will lapse and be "
                                 "reaped", len(runs), exc)
                     return
-                await asyncio.sleep(0.1 * 2 ** attempt)
+                await backoff.sleep()
         for row in rows:
             self.tally.count("released", row["queue"])
             log.info("released (%s)", why, extra=fields(

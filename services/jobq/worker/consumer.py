@@ -27,19 +27,13 @@ from typing import Any
 
 import asyncpg
 
-from jobq import crash, metrics
+from jobq import metrics
 from jobq.app import App
 from jobq.broker import Broker
 from jobq.db import execute, open_pool
 from jobq.errors import ConfigError
 from jobq.logs import fields
-from jobq.service import (
-    database_answers,
-    install_stop_signals,
-    remove_stop_signals,
-    start_health,
-    unless_stopped,
-)
+from jobq.service import database_answers, lifecycle
 from jobq.settings import Settings
 from jobq.sql import Q
 from jobq.worker.completer import Completer
@@ -101,27 +95,20 @@ class Consumer:
 
     async def run(self) -> None:
         """Run until :meth:`request_stop`; drain and release on the way out."""
-        crash.configure(self.settings.crash_at)
-        install_stop_signals(self.request_stop)
-        health = await start_health(self.settings, lambda: not self._dead, self._readiness)
-        try:
-            started, _ = await unless_stopped(self._connect(), self._stop)
-            if started:
-                await self._serve()
-        finally:
-            remove_stop_signals()
-            if self.registry is not None:
-                await self.registry.deregister()
-            if health is not None:
-                await health.stop()
-            await self.broker.close()
-            if self.processes is not None:
-                await self.processes.close()
-            if self.pool is not None:
-                await self.pool.close()
-            if self.executor is not None:
-                self.executor.close()
+        await lifecycle(self.settings, self._stop, self.request_stop, lambda: not self._dead,
+                        self._readiness, self._connect, self._serve, self._close)
         log.info("consumer stopped", extra=fields(worker=self.worker_id, **dict(self.counters)))
+
+    async def _close(self) -> None:
+        if self.registry is not None:
+            await self.registry.deregister()
+        await self.broker.close()
+        if self.processes is not None:
+            await self.processes.close()
+        if self.pool is not None:
+            await self.pool.close()
+        if self.executor is not None:
+            self.executor.close()
 
     async def _readiness(self) -> dict[str, bool]:
         return {"database": await database_answers(self.pool),

@@ -186,7 +186,10 @@ class Executor:
         if run.stop_reason is not None:
             return await self._after_stop(run)
         crash.point("consumer.after_handler")
-        await self.completer.complete(run)
+        if run.job.completed_in_transaction:
+            self.completer.completed_by_handler(run)  # job.complete_in(conn) committed it
+        else:
+            await self.completer.complete(run)
         return "ok"
 
     async def _call(self, run: Run) -> Any:

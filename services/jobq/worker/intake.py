@@ -38,7 +38,9 @@ import asyncpg
 from aio_pika.abc import AbstractIncomingMessage
 
 from jobq import crash, lease
+from jobq.backoff import Backoff
 from jobq.db import is_transient
+from jobq.job import Status
 from jobq.logs import fields
 from jobq.worker.tally import Tally
 
@@ -171,7 +173,7 @@ class Intake:
 
     async def _claim_later(self, batch: Batch, exc: Exception) -> None:
         loop = asyncio.get_running_loop()
-        delay = 0.05
+        backoff = Backoff(0.05, 1.6)
         for attempt in range(CLAIM_TRIES):
             if not is_transient(exc):
                 await self._claim_one_by_one(batch)
@@ -181,8 +183,7 @@ class Intake:
                 log.warning("cannot claim %d job(s) now (%s); retrying them", len(batch), exc)
             if self._stop.is_set():
                 break
-            await asyncio.sleep(delay)
-            delay *= 2
+            await backoff.sleep()
             sent_at = loop.time()
             try:
                 rows = await self._claim([i for i, _ in batch])
@@ -248,13 +249,13 @@ class Intake:
                 self.tally.drop("unknown_job")
                 log.warning("message for unknown job id; dropped",
                             extra=fields(event="unknown_job", job=i))
-            elif row["status"] == "queued" and row["queue"] not in self.queues:
+            elif row["status"] == Status.QUEUED and row["queue"] not in self.queues:
                 foreign.append(i)
                 self.tally.drop("foreign_queue")
                 log.warning("job belongs to queue %s, which this worker does not handle; "
                             "handed back to the relay", row["queue"],
                             extra=fields(event="foreign_queue", job=i, queue=row["queue"]))
-            elif row["status"] == "queued" and row["not_due"]:
+            elif row["status"] == Status.QUEUED and row["not_due"]:
                 self.tally.drop("not_due")
                 log.info("early delivery for a job not due yet; dropped (the relay "
                          "publishes it when due)", extra=fields(event="not_due", job=i))

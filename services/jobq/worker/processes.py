@@ -25,6 +25,7 @@ import sys
 from multiprocessing.connection import Connection
 from typing import Any
 
+from jobq.backoff import Backoff
 from jobq.errors import ConfigError, Fail, Retry
 from jobq.worker.run import Run
 
@@ -149,28 +150,31 @@ class ProcessPool:
             return
         child.proc.terminate()
         asyncio.get_running_loop().call_later(
-            self.kill_grace_s, lambda: child.proc.poll() is None and child.proc.kill())
+            self.kill_grace_s, self._kill_if_alive, child)
 
     def _background(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
         self._side.add(task)
         task.add_done_callback(self._side.discard)
 
+    @staticmethod
+    def _kill_if_alive(child: _Child) -> None:
+        if child.proc.poll() is None:
+            child.proc.kill()
+
     def _replace(self) -> None:
         if not self._closing:
             self._background(self._respawn())
 
     async def _respawn(self) -> None:
-        delay = 0.1
+        backoff = Backoff(0.1, 5.0)
         while not self._closing:
             try:
                 self._idle.put_nowait(await self._spawn())
                 return
             except Exception as exc:
-                log.warning("cannot start a handler child process (%s); retrying in %.1fs",
-                            exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                log.warning("cannot start a handler child process (%s); retrying", exc)
+                await backoff.sleep()
 
     async def call(self, run: Run, job_fields: dict[str, Any]) -> None:
         """Run the job's handler in a child; raises its error, or ChildDied."""

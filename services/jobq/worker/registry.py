@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 import asyncpg
 
+from jobq.backoff import Backoff
 from jobq.db import SESSION_SETTINGS
 from jobq.logs import fields
 from jobq.sql import Q
@@ -72,24 +73,23 @@ class Registry:
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
-        delay = 0.1
+        backoff = Backoff(0.1, 1.0)
         while True:
             try:
                 await self._session()
-                delay = 0.1
+                backoff.reset()  # it was up: come back at once
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("worker registry session unavailable: %s; retrying in %.1fs",
-                            exc, delay, extra=fields(worker=self.worker_id))
+                log.warning("worker registry session unavailable: %s; retrying", exc,
+                            extra=fields(worker=self.worker_id))
             if self.conn is not None:
                 self.conn = None
                 log.warning("worker registry session ended; re-registering (leases are "
                             "trusted for their grace period only until then)",
                             extra=fields(worker=self.worker_id))
                 self._on_lost(loop.time())
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
+            await backoff.sleep()
 
     async def deregister(self) -> None:
         """Graceful stop: say we are gone (nothing to cut), end the session."""

@@ -141,7 +141,7 @@ class Procs:
         return proc
 
     def consumer(self, *extra: str, **env: str) -> Proc:
-        return self.start("consume", "tests.apps:app", *extra, **env)
+        return self.start("consume", "harness.apps:app", *extra, **env)
 
     def reaper(self, **env: str) -> Proc:
         return self.start("reap", **env)
@@ -254,7 +254,8 @@ class TcpProxy:
         parts = urlsplit(real_url)
         netloc = parts.netloc.rsplit("@", 1)
         host = f"127.0.0.1:{self.port}"
-        return urlunsplit(parts._replace(netloc=f"{netloc[0]}@{host}" if len(netloc) == 2 else host))
+        netloc_ = f"{netloc[0]}@{host}" if len(netloc) == 2 else host
+        return urlunsplit(parts._replace(netloc=netloc_))
 
     def close(self) -> None:
         self._call(self._cut())

@@ -95,6 +95,16 @@ async def typed(job: Job) -> None:
     await _work(Job(job.id, job.queue, {}, job.attempt, job.lock, job.worker_id))
 
 
+@app.handler("echo")
+async def echo(job: Job) -> None:
+    """Records the payload exactly as the handler received it."""
+    pool = await _db()
+    await pool.execute(
+        "INSERT INTO test_run (job_id, worker, attempt, lock, pid, outcome) "
+        "VALUES ($1,$2,$3,$4,$5,$6)", job.id, job.worker_id, job.attempt, job.lock, os.getpid(),
+        __import__("json").dumps({"type": type(job.payload).__name__, "payload": job.payload}))
+
+
 @app.handler("sync")
 def sync_handler(job: Job) -> None:
     """Blocks its thread; must not starve the heartbeat."""

@@ -1,0 +1,78 @@
+"""Operator actions behind the CLI's verbs, usable from Python too: set and
+list queue settings, stats, inspect, retry, cancel, prune.
+
+Each takes a pool, runs only named statements from ``queries.sql``, and
+returns plain rows or raises a :class:`~jobq.errors.BadInput`; ``cli.py``
+parses arguments and prints. Like every writer of job rows, these go through
+fenced or status-guarded statements: a retry only moves a failed or
+cancelled job, a cancel only a queued or active one.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import asyncpg
+
+from jobq.app import check_queue_name
+from jobq.db import execute, fetch, fetchval
+from jobq.errors import BadInput, UnknownJob
+from jobq.queues import changes
+from jobq.sql import Q
+
+
+async def set_queue(pool: asyncpg.Pool, name: str, values: dict[str, Any]) -> Any:
+    """Create the queue if needed and change the given (checked) settings."""
+    check_queue_name(name)
+    await execute(pool, Q["queue_ensure"], name)
+    (row,) = await fetch(pool, Q["queue_update"], name, changes(values))
+    return row
+
+
+async def list_queues(pool: asyncpg.Pool) -> list[Any]:
+    return await fetch(pool, Q["queue_list"])
+
+
+async def stats(pool: asyncpg.Pool) -> list[Any]:
+    return await fetch(pool, Q["stats"])
+
+
+async def inspect(pool: asyncpg.Pool, job_id: uuid.UUID) -> tuple[Any, list[Any]]:
+    """The job row and its history, oldest first."""
+    rows = await fetch(pool, Q["job_get"], job_id)
+    if not rows:
+        raise UnknownJob(f"no job with id {job_id}")
+    return rows[0], await fetch(pool, Q["history"], job_id)
+
+
+async def _status(pool: asyncpg.Pool, job_id: uuid.UUID) -> str:
+    status = await fetchval(pool, Q["job_status"], job_id)
+    if status is None:
+        raise UnknownJob(f"no job with id {job_id}")
+    return str(status)
+
+
+async def retry(pool: asyncpg.Pool, job_id: uuid.UUID) -> Any:
+    """Put a failed or cancelled job back in line; the row (id, queue, lock)
+    to publish. The caller publishes it (the relay does if it does not)."""
+    rows = await fetch(pool, Q["retry_failed"], job_id)
+    if not rows:
+        status = await _status(pool, job_id)
+        raise BadInput(f"job {job_id} is {status}: only failed or cancelled jobs can be retried")
+    return rows[0]
+
+
+async def cancel(pool: asyncpg.Pool, job_id: uuid.UUID, reason: str | None) -> None:
+    if not await fetchval(pool, Q["cancel"], job_id, reason):
+        raise BadInput(f"job {job_id} is already {await _status(pool, job_id)}")
+
+
+async def prune(pool: asyncpg.Pool, older_than_s: float, batch: int) -> int:
+    """Delete finished jobs (and their history) older than that, in batches."""
+    total = 0
+    while True:
+        n = int((await execute(pool, Q["prune_batch"], older_than_s, batch)).split()[-1])
+        total += n
+        if n < batch:
+            return total
