@@ -10,7 +10,7 @@ process, and figures over *all* jobs (p50 / p99 / max), on the database clock.
 - one poison job among 7 healthy ones (2 s every run) in a consumer of
   concurrency 8: time until the poison fails, the healthy ones' re-runs.
 - --pool process: a handler SIGKILLs its own child -> the job running again.
-- CPU-bound sync handlers, 2 consumers: thread pool vs process pool.
+- CPU-bound sync handlers, 1 and 2 consumers: thread pool vs process pool.
 
     .venv/bin/python bench/detection.py --trials 3 --stops 20
 """
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import statistics
 import sys
@@ -162,24 +163,28 @@ def child_deaths(db: SyncDB, procs: Procs, settings: Settings, trials: int) -> d
 
 
 def cpu_bound(db: SyncDB, procs: Procs, settings: Settings, jobs: int = 40,
-              spin_s: float = 0.25) -> dict[str, Any]:
-    """CPU-bound sync handlers, 2 consumers x concurrency 2: thread vs process pool."""
+              work: int = 2_000_000) -> dict[str, Any]:
+    """CPU-bound sync handlers (a fixed loop of `work` steps, ~0.25 s of one
+    core), concurrency 2 per consumer: thread pool vs process pool, with 1 and
+    with 2 consumer processes. Threads of one process share one GIL."""
     set_queue(db, "proc", lease_s=30)
-    out: dict[str, Any] = {"jobs": jobs, "cpu_s_per_job": spin_s}
-    for pool in ("thread", "process"):
-        fleet = [procs.consumer("--queue", "proc", "--pool", pool, "--concurrency", "2")
-                 for _ in range(2)]
-        for c in fleet:
-            c.worker_id()
-        ids = publish(settings, "proc", [{"spin": spin_s} for _ in range(jobs)])
-        wait_until(lambda: db.val("SELECT count(*) FROM jobq.job WHERE id = ANY($1) AND "
-                                  "status = 'completed'", ids) == jobs, 300, "drain")
-        secs = db.val("SELECT extract(epoch FROM max(finished_at) - min(started_at))::float8 "
-                      "FROM jobq.job WHERE id = ANY($1)", ids)
-        out[f"{pool}_jobs_per_s"] = round(jobs / secs, 2)
-        for c in fleet:
-            c.kill()
-    out["process_over_thread"] = round(out["process_jobs_per_s"] / out["thread_jobs_per_s"], 2)
+    out: dict[str, Any] = {"jobs": jobs, "work_steps_per_job": work, "cores": os.cpu_count()}
+    for consumers in (1, 2):
+        for pool in ("thread", "process"):
+            fleet = [procs.consumer("--queue", "proc", "--pool", pool, "--concurrency", "2")
+                     for _ in range(consumers)]
+            for c in fleet:
+                c.worker_id()
+            ids = publish(settings, "proc", [{"work": work} for _ in range(jobs)])
+            wait_until(lambda: db.val("SELECT count(*) FROM jobq.job WHERE id = ANY($1) AND "
+                                      "status = 'completed'", ids) == jobs, 300, "drain")
+            secs = db.val("SELECT extract(epoch FROM max(finished_at) - min(started_at))::float8"
+                          " FROM jobq.job WHERE id = ANY($1)", ids)
+            out[f"{consumers}c_{pool}_jobs_per_s"] = round(jobs / secs, 2)
+            for c in fleet:
+                c.kill()
+        out[f"{consumers}c_process_over_thread"] = round(
+            out[f"{consumers}c_process_jobs_per_s"] / out[f"{consumers}c_thread_jobs_per_s"], 2)
     return out
 
 
@@ -195,7 +200,7 @@ def run(trials: int = 3, stops_n: int = 20, stop_parallel: int = 5) -> dict[str,
             result.update(stops(w.db, w.procs, w.settings, stops_n, stop_parallel))
         result["poison_among_7_healthy"] = poison(w.db, w.procs, w.settings)
         result.update(child_deaths(w.db, w.procs, w.settings, 10))
-        result["cpu_bound_2_consumers"] = cpu_bound(w.db, w.procs, w.settings)
+        result["cpu_bound"] = cpu_bound(w.db, w.procs, w.settings)
     return result
 
 

@@ -139,10 +139,9 @@ def proc(job: Job) -> None:
     if p.get("hang_on_attempt") and job.attempt <= int(p["hang_on_attempt"]):
         time.sleep(3600)
     time.sleep(float(p.get("sleep", 0)))
-    deadline = time.monotonic() + float(p.get("spin", 0))
-    x = 0
-    while time.monotonic() < deadline:
-        x += 1  # CPU-bound: holds the GIL
+    total = 0
+    for i in range(int(p.get("work", 0))):
+        total += i * i  # CPU-bound: a fixed amount of work, holding the GIL
     asyncio.run(_once("UPDATE test_run SET outcome = 'returned', ended_at = clock_timestamp() "
                       "WHERE n = $1 RETURNING n", n))
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import asyncpg
 
+from jobq import lease
 from jobq.app import check_queue_name
 from jobq.db import execute, fetch, fetchval
 from jobq.errors import BadInput, UnknownJob
@@ -56,15 +57,15 @@ async def _status(pool: asyncpg.Pool, job_id: uuid.UUID) -> str:
 async def retry(pool: asyncpg.Pool, job_id: uuid.UUID) -> Any:
     """Put a failed or cancelled job back in line; the row (id, queue, lock)
     to publish. The caller publishes it (the relay does if it does not)."""
-    rows = await fetch(pool, Q["retry_failed"], job_id)
-    if not rows:
+    row = await lease.retry_failed(pool, job_id)
+    if row is None:
         status = await _status(pool, job_id)
         raise BadInput(f"job {job_id} is {status}: only failed or cancelled jobs can be retried")
-    return rows[0]
+    return row
 
 
 async def cancel(pool: asyncpg.Pool, job_id: uuid.UUID, reason: str | None) -> None:
-    if not await fetchval(pool, Q["cancel"], job_id, reason):
+    if not await lease.cancel(pool, job_id, reason):
         raise BadInput(f"job {job_id} is already {await _status(pool, job_id)}")
 
 

@@ -22,7 +22,6 @@ from typing import Any
 import asyncpg
 
 from jobq.errors import LeaseLost
-from jobq.sql import Q
 
 
 class Status(str, enum.Enum):
@@ -78,7 +77,8 @@ class Job:
         :class:`LeaseLost` if the lease is gone; let it propagate so the
         caller's transaction rolls back.
         """
-        done = await conn.fetch(Q["complete"], [self.id], [self.lock])
-        if not done:
+        from jobq import lease  # the one writer of lease columns
+
+        if not await lease.complete_in(conn, self.id, self.lock):
             raise LeaseLost(f"job {self.id}: lease lost before completion")
         self.completed_in_transaction = True

@@ -1,5 +1,9 @@
 """The lease: the only code that writes lease columns (status, lock,
-lease_expires_at, stalls) of ``jobq.job``. The SQL is in ``queries.sql``.
+lease_expires_at, stalls, isolated) of ``jobq.job``; the SQL is in
+``queries.sql``. Workers' writes are fenced by their token; the reaper's
+are under FOR UPDATE SKIP LOCKED; operators' (cancel, retry) are guarded by
+the status they move from. ``published_at`` is set only by ``relay.py``;
+a transition that puts a row back in line clears it in the same statement.
 
 A consumer holds a :class:`Lease` per job it runs. Besides the database's
 deadline, each lease keeps a local *trusted until* on the event loop's
@@ -60,6 +64,11 @@ class Lease:
 
 
 # ── worker side: every write fenced by (id, lock, status='active', not lapsed) ──
+
+async def complete_in(conn: Any, job_id: uuid.UUID, lock: uuid.UUID) -> bool:
+    """Complete inside the caller's open transaction (``job.complete_in``)."""
+    return bool(await conn.fetch(Q["complete"], [job_id], [lock]))
+
 
 async def claim(pool: asyncpg.Pool, ids: Sequence[uuid.UUID], worker_id: str,
                 queues: Sequence[str]) -> list[Any]:
@@ -152,6 +161,20 @@ async def child_died(pool: asyncpg.Pool, lease_: Lease, why: str) -> Any:
 async def quarantine(pool: asyncpg.Pool, job_id: uuid.UUID, why: str) -> bool:
     """Fail a queued job whose own data makes its claim fail."""
     return bool(await fetch(pool, Q["quarantine"], job_id, why[:4000]))
+
+
+# ── operators (admin.py): status-guarded, not fenced by a token ──
+
+async def cancel(pool: asyncpg.Pool, job_id: uuid.UUID, reason: str | None) -> bool:
+    """queued/active -> cancelled; an active job's worker learns it at its
+    next renewal (its fenced writes need status = 'active') and stops."""
+    return bool(await fetch(pool, Q["cancel"], job_id, reason))
+
+
+async def retry_failed(pool: asyncpg.Pool, job_id: uuid.UUID) -> Any:
+    """failed/cancelled -> queued; the row (id, queue, lock) or None."""
+    rows = await fetch(pool, Q["retry_failed"], job_id)
+    return rows[0] if rows else None
 
 
 # ── reaper side ──

@@ -19,11 +19,12 @@ LONG_LEASE_S = 30.0
 def test_sigkill_is_noticed_in_seconds_with_a_long_lease(db, procs, settings, report):
     set_queue(db, "work", lease_s=LONG_LEASE_S, vanished_grace_s=2)
     procs.reaper()
-    latencies = []
+    latencies, all_ids = [], []
     for _ in range(3):
         a = procs.consumer("--concurrency", "4")
         a.worker_id()
         ids = publish(settings, "work", [{"sleep_first": 60} for _ in range(4)])
+        all_ids += ids
         wait_until(lambda: db.val("SELECT count(*) FROM test_run WHERE job_id = ANY($1)",
                                   ids) == 4, 10, "4 jobs running")
         a.kill()
@@ -36,7 +37,8 @@ def test_sigkill_is_noticed_in_seconds_with_a_long_lease(db, procs, settings, re
         wait_until(lambda: lost_and_duplicates(db, ids)[0] == 0, 20, "all completed")
         b.kill()
     assert max(latencies) <= 3.5, latencies  # vs. a 30 s lease
-    report("SIGKILL, 30 s lease: kill -> running again (fast path)", 12, 0, 12, latencies)
+    report(f"SIGKILL, {LONG_LEASE_S:.0f} s lease: kill -> running again (fast path)",
+           len(all_ids), *lost_and_duplicates(db, all_ids), latencies)
 
 
 def test_a_live_worker_that_loses_its_session_is_not_blamed(db, procs, settings):
@@ -67,7 +69,8 @@ def test_a_live_worker_that_loses_its_session_is_not_blamed(db, procs, settings)
 
 
 def test_sigstop_falls_back_to_the_lease(db, procs, settings, report):
-    set_queue(db, "work", lease_s=2, vanished_grace_s=2)
+    lease_s = 2.0
+    set_queue(db, "work", lease_s=lease_s, vanished_grace_s=2)
     procs.reaper()
     a = procs.consumer()
     a.worker_id()
@@ -78,6 +81,8 @@ def test_sigstop_falls_back_to_the_lease(db, procs, settings, report):
     wait_until(lambda: job(db, jid)["suspect_stalls"] + job(db, jid)["stalls"] == 1, 5,
                "requeue", interval=0.01)
     latency = time.monotonic() - stopped
-    assert latency <= 2 + 1
+    assert latency <= lease_s + 1
     a.signal(signal.SIGCONT)
-    report("SIGSTOP, 2 s lease (lease fallback)", 1, 0, 0, [latency])
+    lost = int(job(db, jid)["status"] not in ("queued", "active", "completed"))
+    report(f"SIGSTOP, {lease_s:.0f} s lease (lease fallback)", 1, lost, len(runs(db, jid)) - 1,
+           [latency])

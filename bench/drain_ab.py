@@ -1,0 +1,50 @@
+"""Drain throughput of two builds in one sitting, interleaved (issue #11:
+the consumer's restructuring must keep drain within noise).
+
+    .venv/bin/python bench/drain_ab.py --before /path/to/old/services [--rounds 3]
+
+A backlog of --jobs no-op jobs is drained by 2 consumer processes of
+concurrency 32 from the build under test; the other build runs next, and so
+on for --rounds. The producer side (filling the backlog) is this checkout's;
+only the consumers differ. Rates from the database clock, as bench/run.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+from benchenv import world
+from run import drain, reset
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--before", required=True, help="services/ folder of the older build")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--jobs", type=int, default=20000)
+    a = p.parse_args()
+    builds = {"before": a.before, "after": str(HERE.parent / "services")}
+    rates: dict[str, list[float]] = {k: [] for k in builds}
+    for _ in range(a.rounds):
+        for name, services in builds.items():
+            path = os.pathsep.join([services, str(HERE), str(HERE.parent)])
+            with world(("noop",), "ab", JOBQ_LOG_LEVEL="WARNING", PYTHONPATH=path) as w:
+                reset(w.db, True, w.settings)
+                rates[name].append(round(drain(w.db, w.procs, w.settings, a.jobs, 2), 1))
+    ratios = [x / y for x, y in zip(rates["after"], rates["before"], strict=True)]
+    print(json.dumps({"jobs": a.jobs, "consumers": 2, "rates_jobs_per_s": rates,
+                      "after_over_before_per_round": [round(r, 3) for r in ratios],
+                      "median_ratio": round(statistics.median(ratios), 3)}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

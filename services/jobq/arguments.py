@@ -1,0 +1,93 @@
+"""The ``jobq`` command line: every verb, flag and help text, and the
+duration syntax (``7d``). ``cli.py`` runs what this parses. The queue
+settings' flags come from ``queues.py``, so every setting has one."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from jobq.errors import BadInput
+from jobq.queues import SETTINGS
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> float:
+    """'90s', '15m', '12h', '7d', '2w' (or plain seconds) -> seconds."""
+    t = text.strip().lower()
+    try:
+        if t and t[-1] in _UNITS:
+            value = float(t[:-1]) * _UNITS[t[-1]]
+        else:
+            value = float(t)
+    except ValueError:
+        raise BadInput(f"bad duration {text!r}: use a number with s, m, h, d or w, "
+                       "e.g. 7d") from None
+    if value < 0 or math.isnan(value):
+        raise BadInput(f"bad duration {text!r}: must be positive")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="jobq",
+        description="Crash-safe background jobs: RabbitMQ delivers ids, PostgreSQL holds "
+                    "the lease. Configure with JOBQ_DATABASE_URL and JOBQ_AMQP_URL.",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    sub.add_parser("migrate", help="create or upgrade the jobq schema (safe to rerun)")
+
+    pub = sub.add_parser("publish", help="enqueue a job and print its id")
+    pub.add_argument("queue", metavar="QUEUE")
+    pub.add_argument("payload", metavar="JSON", nargs="?", default="{}",
+                     help="the job's payload as JSON (default {}; - reads it from stdin)")
+    pub.add_argument("--delay", type=float, default=0.0, metavar="SECONDS",
+                     help="run no earlier than this many seconds from now")
+    pub.add_argument("--key", default=None, metavar="KEY",
+                     help="idempotency key: publishing the same key twice yields one job")
+
+    con = sub.add_parser("consume", help="run handlers of APP (module:attribute)")
+    con.add_argument("app", metavar="APP", help="e.g. jobq.demo:app")
+    con.add_argument("--queue", "-q", action="append", dest="queues", metavar="Q",
+                     help="queue to consume (repeatable; default: every queue APP handles)")
+    con.add_argument("--concurrency", "-c", type=int, default=None, metavar="N",
+                     help="jobs run at once by this process (default JOBQ_CONSUMER__CONCURRENCY)")
+    con.add_argument("--pool", choices=("thread", "process"), default=None,
+                     help="where sync handlers run: a thread pool (default) or pre-started "
+                          "child processes, one per slot: a child's death is charged to its "
+                          "job alone, and lease loss or a timeout stops the handler "
+                          "(JOBQ_CONSUMER__POOL)")
+    con.add_argument("--max-jobs-per-child", type=int, default=None, metavar="N",
+                     help="--pool process: replace a child after N jobs")
+    con.add_argument("--max-memory-per-child", type=float, default=None, metavar="MB",
+                     help="--pool process: replace a child whose RSS is over MB after a job")
+
+    sub.add_parser("reap", help="requeue lapsed leases and publish what is due")
+
+    qp = sub.add_parser("queue", help="per-queue settings")
+    qsub = qp.add_subparsers(dest="queue_command", required=True, metavar="ACTION")
+    qs = qsub.add_parser("set", help="create a queue or change its settings")
+    qs.add_argument("name", metavar="QUEUE")
+    for q in SETTINGS:
+        qs.add_argument(q.flag, dest=q.column, default=None,
+                        metavar="on|off" if q.kind is bool else "N",
+                        help=f"{q.help} (default {q.default if q.default is not None else 'none'})")
+    qsub.add_parser("list", help="show every queue's settings")
+
+    sub.add_parser("stats", help="jobs per queue and state (stalled = lease lapsed, not reaped)")
+    ins = sub.add_parser("inspect", help="show one job row and its history")
+    ins.add_argument("id", metavar="ID")
+    rt = sub.add_parser("retry", help="put a failed (or cancelled) job back in line")
+    rt.add_argument("id", metavar="ID")
+    cn = sub.add_parser("cancel", help="cancel a queued job; an active one stops at its "
+                        "worker's next renewal")
+    cn.add_argument("id", metavar="ID")
+    cn.add_argument("--reason", default=None, help="recorded in last_error and the history")
+    pr = sub.add_parser("prune", help="delete finished jobs (and their history) in batches")
+    pr.add_argument("--older-than", required=True, metavar="DURATION",
+                    help="finished more than this long ago: 90s, 15m, 12h, 7d, 2w")
+    pr.add_argument("--batch", type=int, default=1000, metavar="N",
+                    help="rows per delete statement (default 1000)")
+    return p

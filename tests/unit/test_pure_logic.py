@@ -1,0 +1,158 @@
+"""The consumer's pure logic, with no services: lease arithmetic and the
+local trusted-until, the completion coalescer, the ack-ordering rule,
+renewal planning, durations, and the one retry schedule."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import pytest
+
+from jobq.arguments import parse_duration
+from jobq.backoff import Backoff
+from jobq.batch import Coalescer
+from jobq.errors import BadInput
+from jobq.job import Job
+from jobq.lease import Lease
+from jobq.settings import ConsumerSettings
+from jobq.worker.heartbeat import Heartbeat
+from jobq.worker.intake import Intake
+from jobq.worker.run import Run
+from jobq.worker.tally import Tally
+
+
+def lease_at(sent_at: float, lease_s: float = 30.0, grace_s: float = 2.0) -> Lease:
+    row = {"id": uuid.uuid4(), "queue": "q", "lock": uuid.uuid4(), "lease_s": lease_s,
+           "vanished_grace_s": grace_s}
+    return Lease.from_claim(row, sent_at, 0.15)  # type: ignore[arg-type]
+
+
+def test_a_lease_is_trusted_until_its_margin_before_the_database_deadline() -> None:
+    le = lease_at(100.0)
+    assert le.trusted_until == pytest.approx(100.0 + 30 * 0.85)
+    le.extend(110.0)  # a renewal sent at 110 succeeded
+    assert le.trusted_until == pytest.approx(110.0 + 30 * 0.85)
+    le.extend(105.0)  # a late answer to an older renewal never moves it back
+    assert le.trusted_until == pytest.approx(110.0 + 30 * 0.85) and le.renewed_at == 110.0
+
+
+def test_a_lost_session_cuts_trust_to_the_grace_and_a_lost_lease_is_never_extended() -> None:
+    le = lease_at(100.0)
+    le.session_lost(101.0)  # a reaper may cut it to 2 s from now
+    assert le.trusted_until == pytest.approx(101.0 + 2 * 0.85)
+    le.lost = "renewal matched no row"
+    le.extend(102.0)
+    assert le.trusted_until == pytest.approx(101.0 + 2 * 0.85)
+
+
+def test_the_next_renewal_is_due_for_the_lease_renewed_longest_ago() -> None:
+    async def go() -> float:
+        hb = Heartbeat({}, ConsumerSettings(), "w", Tally(), None)  # type: ignore[arg-type]
+        for sent_at, lease_s in ((10.0, 30.0), (12.0, 3.0)):
+            le = lease_at(sent_at, lease_s)
+            job = Job(le.job_id, "q", {}, 1, le.lock, "w")
+            hb.runs[job.id] = Run(job, le, None)  # type: ignore[arg-type]
+        return hb._due()
+
+    # 30 s lease renewed at 10 is due at 20; 3 s lease renewed at 12 is due at 13
+    assert asyncio.run(go()) == pytest.approx(12.0 + 3.0 / 3)
+
+
+def test_the_coalescer_batches_what_queues_up_and_answers_each() -> None:
+    batches: list[list[int]] = []
+
+    async def run(items: list[int]) -> list[int]:
+        batches.append(items)
+        await asyncio.sleep(0.01)
+        return [i * 10 for i in items]
+
+    async def go() -> list[int]:
+        c: Coalescer[int, int] = Coalescer(run)
+        first = asyncio.ensure_future(c.submit(0))
+        await asyncio.sleep(0.001)  # its statement is in flight...
+        rest = [asyncio.ensure_future(c.submit(i)) for i in range(1, 5)]  # ...these wait
+        return list(await asyncio.gather(first, *rest))
+
+    assert asyncio.run(go()) == [0, 10, 20, 30, 40]
+    assert batches == [[0], [1, 2, 3, 4]]  # the first alone at once, the rest together
+
+
+def test_a_failed_batch_fails_each_of_its_callers() -> None:
+    async def run(items: list[int]) -> list[int]:
+        raise OSError("down")
+
+    async def go() -> list[Any]:
+        c: Coalescer[int, int] = Coalescer(run)
+        return list(await asyncio.gather(*(c.submit(i) for i in range(3)),
+                                         return_exceptions=True))
+
+    assert all(isinstance(r, OSError) for r in asyncio.run(go()))
+
+
+class _Msg:
+    def __init__(self, channel: object, tag: int) -> None:
+        self.channel, self.delivery_tag = channel, tag
+        self.settled: list[tuple[str, bool]] = []
+
+    async def _done(self) -> None:
+        return None
+
+    def ack(self, multiple: bool = False) -> Any:
+        self.settled.append(("ack", multiple))
+        return self._done()
+
+    def nack(self, multiple: bool = False, requeue: bool = True) -> Any:
+        self.settled.append(("nack", multiple))
+        return self._done()
+
+
+def _intake() -> Intake:
+    return Intake(None, "w", ["q"], asyncio.Semaphore(4), asyncio.Event(), Tally(),  # type: ignore[arg-type]
+                  lambda row, at: None)
+
+
+def test_a_batch_is_acked_with_one_multiple_frame_per_channel() -> None:
+    async def go() -> list[_Msg]:
+        intake = _intake()
+        a, b = object(), object()
+        msgs = [_Msg(a, 1), _Msg(a, 2), _Msg(a, 3), _Msg(b, 7)]
+        await intake._settle(msgs, ack=True)  # type: ignore[arg-type]
+        return msgs
+
+    m = asyncio.run(go())
+    assert [x.settled for x in m] == [[], [], [("ack", True)], [("ack", False)]]
+
+
+def test_no_multiple_ack_over_a_lower_tag_still_unsettled() -> None:
+    async def go() -> list[_Msg]:
+        intake = _intake()
+        ch = object()
+        pending = _Msg(ch, 1)  # in a batch whose claim is being retried
+        intake._unsettled.add(pending)  # type: ignore[arg-type]
+        msgs = [_Msg(ch, 2), _Msg(ch, 3)]
+        await intake._settle(msgs, ack=True)  # type: ignore[arg-type]
+        return [pending, *msgs]
+
+    m = asyncio.run(go())
+    assert [x.settled for x in m] == [[], [("ack", False)], [("ack", False)]]
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("90s", 90), ("15m", 900), ("12h", 43200),
+                                               ("7d", 604800), ("2w", 1209600), ("30", 30)])
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["soon", "-3d", "7x", "nan", ""])
+def test_bad_durations(text: str) -> None:
+    with pytest.raises(BadInput):
+        parse_duration(text)
+
+
+def test_backoff_doubles_to_its_cap_and_resets() -> None:
+    b = Backoff(0.1, 0.5)
+    assert [b.next() for _ in range(5)] == [0.1, 0.2, 0.4, 0.5, 0.5]
+    b.reset()
+    assert b.next() == 0.1
