@@ -6,7 +6,15 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: test lint run install bench clean
+.PHONY: help test lint run install bench clean
+
+help:  ## what each target does
+	@echo "make test     create .venv, install jobq with its test extras, run the suite"
+	@echo "make lint     ruff and mypy --strict (CI runs it before the tests)"
+	@echo "make run      migrate, then a reaper and two consumers of the demo app"
+	@echo "make bench    every benchmark (bench/run.py --all, ~25 min)"
+	@echo "make clean    remove .venv"
+	@echo "Needs Python >= 3.11, PostgreSQL and RabbitMQ on 127.0.0.1 (README)."
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)

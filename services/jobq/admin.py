@@ -69,6 +69,11 @@ async def cancel(pool: asyncpg.Pool, job_id: uuid.UUID, reason: str | None) -> N
         raise BadInput(f"job {job_id} is already {await _status(pool, job_id)}")
 
 
+async def prunable(pool: asyncpg.Pool, older_than_s: float) -> int:
+    """How many finished jobs prune would delete now."""
+    return int(await fetchval(pool, Q["prune_count"], older_than_s))
+
+
 async def prune(pool: asyncpg.Pool, older_than_s: float, batch: int) -> int:
     """Delete finished jobs (and their history) older than that, in batches."""
     total = 0

@@ -13,19 +13,22 @@ from jobq.queues import SETTINGS
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
-def parse_duration(text: str) -> float:
+def parse_duration(text: str, *, unit_required: bool = False) -> float:
     """'90s', '15m', '12h', '7d', '2w' (or plain seconds) -> seconds."""
     t = text.strip().lower()
     try:
         if t and t[-1] in _UNITS:
             value = float(t[:-1]) * _UNITS[t[-1]]
+        elif unit_required:
+            raise BadInput(f"bad duration {text!r}: give a unit (s, m, h, d or w), e.g. 7d; "
+                           "a bare number is ambiguous here")
         else:
             value = float(t)
     except ValueError:
         raise BadInput(f"bad duration {text!r}: use a number with s, m, h, d or w, "
                        "e.g. 7d") from None
-    if value < 0 or math.isnan(value):
-        raise BadInput(f"bad duration {text!r}: must be positive")
+    if value < 0 or not math.isfinite(value):
+        raise BadInput(f"bad duration {text!r}: must be a positive, finite duration")
     return value
 
 
@@ -35,6 +38,9 @@ def parser() -> argparse.ArgumentParser:
         description="Crash-safe background jobs: RabbitMQ delivers ids, PostgreSQL holds "
                     "the lease. Configure with JOBQ_DATABASE_URL and JOBQ_AMQP_URL.",
     )
+    from jobq import __version__
+
+    p.add_argument("--version", action="version", version=f"jobq {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     sub.add_parser("migrate", help="create or upgrade the jobq schema (safe to rerun)")
@@ -87,7 +93,11 @@ def parser() -> argparse.ArgumentParser:
     cn.add_argument("--reason", default=None, help="recorded in last_error and the history")
     pr = sub.add_parser("prune", help="delete finished jobs (and their history) in batches")
     pr.add_argument("--older-than", required=True, metavar="DURATION",
-                    help="finished more than this long ago: 90s, 15m, 12h, 7d, 2w")
+                    help="finished more than this long ago, with a unit: 90s, 15m, 12h, 7d, 2w")
     pr.add_argument("--batch", type=int, default=1000, metavar="N",
                     help="rows per delete statement (default 1000)")
+    pr.add_argument("--dry-run", action="store_true",
+                    help="only count what would be deleted")
+    pr.add_argument("--force", action="store_true",
+                    help="allow --older-than under a minute (deletes jobs finished just now)")
     return p

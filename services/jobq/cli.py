@@ -146,9 +146,16 @@ async def _cancel(settings: Settings, args: argparse.Namespace) -> None:
 
 
 async def _prune(settings: Settings, args: argparse.Namespace) -> None:
-    older = parse_duration(args.older_than)
+    older = parse_duration(args.older_than, unit_required=True)
+    if older < 60 and not args.force:
+        raise BadInput(f"--older-than {args.older_than} would delete jobs that finished "
+                       "under a minute ago; add --force if that is what you want")
     if args.batch < 1:
         raise BadInput("--batch must be at least 1")
+    if args.dry_run:
+        n = await _admin(settings, "prunable", older)
+        print(f"would prune {n} finished job(s)")
+        return
     total = await _admin(settings, "prune", older, args.batch)
     print(f"pruned {total} finished job(s)")
 

@@ -7,7 +7,11 @@
   while draining after SIGTERM.
 
 A tiny HTTP/1.0 responder on asyncio: two fixed paths do not justify a web
-framework dependency.
+framework dependency. It is exposed to whatever can reach the port, so it
+bounds what a client can cost: request lines over 8 KiB are refused (400), at
+most ``MAX_CONNECTIONS`` are served at once (others are closed at once), a
+client gets 5 s to send its line, and readiness is computed at most once a
+second (``READY_CACHE_S``) however often it is asked.
 """
 
 from __future__ import annotations
@@ -21,6 +25,10 @@ log = logging.getLogger("jobq.health")
 
 Check = Callable[[], Awaitable[dict[str, bool]]]
 
+MAX_CONNECTIONS = 32
+MAX_LINE = 8192
+READY_CACHE_S = 1.0
+
 
 class HealthServer:
     def __init__(self, host: str, port: int, live: Callable[[], bool], ready: Check) -> None:
@@ -28,9 +36,24 @@ class HealthServer:
         self._live = live
         self._ready = ready
         self._server: asyncio.base_events.Server | None = None
+        self._open = 0
+        self._ready_cache: tuple[float, dict[str, bool]] | None = None
+
+    async def _readiness(self) -> dict[str, bool]:
+        now = asyncio.get_running_loop().time()
+        if self._ready_cache is not None and now - self._ready_cache[0] < READY_CACHE_S:
+            return self._ready_cache[1]
+        try:
+            checks = await asyncio.wait_for(self._ready(), 3)
+        except Exception as exc:  # a check that raises is a failed check
+            checks = {"error": False}
+            log.debug("readiness check failed: %r", exc)
+        self._ready_cache = (now, checks)
+        return checks
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        self._server = await asyncio.start_server(self._serve, self.host, self.port,
+                                                  limit=MAX_LINE)
         sock = self._server.sockets[0].getsockname()
         self.port = sock[1]
         log.info("health endpoints on http://%s:%d/healthz and /readyz", self.host, self.port)
@@ -40,9 +63,24 @@ class HealthServer:
             self._server.close()
             await self._server.wait_closed()
 
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._open >= MAX_CONNECTIONS:
+            writer.close()  # over the cap: refused without reading a byte
+            return
+        self._open += 1
+        try:
+            await self._handle(reader, writer)
+        finally:
+            self._open -= 1
+
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            request = await asyncio.wait_for(reader.readline(), 5)
+            try:
+                request = await asyncio.wait_for(reader.readline(), 5)
+            except (ValueError, asyncio.LimitOverrunError):  # a line over MAX_LINE
+                writer.write(b"HTTP/1.0 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+                await writer.drain()
+                return
             parts = request.decode("latin-1").split()
             path = parts[1] if len(parts) >= 2 else ""
             body: dict[str, object]
@@ -58,11 +96,7 @@ class HealthServer:
                 await writer.drain()
                 return
             elif path == "/readyz":
-                try:
-                    checks = await asyncio.wait_for(self._ready(), 3)
-                except Exception as exc:  # a check that raises is a failed check
-                    checks = {"error": False}
-                    log.debug("readiness check failed: %r", exc)
+                checks = await self._readiness()
                 ok = all(checks.values())
                 status = 200 if ok else 503
                 body = {"ready": ok, **checks}
@@ -73,7 +107,7 @@ class HealthServer:
             writer.write(f"HTTP/1.0 {status} {reason}\r\nContent-Type: application/json\r\n"
                          f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
             await writer.drain()
-        except (TimeoutError, ConnectionError):
+        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
             writer.close()

@@ -559,6 +559,11 @@ WITH doomed AS (
 )
 DELETE FROM jobq.job j USING doomed WHERE j.id = doomed.id;
 
+-- name: prune_count
+SELECT count(*) FROM jobq.job
+WHERE status IN ('completed', 'failed', 'cancelled')
+  AND finished_at < now() - make_interval(secs => $1);
+
 -- name: history
 SELECT n, at, event, worker_id, attempt, detail
 FROM jobq.job_event

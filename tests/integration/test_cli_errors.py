@@ -81,3 +81,17 @@ def test_services_exit_2_on_a_vhost_that_does_not_exist(env) -> None:
     out = run_cli(_with(env, JOBQ_AMQP_URL=url), "reap", timeout=20)
     assert out.returncode == 2, (out.returncode, out.stderr[-500:])
     assert "vhost" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_prune_wants_a_unit_a_force_under_a_minute_and_can_dry_run(env, db: SyncDB) -> None:
+    jid = run_cli(env, "publish", "q", "{}").stdout.strip()
+    db.execute("UPDATE jobq.job SET status = 'completed', finished_at = now() - interval '2 h' "
+               "WHERE id = $1", jid)
+    one_line_error(run_cli(env, "prune", "--older-than", "7"), 1, "give a unit")
+    one_line_error(run_cli(env, "prune", "--older-than", "30s"), 1, "--force")
+    one_line_error(run_cli(env, "prune", "--older-than", "inf"), 1, "bad duration")
+    out = run_cli(env, "prune", "--older-than", "1h", "--dry-run")
+    assert out.returncode == 0 and "would prune 1" in out.stdout, out.stderr
+    assert db.val("SELECT count(*) FROM jobq.job") == 1  # nothing deleted
+    out = run_cli(env, "prune", "--older-than", "30s", "--force")
+    assert out.returncode == 0 and "pruned 1" in out.stdout, out.stderr

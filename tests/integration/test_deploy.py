@@ -178,6 +178,8 @@ def test_readyz_reflects_a_database_outage(settings, procs) -> None:
         assert _get(port, "/readyz") == (200, {"ready": True, "database": True, "broker": True,
                                                "accepting": True})
         proxy.cut()
+        # readiness is computed at most once a second: wait for the next one
+        wait_until(lambda: _get_quiet(port, "/readyz") == 503, 5, "not ready")
         status, body = _get(port, "/readyz")
         assert status == 503 and body["database"] is False
         assert _get(port, "/healthz")[0] == 200  # alive, just not ready
