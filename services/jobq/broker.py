@@ -82,7 +82,8 @@ class Broker:
         self._conn: AbstractRobustConnection | None = None
         self._pub: AbstractChannel | None = None
         self._exchange: AbstractExchange | None = None
-        self._declared: dict[str, dict[str, str]] = {}  # queue -> its declare arguments
+        self._declared: dict[str, dict[str, str] | None] = {}  # queue -> declare arguments
+        self.may_configure = True  # False: a user without configure permission (checks only)
         self._declare_lock = asyncio.Lock()
         self._closing = False
 
@@ -122,15 +123,39 @@ class Broker:
                 await asyncio.sleep(delay)
         self._conn.close_callbacks.add(self._on_close)
         self._conn.reconnect_callbacks.add(self._on_reconnect)
+        await self._declare_topology()
         self._pub = await self._conn.channel(publisher_confirms=True, on_return_raises=True)
-        self._exchange = await self._pub.declare_exchange(
-            self.namespace, aio_pika.ExchangeType.DIRECT, durable=True
-        )
-        dlx = await self._pub.declare_exchange(
-            f"{self.namespace}.dlx", aio_pika.ExchangeType.FANOUT, durable=True
-        )
-        dead = await self._pub.declare_queue(f"{self.namespace}.dead", durable=True)
-        await dead.bind(dlx)
+        self._exchange = await self._pub.get_exchange(self.namespace, ensure=False)
+
+    async def _declare_topology(self) -> None:
+        """The exchange, the dead-letter exchange and queue. A user without
+        configure permission still runs where they exist (declared by another
+        service or an administrator): then they are only checked."""
+        assert self._conn is not None
+        ns = self.namespace
+        ch = await self._conn.channel()
+        try:
+            await ch.declare_exchange(ns, aio_pika.ExchangeType.DIRECT, durable=True)
+            dlx = await ch.declare_exchange(f"{ns}.dlx", aio_pika.ExchangeType.FANOUT,
+                                            durable=True)
+            dead = await ch.declare_queue(f"{ns}.dead", durable=True)
+            await dead.bind(dlx)
+            await ch.close()
+            self.may_configure = True
+            return
+        except aiormq.exceptions.ChannelAccessRefused:
+            self.may_configure = False
+        ch = await self._conn.channel()
+        try:
+            await ch.get_exchange(ns)
+            await ch.get_exchange(f"{ns}.dlx")
+            await ch.get_queue(f"{ns}.dead")
+            await ch.close()
+        except aiormq.exceptions.ChannelNotFoundEntity as exc:
+            raise ConfigError(
+                f"the RabbitMQ user of JOBQ_AMQP_URL may not declare jobq's exchange {ns!r} "
+                "and it does not exist yet: start one service with a user that may, or grant "
+                f"configure permission on '^{ns}(\\.|$)'") from exc
 
     def _on_close(self, _conn: object, exc: BaseException | None = None) -> None:
         if exc is not None and not isinstance(exc, asyncio.CancelledError) and not self._closing:
@@ -151,10 +176,11 @@ class Broker:
 
     # ── topology ──
 
-    async def ensure_queue(self, queue: str) -> dict[str, str]:
+    async def ensure_queue(self, queue: str) -> dict[str, str] | None:
         """Declare the durable queue for a job queue (once per process).
 
-        Returns the arguments it was declared with, for other channels.
+        Returns the arguments it was declared with, for other channels; None
+        when this user may not declare and the queue was found to exist.
         """
         if queue in self._declared:
             return self._declared[queue]
@@ -163,6 +189,12 @@ class Broker:
                 return self._declared[queue]
             assert self._conn is not None and self._exchange is not None
             name = self.queue_name(queue)
+            if not self.may_configure:
+                ch = await self._conn.channel()
+                await ch.get_queue(name)  # ChannelNotFoundEntity: refused, per queue
+                await ch.close()
+                self._declared[queue] = None
+                return None
             args = queue_arguments(self.namespace)
             ch = await self._conn.channel()
             try:
@@ -272,7 +304,8 @@ class Broker:
         tags: list[tuple[AbstractQueue, str]] = []
         for queue in queues:
             args = await self.ensure_queue(queue)
-            q = await ch.declare_queue(self.queue_name(queue), durable=True, arguments=args)
+            q = (await ch.get_queue(self.queue_name(queue)) if args is None else
+                 await ch.declare_queue(self.queue_name(queue), durable=True, arguments=args))
             tags.append((q, await q.consume(on_message)))
 
         async def stop() -> None:

@@ -65,6 +65,9 @@ async def _publish(settings: Settings, args: argparse.Namespace) -> None:
         payload = json.loads(text)
     except json.JSONDecodeError as exc:
         raise BadInput(f"payload is not valid JSON ({exc}); e.g. '{{\"to\": \"a@b.c\"}}'") from None
+    except (RecursionError, ValueError) as exc:  # nested too deep, a 5,000-digit number
+        raise BadInput(f"payload cannot be decoded: {type(exc).__name__}: {str(exc)[:120]}") \
+            from None
     validate(NewJob(args.queue, payload, args.delay, args.key))  # before connecting
     async with Client(settings) as client:
         job_id = await client.publish(args.queue, payload, delay_s=args.delay,

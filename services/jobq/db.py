@@ -63,6 +63,15 @@ TRANSIENT: tuple[type[BaseException], ...] = (
 _SESSION_ENDING = ("08", "57")
 
 
+def is_data_error(exc: BaseException) -> bool:
+    """A statement failed on the values it worked with (SQLSTATE class 22:
+    out of range, invalid text, ...): the row's data, not the database."""
+    cause = exc.__cause__ if isinstance(exc, JobqError) else exc
+    while cause is not None and not isinstance(cause, asyncpg.PostgresError):
+        cause = cause.__cause__
+    return isinstance(cause, asyncpg.PostgresError) and (cause.sqlstate or "").startswith("22")
+
+
 def is_transient(exc: BaseException) -> bool:
     """Will running the same (fenced, idempotent) statement again heal it?"""
     if isinstance(exc, UnavailableError):  # DatabaseUnavailable, BrokerUnavailable

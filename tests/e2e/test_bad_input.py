@@ -72,3 +72,63 @@ def test_a_payload_that_cannot_be_decoded_fails_at_once(db, procs, settings, pay
     assert (row["attempts"], row["stalls"], row["suspect_stalls"]) == (1, 0, 0)
     assert "payload cannot be decoded" in row["last_error"]
     wait_until(lambda: job(db, ok)["status"] == "completed", 10, "the next job")
+
+
+def test_a_claim_error_that_is_not_the_jobs_fault_fails_no_job(db, procs, settings):
+    """A schema broken under a running consumer (here: a renamed column; in
+    life, a missing grant or a half-applied migration) must not fail every
+    job as unclaimable: the consumer gives the messages back and exits 2."""
+    procs.reaper()
+    c = procs.consumer()
+    c.worker_id()
+    db.execute("ALTER TABLE jobq.job RENAME COLUMN isolated TO isolated_gone")
+    ids = publish(settings, "work", [{} for _ in range(5)])
+    assert c.wait(20) == 2
+    assert "claims fail with an error that retrying cannot heal" in c.log()
+    assert [job(db, j)["status"] for j in ids] == ["queued"] * 5
+    db.execute("ALTER TABLE jobq.job RENAME COLUMN isolated_gone TO isolated")
+    procs.consumer()
+    wait_until(lambda: lost_and_duplicates(db, ids)[0] == 0, 20, "all run once fixed")
+
+
+@pytest.fixture
+def amqp_user_without_configure(amqp_url):
+    """A RabbitMQ user that may read and write but not declare (configure)."""
+    import shutil
+    import subprocess
+    import uuid
+    from urllib.parse import urlsplit
+
+    if not shutil.which("rabbitmqctl") or urlsplit(amqp_url).hostname not in (
+            "127.0.0.1", "localhost"):
+        pytest.skip("needs the local RabbitMQ node's rabbitmqctl to create a user")
+    name, password = f"jobq_noconf_{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+
+    def ctl(*args: str) -> None:
+        subprocess.run(["rabbitmqctl", *args], check=True, capture_output=True, timeout=60)
+
+    ctl("add_user", name, password)
+    ctl("set_permissions", "-p", "/", name, "", ".*", ".*")
+    parts = urlsplit(amqp_url)
+    yield parts._replace(netloc=f"{name}:{password}@{parts.hostname}:{parts.port or 5672}"
+                         ).geturl()
+    ctl("delete_user", name)
+
+
+def test_a_user_without_configure_permission_runs_where_the_topology_exists(
+        db, procs, settings, amqp_user_without_configure):
+    procs.reaper()  # as the test's administrator: declares the exchange
+    (first,) = publish(settings, "work", [{}])  # declares the job queue
+    wait_until(lambda: job(db, first)["published_at"] is not None, 10, "published")
+    c = procs.consumer("--queue", "work", JOBQ_AMQP_URL=amqp_user_without_configure)
+    c.worker_id()
+    wait_until(lambda: job(db, first)["status"] == "completed", 15, "consumed by that user")
+    assert "Traceback" not in c.log()
+
+
+def test_a_user_without_configure_permission_and_no_topology_gets_one_line(
+        procs, settings, amqp_user_without_configure):
+    c = procs.consumer(JOBQ_AMQP_URL=amqp_user_without_configure,
+                       JOBQ_NAMESPACE=f"{settings.namespace}x")
+    assert c.wait(30) == 2
+    assert "may not declare jobq's exchange" in c.log() and "Traceback" not in c.log()

@@ -95,3 +95,9 @@ def test_prune_wants_a_unit_a_force_under_a_minute_and_can_dry_run(env, db: Sync
     assert db.val("SELECT count(*) FROM jobq.job") == 1  # nothing deleted
     out = run_cli(env, "prune", "--older-than", "30s", "--force")
     assert out.returncode == 0 and "pruned 1" in out.stdout, out.stderr
+
+
+@pytest.mark.parametrize("payload", ["[" * 3000 + "]" * 3000, '{"n": ' + "9" * 5000 + "}"],
+                         ids=["nested-3000-deep", "5000-digit-number"])
+def test_publish_refuses_json_it_cannot_decode_with_one_line(env, payload: str) -> None:
+    one_line_error(run_cli(env, "publish", "q", payload), 1, "payload cannot be decoded")

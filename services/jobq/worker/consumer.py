@@ -163,6 +163,15 @@ class Consumer:
                 stopper.cancel()
                 self._dead = True
                 exc = task.exception() if not task.cancelled() else None
+                if isinstance(exc, ConfigError):
+                    # A mistake, not a crash: drain as on SIGTERM (running jobs
+                    # finish or are released, never left to lapse), then one
+                    # line and exit 2 (cli.py).
+                    log.error("stopping: %s", exc, extra=fields(worker=self.worker_id))
+                    self._stop.set()
+                    await self._drain(stop_intake, intake)
+                    renewer.cancel()
+                    raise exc
                 raise RuntimeError(f"{what} died: {exc!r}") from exc
         await self._drain(stop_intake, intake)
         renewer.cancel()

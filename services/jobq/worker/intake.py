@@ -12,9 +12,13 @@
                                   the rest of intake goes on; still failing:
                                   nack with requeue. Never dropped.
 - claim failed on the job itself
-  (not the database)            → claim the batch's ids one by one; the one
+  (a data exception, SQLSTATE 22)→ claim the batch's ids one by one; the one
                                   that fails is failed with the reason
                                   (quarantined) and acked; the rest run
+- claim failed otherwise (a
+  missing grant, a schema bug)  → nack with requeue, and the consumer stops
+                                  with that one line (exit 2): it cannot heal,
+                                  and no valid job is failed for it
 - intake stopped (SIGTERM)      → nack with requeue
 
 A message is acked only after its claim is durable: dying before the claim
@@ -39,7 +43,8 @@ from aio_pika.abc import AbstractIncomingMessage
 
 from jobq import crash, lease
 from jobq.backoff import Backoff
-from jobq.db import is_transient
+from jobq.db import is_data_error, is_transient
+from jobq.errors import ConfigError
 from jobq.job import Status
 from jobq.logs import fields
 from jobq.worker.tally import Tally
@@ -76,6 +81,7 @@ class Intake:
         self._ready = asyncio.Event()
         self._unsettled: set[AbstractIncomingMessage] = set()  # taken, not yet settled
         self.retries: set[asyncio.Task[None]] = set()  # batches whose claim is retried
+        self.fatal: ConfigError | None = None  # a claim error that cannot heal
 
     def on_message(self, msg: AbstractIncomingMessage) -> None:
         # A plain function, so aio-pika calls it without a task per delivery.
@@ -90,9 +96,14 @@ class Intake:
         aio-pika's callback tasks: those are cancelled when a channel closes,
         and a job must outlive that (its handler only needs the database)."""
         while True:
-            if not self._inbox and not self._stop.is_set():
+            if not self._inbox and not self._stop.is_set() and self.fatal is None:
                 self._ready.clear()
                 await self._ready.wait()
+            if self.fatal is not None:
+                msgs = list(self._inbox)
+                self._inbox.clear()
+                await self._settle(msgs, ack=False)
+                raise self.fatal
             if self._stop.is_set():
                 msgs = list(self._inbox)
                 self._inbox.clear()
@@ -175,8 +186,12 @@ class Intake:
         loop = asyncio.get_running_loop()
         backoff = Backoff(0.05, 1.6)
         for attempt in range(CLAIM_TRIES):
-            if not is_transient(exc):
+            if is_data_error(exc):
                 await self._claim_one_by_one(batch)
+                return
+            if not is_transient(exc):
+                await self._give_back(batch)
+                self._fail_intake(exc)
                 return
             if attempt == 0:
                 self.tally.note("claim_retried", len(batch))
@@ -198,9 +213,20 @@ class Intake:
         more = f" and {len(batch) - 3} more" if len(batch) > 3 else ""
         log.warning("cannot claim %s%s: %s; message%s requeued", ids, more, exc,
                     "s" if len(batch) > 1 else "")
+        await self._give_back(batch)
+
+    async def _give_back(self, batch: Batch) -> None:
         for _ in batch:
             self._slots.release()
         await self._settle([m for _, m in batch], ack=False)
+
+    def _fail_intake(self, exc: Exception) -> None:
+        """A claim error nothing here can heal: stop intake with it (the
+        consumer exits with the one line; the orchestrator shows it)."""
+        if self.fatal is None:
+            self.fatal = exc if isinstance(exc, ConfigError) else ConfigError(
+                f"claims fail with an error that retrying cannot heal: {exc}")
+        self._ready.set()
 
     async def _claim_one_by_one(self, batch: Batch) -> None:
         """A claim failed on data, not on the database: find who, fail only it."""
@@ -211,8 +237,10 @@ class Intake:
                 rows = await self._claim([job_id])
             except Exception as exc:
                 self._slots.release()
-                if is_transient(exc):
+                if not is_data_error(exc):
                     await self._settle([msg], ack=False)
+                    if not is_transient(exc):
+                        self._fail_intake(exc)
                     continue
                 why = f"cannot be claimed: {exc} (check the queue's settings; then jobq retry)"
                 try:
