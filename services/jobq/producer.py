@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ import asyncpg
 from jobq import crash
 from jobq.app import check_queue_name
 from jobq.broker import Broker
-from jobq.db import open_pool, translated
+from jobq.db import fetch, open_pool, translated
 from jobq.errors import InvalidPayload
 from jobq.queues import BY_COLUMN
 from jobq.relay import publish_and_mark
@@ -33,6 +34,8 @@ from jobq.sql import Q
 log = logging.getLogger("jobq.producer")
 
 MAX_DELAY_S = 365 * 86400.0
+LIMITS_TTL_S = 60.0
+DEFAULT_PAYLOAD_LIMIT = int(BY_COLUMN["max_payload_bytes"].default)
 # The highest max_payload_bytes a queue may have (schema/0003): larger is
 # refused here, before it is sent; the queue's own limit is checked in SQL.
 MAX_PAYLOAD_BYTES = int(BY_COLUMN["max_payload_bytes"].hi)
@@ -74,6 +77,7 @@ class Client:
     def __init__(self, settings: Settings | None = None) -> None:
         self.settings = settings or Settings()
         self.pool: asyncpg.Pool | None = None
+        self._limits: dict[str, tuple[int, float]] = {}  # queue -> (max_payload_bytes, read at)
         self.broker = Broker(self.settings.amqp_url, self.settings.namespace,
                              self.settings.amqp_heartbeat_s)
 
@@ -108,6 +112,7 @@ class Client:
         jobs = list(jobs)
         payloads = [validate(j) for j in jobs]
         assert self.pool is not None, "call connect() first"
+        await self._check_sizes(jobs, payloads)
         with translated():
             rows = await self.pool.fetch(
                 Q["enqueue_many"], [j.queue for j in jobs], payloads,
@@ -119,6 +124,29 @@ class Client:
         due = [(i, j.queue) for i, j in zip(ids, jobs) if j.delay_s <= 0]
         await self._publish(due)
         return ids
+
+    async def _check_sizes(self, jobs: Sequence[NewJob], payloads: Sequence[str]) -> None:
+        """Refuse a payload clearly over its queue's max_payload_bytes before
+        it crosses the wire (a 50 MB payload used to, to be refused by the
+        database). Limits are read once per queue and kept LIMITS_TTL_S; the
+        database still checks exactly (jsonb's text can differ a little from
+        json.dumps, hence the 5 % tolerance here)."""
+        assert self.pool is not None
+        now = time.monotonic()
+        stale = {j.queue for j in jobs
+                 if j.queue not in self._limits or now - self._limits[j.queue][1] > LIMITS_TTL_S}
+        if stale:
+            rows = await fetch(self.pool, Q["queue_limits"], sorted(stale))
+            found = {r["name"]: r["max_payload_bytes"] for r in rows}
+            for q in stale:  # a queue created by this publish gets the default
+                self._limits[q] = (found.get(q, DEFAULT_PAYLOAD_LIMIT), now)
+        for job, text in zip(jobs, payloads):
+            limit = self._limits[job.queue][0]
+            size = len(text.encode())
+            if size > limit * 1.05:
+                raise InvalidPayload(f"payload is {size} bytes, over the {limit} byte limit of "
+                                     f"queue {job.queue}; store large data elsewhere and pass a "
+                                     "reference, or raise jobq.queue.max_payload_bytes")
 
     async def _publish(self, items: Sequence[tuple[uuid.UUID, str]]) -> None:
         assert self.pool is not None

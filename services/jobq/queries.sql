@@ -33,6 +33,10 @@ FROM unnest($1::text[], $2::jsonb[], $3::float8[], $4::text[])
      WITH ORDINALITY AS t(queue, payload, delay_s, idempotency_key, n)
 ORDER BY t.n;
 
+-- name: queue_limits
+-- The producer checks payload sizes before sending them (cached per queue).
+SELECT name, max_payload_bytes FROM jobq.queue WHERE name = ANY($1::text[]);
+
 -- name: mark_published
 -- After the broker confirmed the ids. Only the queued spell that was
 -- published (same lock token as read) is marked. SKIP LOCKED: a row someone

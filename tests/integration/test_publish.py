@@ -141,3 +141,21 @@ def test_bad_input_is_refused_and_nothing_is_written(
             assert await client.pool.fetchval("SELECT count(*) FROM jobq.job") == 0
 
     asyncio.run(go())
+
+
+def test_a_payload_over_its_queues_limit_never_crosses_the_wire(settings: Settings) -> None:
+    async def go() -> None:
+        conn = await asyncpg.connect(settings.database_url)
+        await conn.execute("INSERT INTO jobq.queue (name, max_payload_bytes) "
+                           "VALUES ('small', 1000)")
+        async with Client(settings) as client:
+            # The client's own refusal (the database's says "(store large ...)"):
+            # the enqueue statement that would carry 50 kB never ran.
+            with pytest.raises(InvalidPayload, match="limit of queue small; store large"):
+                await client.publish("small", {"blob": "x" * 50_000})
+            assert await conn.fetchval("SELECT count(*) FROM jobq.job") == 0
+            ok = await client.publish("small", {"blob": "x" * 100})
+            assert ok is not None
+        await conn.close()
+
+    asyncio.run(go())
