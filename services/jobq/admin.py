@@ -31,6 +31,16 @@ async def set_queue(pool: asyncpg.Pool, name: str, values: dict[str, Any]) -> An
     return row
 
 
+async def queue_limits(pool: asyncpg.Pool, auto_create: bool | None,
+                       max_queues: int | None) -> Any:
+    """Show (or change) whether publishing creates queues, and their cap."""
+    if auto_create is None and max_queues is None:
+        return (await fetch(pool, Q["queue_limits_get"]))[0]
+    if max_queues is not None and not 1 <= max_queues <= 100_000:
+        raise BadInput(f"--max-queues must be between 1 and 100,000, got {max_queues}")
+    return (await fetch(pool, Q["queue_limits_set"], auto_create, max_queues))[0]
+
+
 async def list_queues(pool: asyncpg.Pool) -> list[Any]:
     return await fetch(pool, Q["queue_list"])
 

@@ -81,6 +81,10 @@ def parser() -> argparse.ArgumentParser:
                         metavar="on|off" if q.kind is bool else "N",
                         help=f"{q.help} (default {q.default if q.default is not None else 'none'})")
     qsub.add_parser("list", help="show every queue's settings")
+    ql = qsub.add_parser("limits", help="show or change whether publishing to a new queue name "
+                                        "creates it, and the cap on the number of queues")
+    ql.add_argument("--auto-create", choices=("on", "off"), default=None)
+    ql.add_argument("--max-queues", type=int, default=None, metavar="N")
 
     sub.add_parser("stats", help="jobs per queue and state (stalled = lease lapsed, not reaped)")
     ins = sub.add_parser("inspect", help="show one job row and its history")

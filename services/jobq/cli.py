@@ -102,6 +102,9 @@ async def _queue(settings: Settings, args: argparse.Namespace) -> None:
     if args.queue_command == "set":
         values = _setting_values(args)
         rows = [await _admin(settings, "set_queue", args.name, values)]
+    elif args.queue_command == "limits":
+        auto = None if args.auto_create is None else args.auto_create == "on"
+        rows = [await _admin(settings, "queue_limits", auto, args.max_queues)]
     else:
         rows = await _admin(settings, "list_queues")
     _table([dict(r) for r in rows])

@@ -628,6 +628,15 @@ WHERE name = $1
 RETURNING name, lease_s, max_stalls, max_attempts, timeout_s, backoff_base_s,
           backoff_max_s, stall_cooldown_s, max_payload_bytes, vanished_grace_s, history;
 
+-- name: queue_limits_get
+SELECT auto_create, max_queues, (SELECT count(*) FROM jobq.queue) AS queues
+FROM jobq.queue_limits;
+
+-- name: queue_limits_set
+UPDATE jobq.queue_limits
+SET auto_create = coalesce($1, auto_create), max_queues = coalesce($2, max_queues)
+RETURNING auto_create, max_queues, (SELECT count(*) FROM jobq.queue) AS queues;
+
 -- ───────────────────────────── inspect ─────────────────────────────
 
 -- name: stats

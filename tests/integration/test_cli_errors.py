@@ -101,3 +101,23 @@ def test_prune_wants_a_unit_a_force_under_a_minute_and_can_dry_run(env, db: Sync
                          ids=["nested-3000-deep", "5000-digit-number"])
 def test_publish_refuses_json_it_cannot_decode_with_one_line(env, payload: str) -> None:
     one_line_error(run_cli(env, "publish", "q", payload), 1, "payload cannot be decoded")
+
+
+def test_auto_created_queues_can_be_switched_off_and_are_capped(env, db: SyncDB) -> None:
+    assert run_cli(env, "queue", "limits", "--auto-create", "off").returncode == 0
+    one_line_error(run_cli(env, "publish", "brand_new", "{}"), 1, "not created on first use")
+    with pytest.raises(Exception, match="not created on first use"):
+        db.val("SELECT jobq.enqueue('brand_new_too')")
+    assert run_cli(env, "queue", "set", "brand_new").returncode == 0  # explicit: allowed
+    assert run_cli(env, "publish", "brand_new", "{}").returncode == 0
+    existing = db.val("SELECT count(*) FROM jobq.queue")
+    out = run_cli(env, "queue", "limits", "--auto-create", "on", "--max-queues", str(existing + 2))
+    assert out.returncode == 0, out.stderr
+    # One statement asking for 200 new queues gets the cap, and only the cap.
+    with pytest.raises(Exception, match="over the cap"):
+        db.val("SELECT count(jobq.enqueue('spam' || i)) FROM generate_series(1, 200) i")
+    for i in range(2):
+        db.val("SELECT jobq.enqueue($1)", f"spam{i}")
+    with pytest.raises(Exception, match="over the cap"):
+        db.val("SELECT jobq.enqueue('spam9')")
+    assert db.val("SELECT count(*) FROM jobq.queue") == existing + 2
