@@ -568,6 +568,28 @@ SELECT count(*) FROM jobq.job
 WHERE status IN ('completed', 'failed', 'cancelled')
   AND finished_at < now() - make_interval(secs => $1);
 
+-- name: prune_expired
+-- Reapers: finished jobs past their queue's retention, oldest first, in a
+-- small batch. The range test on finished_at (older than the shortest
+-- retention of any queue) keeps the scan on job_finished_idx's old end.
+WITH doomed AS (
+    SELECT j.id
+    FROM jobq.job j
+    JOIN jobq.queue q ON q.name = j.queue
+    WHERE j.status IN ('completed', 'failed', 'cancelled')
+      AND j.finished_at < now() - make_interval(secs => (
+              SELECT coalesce(min(least(keep_completed_s, keep_failed_s)), 315360000)
+              FROM jobq.queue))
+      AND j.finished_at < now() - make_interval(secs => CASE
+              WHEN j.status = 'completed' THEN q.keep_completed_s ELSE q.keep_failed_s END)
+    ORDER BY j.finished_at
+    LIMIT $1
+    FOR UPDATE OF j SKIP LOCKED
+), events AS (
+    DELETE FROM jobq.job_event e USING doomed WHERE e.job_id = doomed.id
+)
+DELETE FROM jobq.job j USING doomed WHERE j.id = doomed.id;
+
 -- name: history
 SELECT n, at, event, worker_id, attempt, detail
 FROM jobq.job_event
@@ -603,7 +625,8 @@ INSERT INTO jobq.queue (name) VALUES ($1) ON CONFLICT (name) DO NOTHING;
 
 -- name: queue_list
 SELECT name, lease_s, max_stalls, max_attempts, timeout_s, backoff_base_s,
-       backoff_max_s, stall_cooldown_s, max_payload_bytes, vanished_grace_s, history
+       backoff_max_s, stall_cooldown_s, max_payload_bytes, vanished_grace_s,
+       keep_completed_s, keep_failed_s, history
 FROM jobq.queue
 ORDER BY name;
 
@@ -622,11 +645,18 @@ SET lease_s = coalesce(($2::jsonb->>'lease_s')::float8, lease_s),
     backoff_max_s = coalesce(($2::jsonb->>'backoff_max_s')::float8, backoff_max_s),
     stall_cooldown_s = coalesce(($2::jsonb->>'stall_cooldown_s')::float8, stall_cooldown_s),
     max_payload_bytes = coalesce(($2::jsonb->>'max_payload_bytes')::int, max_payload_bytes),
+    keep_completed_s = CASE WHEN NOT $2::jsonb ? 'keep_completed_s' THEN keep_completed_s
+                            WHEN ($2::jsonb->>'keep_completed_s')::float8 = 0 THEN NULL
+                            ELSE ($2::jsonb->>'keep_completed_s')::float8 END,
+    keep_failed_s = CASE WHEN NOT $2::jsonb ? 'keep_failed_s' THEN keep_failed_s
+                         WHEN ($2::jsonb->>'keep_failed_s')::float8 = 0 THEN NULL
+                         ELSE ($2::jsonb->>'keep_failed_s')::float8 END,
     vanished_grace_s = coalesce(($2::jsonb->>'vanished_grace_s')::float8, vanished_grace_s),
     history = coalesce(($2::jsonb->>'history')::bool, history)
 WHERE name = $1
 RETURNING name, lease_s, max_stalls, max_attempts, timeout_s, backoff_base_s,
-          backoff_max_s, stall_cooldown_s, max_payload_bytes, vanished_grace_s, history;
+          backoff_max_s, stall_cooldown_s, max_payload_bytes, vanished_grace_s,
+          keep_completed_s, keep_failed_s, history;
 
 -- name: queue_limits_get
 SELECT auto_create, max_queues, (SELECT count(*) FROM jobq.queue) AS queues

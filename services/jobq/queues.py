@@ -76,6 +76,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("vanished_grace_s", "--vanished-grace-seconds", float, 0, 3600, 2.0,
             "how short a reaper cuts the leases of a worker whose session ended",
             lo_open=True),
+    Setting("keep_completed_s", "--keep-completed-seconds", float, 60, 315360000, 86400.0,
+            "reapers delete completed jobs this long after they finished (0 = keep)",
+            zero_is_none=True),
+    Setting("keep_failed_s", "--keep-failed-seconds", float, 60, 315360000, 604800.0,
+            "the same for failed and cancelled jobs (0 = keep)", zero_is_none=True),
     Setting("history", "--history", bool, 0, 1, True,
             "on/off: record every transition in jobq.job_event"),
 )

@@ -174,6 +174,21 @@ class Reaper:
         assert self.pool is not None
         return await relay_due(self.broker, self.pool, self.cfg.batch_size)
 
+    async def prune_expired(self) -> int:
+        """Delete finished jobs past their queue's retention; returns how many."""
+        assert self.pool is not None
+        total = 0
+        for _ in range(self.cfg.prune_max_batches):
+            status = await execute(self.pool, Q["prune_expired"], self.cfg.prune_batch)
+            n = int(status.split()[-1])
+            total += n
+            if n < self.cfg.prune_batch:
+                break
+        if total:
+            metrics.SWEEP_ROWS.labels("pruned").inc(total)
+            log.info("pruned %d finished job(s) past their queue's retention", total)
+        return total
+
     async def check_lost(self) -> int:
         """Republish rows whose messages the broker lost; returns how many."""
         assert self.pool is not None
@@ -248,6 +263,7 @@ class Reaper:
         log.info("reaper ready")
         backoff = Backoff(0.5, 5.0)
         next_lost_check = time.monotonic() + self.cfg.lost_check_s
+        next_prune = time.monotonic() + min(self.cfg.prune_every_s, 5.0)
         while not self._stop.is_set():
             self._wake.clear()
             await self._listen()
@@ -255,6 +271,9 @@ class Reaper:
                 if time.monotonic() >= next_lost_check:
                     next_lost_check = time.monotonic() + self.cfg.lost_check_s
                     await self.check_lost()
+                if self.cfg.prune_every_s and time.monotonic() >= next_prune:
+                    next_prune = time.monotonic() + self.cfg.prune_every_s
+                    await self.prune_expired()
                 sweep = await self.run_once()
                 if sweep.requeued or sweep.failed or sweep.published:
                     log.info("sweep: %d requeued, %d failed, %d published in %.3fs",

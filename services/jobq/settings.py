@@ -85,6 +85,13 @@ class ReaperSettings(BaseModel):
     # those rows republished.
     lost_check_s: float = Field(default=5.0, gt=0)
     republish_after_s: float = Field(default=15.0, gt=0)
+    # Retention (jobq.queue.keep_completed_s / keep_failed_s): every
+    # prune_every_s a reaper deletes expired finished jobs, prune_batch rows a
+    # statement and at most prune_max_batches statements a round, so pruning
+    # never holds up a sweep for long. 0 turns the reaper's pruning off.
+    prune_every_s: float = Field(default=60.0, ge=0)
+    prune_batch: int = Field(default=500, ge=1, le=100_000)
+    prune_max_batches: int = Field(default=20, ge=1)
 
 
 class ProducerSettings(BaseModel):

@@ -219,3 +219,26 @@ def test_publish_mark_only_hits_the_spell_it_published(db_url: str) -> None:
         assert (await status(pool, jid))["published_at"] is not None
 
     run(db_url, body)
+
+
+def test_reapers_prune_finished_jobs_by_their_queues_retention(db_url: str) -> None:
+    from jobq.reaper import Reaper
+    from jobq.settings import Settings
+
+    async def body(pool: asyncpg.Pool) -> None:
+        old_done, new_done, old_failed = [await new_job(pool, keep_completed_s=60)
+                                          for _ in range(3)]
+        await pool.execute(
+            "UPDATE jobq.job SET status = CASE WHEN id = $3 THEN 'failed' ELSE 'completed' END,"
+            " finished_at = now() - CASE WHEN id = $2 THEN interval '10 s' "
+            "ELSE interval '2 min' END WHERE id = ANY(ARRAY[$1, $2, $3]::uuid[])",
+            old_done, new_done, old_failed)
+        reaper = Reaper(Settings(database_url=db_url))
+        reaper.pool = pool
+        assert await reaper.prune_expired() == 1
+        left = {r["id"] for r in await pool.fetch("SELECT id FROM jobq.job")}
+        assert left == {new_done, old_failed}  # failed are kept 7 days by default
+        assert await pool.fetchval("SELECT count(*) FROM jobq.job_event WHERE job_id = $1",
+                                   old_done) == 0
+
+    run(db_url, body)

@@ -58,7 +58,7 @@ def test_every_setting_is_in_the_update_statement_and_the_readme() -> None:
 
 
 def test_schema_bounds_match_the_settings() -> None:
-    schema = (ROOT / "schema" / "0003_bounded_queues.sql").read_text()
+    schema = "\n".join(p.read_text() for p in sorted((ROOT / "schema").glob("*.sql")))
     for s in SETTINGS:
         if s.kind is bool:
             continue
