@@ -43,7 +43,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"jobq {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    sub.add_parser("migrate", help="create or upgrade the jobq schema (safe to rerun)")
+    sub.add_parser("migrate", help="create or upgrade the jobq schema (safe to rerun)",
+                   description="Apply the numbered migrations in schema/ that the database "
+                   "does not have yet, each in its own transaction, under an advisory lock: "
+                   "safe to run twice or from several places at once. Needs CREATE on the "
+                   "database the first time.")
 
     pub = sub.add_parser("publish", help="enqueue a job and print its id")
     pub.add_argument("queue", metavar="QUEUE")
@@ -70,7 +74,12 @@ def parser() -> argparse.ArgumentParser:
     con.add_argument("--max-memory-per-child", type=float, default=None, metavar="MB",
                      help="--pool process: replace a child whose RSS is over MB after a job")
 
-    sub.add_parser("reap", help="requeue lapsed leases and publish what is due")
+    sub.add_parser("reap", help="requeue lapsed leases and publish what is due",
+                   description="Run a reaper until SIGTERM: requeue jobs whose lease lapsed "
+                   "(charging a stall only on evidence, see README), publish retries, delayed "
+                   "and SQL-enqueued jobs when due, republish ids the broker lost, prune "
+                   "finished jobs by their queue's retention. Run any number: they are peers. "
+                   "JOBQ_HEALTH_PORT serves /healthz, /readyz and /metrics.")
 
     qp = sub.add_parser("queue", help="per-queue settings")
     qsub = qp.add_subparsers(dest="queue_command", required=True, metavar="ACTION")
@@ -80,16 +89,28 @@ def parser() -> argparse.ArgumentParser:
         qs.add_argument(q.flag, dest=q.column, default=None,
                         metavar="on|off" if q.kind is bool else "N",
                         help=f"{q.help} (default {q.default if q.default is not None else 'none'})")
-    qsub.add_parser("list", help="show every queue's settings")
+    qsub.add_parser("list", help="show every queue's settings",
+                    description="Every queue with its settings (jobq.queue); see "
+                    "`jobq queue set --help` for what each means.")
     ql = qsub.add_parser("limits", help="show or change whether publishing to a new queue name "
                                         "creates it, and the cap on the number of queues")
     ql.add_argument("--auto-create", choices=("on", "off"), default=None)
     ql.add_argument("--max-queues", type=int, default=None, metavar="N")
 
-    sub.add_parser("stats", help="jobs per queue and state (stalled = lease lapsed, not reaped)")
-    ins = sub.add_parser("inspect", help="show one job row and its history")
+    sub.add_parser("stats", help="jobs per queue and state (stalled = lease lapsed, not reaped)",
+                   description="Per queue: queued, delayed, running, stalled (active with a "
+                   "lapsed lease that no reaper requeued yet: marked (!)), completed, failed, "
+                   "cancelled, the oldest wait and completions in the last minute. The same as "
+                   "SELECT * FROM jobq.queue_stats.")
+    ins = sub.add_parser("inspect", help="show one job row and its history",
+                         description="The job's row and its history, oldest first: who "
+                         "claimed it, why it stalled or was released, who completed it — the "
+                         "answer to 'why did this run twice?'. Control characters in payloads "
+                         "and errors are shown escaped.")
     ins.add_argument("id", metavar="ID")
-    rt = sub.add_parser("retry", help="put a failed (or cancelled) job back in line")
+    rt = sub.add_parser("retry", help="put a failed (or cancelled) job back in line",
+                        description="A failed or cancelled job goes back to queued with "
+                        "fresh error and stall allowances, and its id is published at once.")
     rt.add_argument("id", metavar="ID")
     cn = sub.add_parser("cancel", help="cancel a queued job; an active one stops at its "
                         "worker's next renewal")
