@@ -1,5 +1,6 @@
 # Two commands on a fresh machine:
-#   make run    migrate, then run a reaper and two consumers of the demo app
+#   make run    migrate, then a reaper, two consumers of the demo app (restarted if
+#               a demo crash job kills them) and a demo producer
 #               against local PostgreSQL and RabbitMQ (Ctrl-C stops them)
 #   make test   create .venv, install jobq with its test extras, run pytest
 PYTHON ?= python3
@@ -17,7 +18,7 @@ help:  ## what each target does
 	@echo "Needs Python >= 3.11, PostgreSQL and RabbitMQ on 127.0.0.1 (README)."
 
 $(VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv --clear $(VENV)  # a half-built .venv from a failed install is redone
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test,fast]'
 	touch $@

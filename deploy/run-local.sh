@@ -10,9 +10,24 @@ APP="${JOBQ_DEMO_APP:-jobq.demo:app}"
 
 jobq migrate
 pids=()
+# A consumer the demo's crash jobs kill is started again, as an orchestrator
+# would (compose and Kubernetes restart it the same way). SIGTERM is passed
+# on, and a consumer that drained and exited 0 is not restarted.
+supervise() {
+  local child=
+  trap '[ -n "$child" ] && kill -TERM "$child" 2>/dev/null; wait "$child"; exit 0' TERM
+  while true; do
+    "$@" & child=$!
+    wait "$child" && break
+    echo "run-local: $* exited; restarting it" >&2
+    sleep 1
+  done
+}
 jobq reap & pids+=($!)
-jobq consume "$APP" --concurrency 4 & pids+=($!)
-jobq consume "$APP" --concurrency 4 & pids+=($!)
+supervise jobq consume "$APP" --concurrency 4 & pids+=($!)
+supervise jobq consume "$APP" --concurrency 4 & pids+=($!)
+# A demo producer: a few jobs a second of every kind, crashes included.
+python -m jobq.demo --rate "${JOBQ_DEMO_RATE:-5}" & pids+=($!)
 trap 'kill -TERM "${pids[@]}" 2>/dev/null; wait' INT TERM
-echo "jobq running (pids ${pids[*]}). Try:  jobq publish echo '{\"hello\": 1}'  and  jobq stats" >&2
+echo "jobq running (pids ${pids[*]}), with a demo producer. Watch it:  jobq stats" >&2
 wait
