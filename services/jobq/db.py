@@ -126,6 +126,9 @@ def translated() -> Any:
         raise InvalidQueue(_message(exc)) from exc
     except asyncpg.exceptions.StringDataRightTruncationError as exc:
         raise InvalidPayload(_message(exc)) from exc
+    except asyncpg.exceptions.UntranslatableCharacterError as exc:  # \u0000 in jsonb
+        raise InvalidPayload(f"{_message(exc)}: PostgreSQL cannot store a NUL character "
+                             "(\\u0000) in a payload") from exc
     except asyncpg.exceptions.CheckViolationError as exc:
         raise BadInput(_message(exc)) from exc
     except TRANSIENT as exc:

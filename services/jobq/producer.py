@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import Iterable, Sequence
@@ -34,6 +35,7 @@ from jobq.sql import Q
 log = logging.getLogger("jobq.producer")
 
 MAX_DELAY_S = 365 * 86400.0
+_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")  # a JSON-escaped NUL, not an escaped backslash
 LIMITS_TTL_S = 60.0
 DEFAULT_PAYLOAD_LIMIT = int(BY_COLUMN["max_payload_bytes"].default)
 # The highest max_payload_bytes a queue may have (schema/0003): larger is
@@ -65,6 +67,9 @@ def validate(job: NewJob) -> str:
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidPayload(f"payload is not JSON-serialisable: {type(exc).__name__}: "
                              f"{str(exc)[:200]}") from exc
+    if _NUL.search(text):  # found by the property-based input tests
+        raise InvalidPayload("payload contains a NUL character (\\u0000), which PostgreSQL's "
+                             "jsonb cannot store; remove it or encode the data")
     if len(text) > MAX_PAYLOAD_BYTES:  # checked before it crosses the wire
         raise InvalidPayload(f"payload is {len(text)} bytes, over the {MAX_PAYLOAD_BYTES} "
                              "byte limit any queue can have; pass a reference instead")

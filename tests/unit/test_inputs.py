@@ -69,8 +69,8 @@ def test_schema_bounds_match_the_settings() -> None:
 @pytest.mark.parametrize("job", [
     NewJob("q", {}, delay_s=float("nan")), NewJob("q", {}, delay_s=float("inf")),
     NewJob("q", {}, delay_s=1e300), NewJob("q", {}, idempotency_key="k" * 201),
-    NewJob("q", {"x": float("nan")}),
-], ids=["nan-delay", "inf-delay", "huge-delay", "long-key", "nan-payload"])
+    NewJob("q", {"x": float("nan")}), NewJob("q", {"k\x00": 1}),
+], ids=["nan-delay", "inf-delay", "huge-delay", "long-key", "nan-payload", "nul-in-payload"])
 def test_the_client_refuses_what_the_database_would(job: NewJob) -> None:
     with pytest.raises(InvalidPayload):
         validate(job)
