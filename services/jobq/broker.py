@@ -231,8 +231,10 @@ class Broker:
         for queue in sorted({q for _, q in items}):
             try:
                 await self.ensure_queue(queue)
-            except TRANSIENT as exc:  # QUEUE_REFUSED is among them: it stays per queue
+            except QUEUE_REFUSED as exc:  # this queue only: its channel closed, not ours
                 refused[queue] = exc
+            except TRANSIENT as exc:  # the broker or the connection is away: all of them
+                raise BrokerUnavailable(f"cannot declare queue {queue}: {exc!r}") from exc
         if refused:
             first, why = next(iter(refused.items()))
             log.warning("cannot declare %d queue(s) (%s: %r); their ids stay unpublished",

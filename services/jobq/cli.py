@@ -192,6 +192,11 @@ def _run_service(coro: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    for i, a in enumerate(argv[:-1]):  # "--older-than -5d": argparse would take -5d for a flag
+        if a == "--older-than" and argv[i + 1].startswith("-"):
+            argv[i:i + 2] = [f"--older-than={argv[i + 1]}"]
+            break
     args = parser().parse_args(argv)
     try:
         settings = Settings()

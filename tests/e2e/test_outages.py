@@ -6,6 +6,7 @@ lease can lapse. Outages are made with TCP proxies that drop every connection
 from __future__ import annotations
 
 import re
+import signal
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -150,3 +151,42 @@ def test_sigterm_stops_a_service_still_waiting_for_its_database(procs, settings,
     consumer.signal(15)
     reaper.signal(15)
     assert consumer.wait(5) == 0 and reaper.wait(5) == 0
+
+
+def test_sweeps_that_keep_failing_show_in_readyz_metrics_and_reaper_status(
+        db, procs, settings, mq_proxy):
+    import json as json_
+    import urllib.error
+    import urllib.request
+
+    from harness.helpers import free_port
+
+    mq_proxy.restore()
+    port = free_port()
+    reaper = procs.reaper(JOBQ_AMQP_URL=mq_proxy.url(settings.amqp_url),
+                          JOBQ_HEALTH_PORT=str(port))
+    reaper.wait_log("reaper ready")
+    wait_until(lambda: db.val("SELECT count(*) FROM jobq.reaper"), 10, "registered")
+    mq_proxy.cut()  # the broker is gone; SQL-enqueued jobs wait to be relayed
+    db.val("SELECT jobq.enqueue('work')")
+
+    def readyz() -> tuple[int, dict]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=3) as r:
+                return r.status, json_.loads(r.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json_.loads(exc.read())
+
+    wait_until(lambda: readyz()[0] == 503 and readyz()[1].get("sweeping") is False, 30,
+               "not ready while sweeps fail")
+    row = db.fetchrow("SELECT last_error, failing_since FROM jobq.reaper_status")
+    assert row["last_error"] and row["failing_since"] is not None
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=3) as r:
+        assert "jobq_reaper_sweep_failures_total" in r.read().decode()
+    mq_proxy.restore()
+    wait_until(lambda: readyz()[0] == 200, 40, "ready again")
+    wait_until(lambda: db.val("SELECT last_error FROM jobq.reaper_status") is None, 10,
+               "status cleared")
+    reaper.signal(signal.SIGTERM)
+    assert reaper.wait(15) == 0
+    assert db.val("SELECT count(*) FROM jobq.reaper") == 0  # a clean stop leaves the view

@@ -121,3 +121,18 @@ def test_auto_created_queues_can_be_switched_off_and_are_capped(env, db: SyncDB)
     with pytest.raises(Exception, match="over the cap"):
         db.val("SELECT jobq.enqueue('spam9')")
     assert db.val("SELECT count(*) FROM jobq.queue") == existing + 2
+
+
+def test_inspect_escapes_control_characters(env, db: SyncDB) -> None:
+    jid = run_cli(env, "publish", "q", '{"x": "\\u001b]0;pwned\\u0007"}').stdout.strip()
+    db.execute("UPDATE jobq.job SET last_error = $2 WHERE id = $1::uuid", jid,
+               "boom\x1b[31m\ncompleted job=FORGED")
+    out = run_cli(env, "inspect", jid)
+    assert out.returncode == 0, out.stderr
+    assert "\x1b" not in out.stdout and "\x07" not in out.stdout
+    assert "\\x1b[31m\\ncompleted job=FORGED" in out.stdout
+    assert not any(line.startswith("completed job=FORGED") for line in out.stdout.splitlines())
+
+
+def test_a_negative_duration_is_said_to_be_one(env) -> None:
+    one_line_error(run_cli(env, "prune", "--older-than", "-5d"), 1, "must be a positive")
