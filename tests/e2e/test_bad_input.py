@@ -132,3 +132,23 @@ def test_a_user_without_configure_permission_and_no_topology_gets_one_line(
                        JOBQ_NAMESPACE=f"{settings.namespace}x")
     assert c.wait(30) == 2
     assert "may not declare jobq's exchange" in c.log() and "Traceback" not in c.log()
+
+
+def test_junk_messages_are_dead_lettered_with_rate_limited_warnings(db, procs, settings,
+                                                                     amqp_url):
+    c = procs.consumer()
+    c.worker_id()
+
+    async def junk() -> None:
+        conn = await aio_pika.connect(amqp_url)
+        ch = await conn.channel()
+        ex = await ch.get_exchange(settings.namespace)
+        for i in range(200):
+            await ex.publish(aio_pika.Message(b"x" * (i * 50)), routing_key="work")
+        await conn.close()
+
+    asyncio.run(junk())
+    (jid,) = publish(settings, "work", [{}])
+    wait_until(lambda: job(db, jid)["status"] == "completed", 20, "a valid job after junk")
+    assert 1 <= c.log().count("malformed message") <= 10  # not one line per junk message
+    assert c.alive()

@@ -136,3 +136,9 @@ def test_inspect_escapes_control_characters(env, db: SyncDB) -> None:
 
 def test_a_negative_duration_is_said_to_be_one(env) -> None:
     one_line_error(run_cli(env, "prune", "--older-than", "-5d"), 1, "must be a positive")
+
+
+def test_an_unknown_database_url_parameter_is_one_line(env) -> None:
+    url = env["JOBQ_DATABASE_URL"] + "?no_such_setting=1"
+    one_line_error(run_cli(_with(env, JOBQ_DATABASE_URL=url), "stats"), 2,
+                   "remove it from JOBQ_DATABASE_URL")
