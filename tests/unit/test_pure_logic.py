@@ -5,6 +5,7 @@ renewal planning, durations, and the one retry schedule."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import uuid
 from typing import Any
 
@@ -17,8 +18,8 @@ from jobq.errors import BadInput
 from jobq.job import Job
 from jobq.lease import Lease
 from jobq.settings import ConsumerSettings
+from jobq.worker.acks import Acks
 from jobq.worker.heartbeat import Heartbeat
-from jobq.worker.intake import Intake
 from jobq.worker.run import Run
 from jobq.worker.tally import Tally
 
@@ -108,17 +109,12 @@ class _Msg:
         return self._done()
 
 
-def _intake() -> Intake:
-    return Intake(None, "w", ["q"], asyncio.Semaphore(4), asyncio.Event(), Tally(),  # type: ignore[arg-type]
-                  lambda row, at: None)
-
-
 def test_a_batch_is_acked_with_one_multiple_frame_per_channel() -> None:
     async def go() -> list[_Msg]:
-        intake = _intake()
+        acks = Acks(collections.deque())
         a, b = object(), object()
         msgs = [_Msg(a, 1), _Msg(a, 2), _Msg(a, 3), _Msg(b, 7)]
-        await intake._settle(msgs, ack=True)  # type: ignore[arg-type]
+        await acks.settle(msgs, ack=True)  # type: ignore[arg-type]
         return msgs
 
     m = asyncio.run(go())
@@ -127,12 +123,12 @@ def test_a_batch_is_acked_with_one_multiple_frame_per_channel() -> None:
 
 def test_no_multiple_ack_over_a_lower_tag_still_unsettled() -> None:
     async def go() -> list[_Msg]:
-        intake = _intake()
+        acks = Acks(collections.deque())
         ch = object()
         pending = _Msg(ch, 1)  # in a batch whose claim is being retried
-        intake._unsettled.add(pending)  # type: ignore[arg-type]
+        acks.taken([pending])  # type: ignore[list-item]
         msgs = [_Msg(ch, 2), _Msg(ch, 3)]
-        await intake._settle(msgs, ack=True)  # type: ignore[arg-type]
+        await acks.settle(msgs, ack=True)  # type: ignore[arg-type]
         return [pending, *msgs]
 
     m = asyncio.run(go())

@@ -37,7 +37,6 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import aiormq
 import asyncpg
 from aio_pika.abc import AbstractIncomingMessage
 
@@ -47,23 +46,15 @@ from jobq.db import is_data_error, is_transient
 from jobq.errors import ConfigError
 from jobq.job import Status
 from jobq.logs import fields
+from jobq.worker.acks import Acks, settle_one
 from jobq.worker.tally import Tally
 
 log = logging.getLogger("jobq.consumer")
 
-SETTLE_TIMEOUT_S = 5.0
 CLAIM_BATCH_MAX = 256  # deliveries claimed by one statement at most
 CLAIM_TRIES = 6  # a failed batch is tried again this often (50 ms .. 1.6 s apart)
 
 Batch = list[tuple[uuid.UUID, AbstractIncomingMessage]]
-
-
-def _channel_of(msg: AbstractIncomingMessage) -> Any:
-    """The channel a delivery came on, or None once that channel is closed."""
-    try:
-        return msg.channel
-    except aiormq.exceptions.ChannelInvalidStateError:
-        return None
 
 
 class Intake:
@@ -79,7 +70,7 @@ class Intake:
         self._start_job = start_job
         self._inbox: collections.deque[AbstractIncomingMessage] = collections.deque()
         self._ready = asyncio.Event()
-        self._unsettled: set[AbstractIncomingMessage] = set()  # taken, not yet settled
+        self._acks = Acks(self._inbox)
         self.retries: set[asyncio.Task[None]] = set()  # batches whose claim is retried
         self.fatal: ConfigError | None = None  # a claim error that cannot heal
 
@@ -102,12 +93,12 @@ class Intake:
             if self.fatal is not None:
                 msgs = list(self._inbox)
                 self._inbox.clear()
-                await self._settle(msgs, ack=False)
+                await self._acks.settle(msgs, ack=False)
                 raise self.fatal
             if self._stop.is_set():
                 msgs = list(self._inbox)
                 self._inbox.clear()
-                await self._settle(msgs, ack=False)
+                await self._acks.settle(msgs, ack=False)
                 return
             batch = await self._take_batch()
             if batch:
@@ -132,7 +123,7 @@ class Intake:
                     log.warning("malformed message: body is not a job id; dead-lettered "
                                 "(%d so far)", self.tally.counters["malformed"],
                                 extra=fields(event="malformed", body=repr(body[:80])))
-                await self._settle_one(msg.reject(requeue=False))
+                await settle_one(msg.reject(requeue=False))
                 continue
             if self._slots.locked():
                 if batch or not await self._wait_for_slot():
@@ -141,7 +132,7 @@ class Intake:
                 await self._slots.acquire()  # free: returns at once
             inbox.popleft()
             batch.append((job_id, msg))
-        self._unsettled.update(m for _, m in batch)
+        self._acks.taken(m for _, m in batch)
         return batch
 
     async def _wait_for_slot(self) -> bool:
@@ -175,7 +166,7 @@ class Intake:
 
     async def _started(self, batch: Batch, rows: list[Any], sent_at: float) -> None:
         crash.point("consumer.after_claim")
-        await self._settle([m for _, m in batch], ack=True)
+        await self._acks.settle([m for _, m in batch], ack=True)
         for row in rows:
             if row is None:
                 self._slots.release()
@@ -218,7 +209,7 @@ class Intake:
     async def _give_back(self, batch: Batch) -> None:
         for _ in batch:
             self._slots.release()
-        await self._settle([m for _, m in batch], ack=False)
+        await self._acks.settle([m for _, m in batch], ack=False)
 
     def _fail_intake(self, exc: Exception) -> None:
         """A claim error nothing here can heal: stop intake with it (the
@@ -238,7 +229,7 @@ class Intake:
             except Exception as exc:
                 self._slots.release()
                 if not is_data_error(exc):
-                    await self._settle([msg], ack=False)
+                    await self._acks.settle([msg], ack=False)
                     if not is_transient(exc):
                         self._fail_intake(exc)
                     continue
@@ -247,12 +238,12 @@ class Intake:
                     failed = await lease.quarantine(self.pool, job_id, why)
                 except Exception as again:
                     log.warning("could not fail unclaimable job %s: %s", job_id, again)
-                    await self._settle([msg], ack=False)
+                    await self._acks.settle([msg], ack=False)
                     continue
                 self.tally.drop("unclaimable")
                 log.error("job %s %s; failed", job_id, why,
                           extra=fields(event="failed", job=job_id, quarantined=failed))
-                await self._settle([msg], ack=True)
+                await self._acks.settle([msg], ack=True)
                 continue
             await self._started([(job_id, msg)], rows, sent_at)
 
@@ -293,36 +284,3 @@ class Intake:
                          extra=fields(event="duplicate", job=i, status=row["status"]))
         if foreign:
             await lease.hand_back(self.pool, foreign)
-
-    async def _settle(self, msgs: list[AbstractIncomingMessage], ack: bool) -> None:
-        """Ack (or nack with requeue) deliveries: one frame per channel,
-        ``multiple=True`` on the highest tag when no delivery still
-        unsettled (in the inbox, or in a batch being retried) has a lower tag
-        on that channel; otherwise one by one. Tags are per channel, and a
-        channel may change between deliveries (reconnect); deliveries of a
-        closed channel are skipped: RabbitMQ requeued them already."""
-        self._unsettled.difference_update(msgs)
-        by_channel: dict[Any, list[AbstractIncomingMessage]] = {}
-        for m in msgs:
-            ch = _channel_of(m)
-            if ch is not None:
-                by_channel.setdefault(ch, []).append(m)
-        for ch, ms in by_channel.items():
-            top = max(ms, key=lambda m: m.delivery_tag or 0)
-            tag = top.delivery_tag or 0
-            multiple = len(ms) > 1 and not any(
-                _channel_of(m) is ch and (m.delivery_tag or 0) < tag
-                for pending in (self._inbox, self._unsettled) for m in pending)
-            for m in ([top] if multiple else ms):
-                await self._settle_one(m.ack(multiple=multiple) if ack
-                                       else m.nack(multiple=multiple, requeue=True))
-
-    @staticmethod
-    async def _settle_one(op: Any) -> None:
-        # The channel may be gone (broker restart): RabbitMQ then redelivers
-        # the message itself, and the redelivered id's claim fails and is
-        # dropped. Bounded: on a channel that died mid-flight an ack can hang.
-        try:
-            await asyncio.wait_for(op, SETTLE_TIMEOUT_S)
-        except Exception as exc:
-            log.debug("ack/nack failed: %r", exc)
