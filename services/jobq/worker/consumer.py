@@ -3,6 +3,7 @@
 It owns no job logic itself; it connects the units and keeps them alive:
 
 - ``intake.py``     deliveries → batched claims → acks (the ack policy)
+- ``acks.py``       how a batch is settled: one multiple=True frame per channel
 - ``executor.py``   one task per claimed job, to its recorded end
 - ``completer.py``  complete / fail / release / child death, retried until known
 - ``heartbeat.py``  one renewal statement per process, self-fencing, lease loss
