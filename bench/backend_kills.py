@@ -2,7 +2,8 @@
 terminated twice a second (issue #19): the kind of thing a failover, a pooler
 restart or an idle-connection killer does.
 
-A producer publishes single jobs (1 ms handlers) at a steady rate into one
+A producer publishes single jobs (1 ms handlers; each tick's publishes
+concurrent, as a web app's requests are) at a steady rate into one
 consumer of concurrency 16 with a 30 s lease; for each job, publish -> claim
 is `started_at - created_at` on the database clock. Also: stalls or suspect
 marks charged (jobq's own errors must cost none), the slowest claim ->
@@ -14,11 +15,9 @@ completion (a job left to its lease would take 30 s), jobs run twice.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -28,35 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchenv import world
 from detection import pct
 
-from harness.helpers import SyncDB, set_queue, wait_until
-from jobq.settings import Settings
-
-
-def produce(settings: Settings, rate: float, for_s: float, out: list[Any]) -> None:
-    from jobq.producer import Client
-
-    async def go() -> None:
-        async with Client(settings) as client:
-            deadline = time.monotonic() + for_s
-            while time.monotonic() < deadline:
-                tick = time.monotonic()
-                for _ in range(int(rate / 10)):
-                    out.append(await client.publish("work", {"sleep": 0.001}))
-                await asyncio.sleep(max(0.0, 0.1 - (time.monotonic() - tick)))
-
-    asyncio.run(go())
-
-
-def killer(url: str, every_s: float, stop: threading.Event, count: list[int]) -> None:
-    db = SyncDB(url)
-    try:
-        while not stop.is_set():
-            count[0] += db.val("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                               "WHERE application_name LIKE 'jobq-consumer%' "
-                               "AND datname = current_database()")
-            time.sleep(every_s)
-    finally:
-        db.close()
+from harness.helpers import set_queue, wait_until
+from harness.load import kill_backends, produce
 
 
 def measure(kill: bool, seconds: float, rate: float) -> dict[str, Any]:
@@ -65,10 +37,12 @@ def measure(kill: bool, seconds: float, rate: float) -> dict[str, Any]:
         w.procs.reaper()
         w.procs.consumer("--concurrency", "16").worker_id()
         ids: list[Any] = []
-        stop, kills = threading.Event(), [0]
-        threads = [threading.Thread(target=produce, args=(w.settings, rate, seconds, ids))]
+        stop, kills, reached = threading.Event(), [0], [0.0]
+        threads = [threading.Thread(target=lambda: reached.__setitem__(
+            0, produce(w.settings, rate, seconds, ids)))]
         if kill:
-            threads.append(threading.Thread(target=killer, args=(w.db_url, 0.5, stop, kills)))
+            threads.append(threading.Thread(target=lambda: kills.__setitem__(
+                0, kill_backends(w.db_url, "jobq-consumer%", 0.5, stop))))
         for t in threads:
             t.start()
         threads[0].join()
@@ -85,7 +59,8 @@ def measure(kill: bool, seconds: float, rate: float) -> dict[str, Any]:
             "max(extract(epoch FROM finished_at - started_at))::float8 AS slowest_s, "
             "(SELECT count(*) - count(DISTINCT job_id) FROM test_run)::int AS twice "
             "FROM jobq.job")
-        return {"jobs": len(ids), "backends_killed": kills[0],
+        return {"jobs": len(ids), "reached_jobs_per_s": round(reached[0], 1),
+                "backends_killed": kills[0],
                 "claim_ms_p50": round(pct(lat, 0.5), 1), "claim_ms_p99": round(pct(lat, 0.99), 1),
                 "claim_ms_max": round(max(lat), 1), "charged": agg["charged"],
                 "slowest_claim_to_done_s": round(agg["slowest_s"], 2), "ran_twice": agg["twice"]}

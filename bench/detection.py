@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchenv import world
 
 from harness.helpers import Procs, SyncDB, publish, set_queue, wait_until
+from harness.load import rerun_latencies
 from jobq.settings import Settings
 
 
@@ -44,13 +45,6 @@ def pct(values: list[float], q: float) -> float:
 def summary(values: list[float]) -> dict[str, float]:
     return {"n": len(values), "p50_s": round(statistics.median(values), 2),
             "p99_s": round(pct(values, 0.99), 2), "max_s": round(max(values), 2)}
-
-
-def _rerun_latencies(db: SyncDB, ids: list[Any], killed_at: Any) -> list[float]:
-    rows = db.fetch("SELECT extract(epoch FROM min(started_at) - $2)::float8 AS s "
-                    "FROM test_run WHERE job_id = ANY($1) AND started_at > $2 "
-                    "GROUP BY job_id", ids, killed_at)
-    return [r["s"] for r in rows]
 
 
 def kills(db: SyncDB, procs: Procs, settings: Settings, n: int, trials: int) -> dict[str, Any]:
@@ -69,9 +63,9 @@ def kills(db: SyncDB, procs: Procs, settings: Settings, n: int, trials: int) -> 
         b.worker_id()
         a.kill()
         killed_at = db.val("SELECT clock_timestamp()")
-        wait_until(lambda: len(_rerun_latencies(db, ids, killed_at)) == n, 60, "rerun",
+        wait_until(lambda: len(rerun_latencies(db, ids, killed_at)) == n, 60, "rerun",
                    interval=0.02)
-        running += _rerun_latencies(db, ids, killed_at)
+        running += rerun_latencies(db, ids, killed_at)
         wait_until(lambda: db.val("SELECT count(*) FROM jobq.job WHERE id = ANY($1) AND "
                                   "status = 'completed'", ids) == n, 60, "completion")
         charged += db.val("SELECT sum(stalls)::int FROM jobq.job WHERE id = ANY($1)", ids)

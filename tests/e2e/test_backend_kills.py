@@ -6,49 +6,15 @@ charged it a stall."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
-import time
 from typing import Any
 
 import pytest
 
-from harness.helpers import SyncDB, lost_and_duplicates, set_queue, wait_until
+from harness.helpers import lost_and_duplicates, set_queue, wait_until
+from harness.load import kill_backends, produce
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-
-def kill_backends(url: str, app_name: str, every_s: float, for_s: float,
-                  stop: threading.Event) -> list[int]:
-    """pg_terminate_backend on every session whose name is LIKE ``app_name``."""
-    db = SyncDB(url)
-    killed = []
-    try:
-        deadline = time.monotonic() + for_s
-        while time.monotonic() < deadline and not stop.is_set():
-            killed.append(db.val(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                "WHERE application_name LIKE $1 AND datname = current_database()", app_name))
-            time.sleep(every_s)
-    finally:
-        db.close()
-    return killed
-
-
-def produce(settings, rate: float, for_s: float, out: list[Any]) -> None:
-    """Publish single jobs at ``rate`` per second, in a thread of its own."""
-    from jobq.producer import Client, NewJob
-
-    async def go() -> None:
-        async with Client(settings) as client:
-            deadline = time.monotonic() + for_s
-            while time.monotonic() < deadline:
-                tick = time.monotonic()
-                out.extend(await client.publish_many(
-                    [NewJob("work", {"sleep": 0.001}) for _ in range(int(rate / 10))]))
-                await asyncio.sleep(max(0.0, 0.1 - (time.monotonic() - tick)))
-
-    asyncio.run(go())
 
 
 def test_backend_kills_under_load_cost_no_lease_wait_and_no_stall(db, procs, settings,
@@ -61,9 +27,9 @@ def test_backend_kills_under_load_cost_no_lease_wait_and_no_stall(db, procs, set
     producer.start()
     wait_until(lambda: db.val("SELECT count(*) FROM test_run") > 100, 15, "load running")
     stop = threading.Event()
-    result: list[list[int]] = []
+    result: list[int] = []
     killer = threading.Thread(target=lambda: result.append(
-        kill_backends(db_url, "jobq-consumer%", 0.5, 20, stop)))
+        kill_backends(db_url, "jobq-consumer%", 0.5, stop, for_s=20)))
     killer.start()
     try:
         producer.join(60)
@@ -72,7 +38,7 @@ def test_backend_kills_under_load_cost_no_lease_wait_and_no_stall(db, procs, set
     finally:
         stop.set()
         killer.join(30)
-    kills = sum(result[0]) if result else 0
+    kills = result[0] if result else 0
     assert kills >= 20, f"the test killed only {kills} backends"
     lost, dups = lost_and_duplicates(db, ids)
     assert lost == 0 and len(ids) > 3000

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from harness.helpers import job, lost_and_duplicates, publish, set_queue, wait_until
+from harness.load import rerun_latencies
 
 pytestmark = pytest.mark.e2e
 
@@ -21,14 +22,6 @@ pytestmark = pytest.mark.e2e
 def _running(db, ids, n_runs: int) -> int:
     return db.val("SELECT count(*) FROM (SELECT job_id FROM test_run WHERE job_id = ANY($1) "
                   "GROUP BY job_id HAVING count(*) >= $2) t", ids, n_runs)
-
-
-def rerun_latencies(db, ids, killed_at) -> list[float]:
-    """Seconds from the kill (database clock) to each job's second start."""
-    rows = db.fetch("SELECT job_id, extract(epoch FROM min(started_at) - $2)::float8 AS s "
-                    "FROM test_run WHERE job_id = ANY($1) AND started_at > $2 "
-                    "GROUP BY job_id", ids, killed_at)
-    return sorted(r["s"] for r in rows)
 
 
 @pytest.mark.parametrize(("n", "lease_s"), [(8, 30.0), (8, 2.0), (32, 30.0)])
