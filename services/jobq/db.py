@@ -63,6 +63,18 @@ TRANSIENT: tuple[type[BaseException], ...] = (
 _SESSION_ENDING = ("08", "57")
 
 
+def session_broken(exc: BaseException) -> bool:
+    """After this error, is the connection unfit for another statement? Yes
+    unless it was a plain SQL error on a session that goes on (a conflict, a
+    constraint, a cancel): a dropped or terminated session, a driver-internal
+    error, a timeout abandoned mid-statement, a bug."""
+    cause = exc.__cause__ if isinstance(exc, JobqError) and exc.__cause__ else exc
+    if isinstance(cause, asyncpg.PostgresError):
+        state = cause.sqlstate or ""
+        return state[:2] in _SESSION_ENDING and state != "57014"  # 57014: just a cancel
+    return True
+
+
 def is_data_error(exc: BaseException) -> bool:
     """A statement failed on the values it worked with (SQLSTATE class 22:
     out of range, invalid text, ...): the row's data, not the database."""
@@ -227,13 +239,9 @@ async def connection(pool: asyncpg.Pool) -> AsyncIterator[PooledConnection]:
         async with pool.acquire() as conn:
             try:
                 yield conn
-            except asyncpg.PostgresError as exc:
-                state = exc.sqlstate or ""
-                if state[:2] in _SESSION_ENDING and state != "57014":  # 57014: just a cancel
+            except BaseException as exc:
+                if session_broken(exc):
                     conn.terminate()
-                raise
-            except BaseException:
-                conn.terminate()
                 raise
 
 

@@ -112,7 +112,7 @@ def test_a_run_stops_once_and_remembers_the_first_reason() -> None:
 
 
 @pytest.mark.parametrize(("exc", "kind"), [
-    (__import__("aiormq").exceptions.ProbableAuthenticationError("refused"), "config"),
+    (__import__("aiormq").exceptions.ProbableAuthenticationError("refused"), "transient"),
     (__import__("aiormq").exceptions.ChannelPreconditionFailed("args differ"), "queue"),
     (__import__("aiormq").exceptions.ChannelAccessRefused("no configure"), "queue"),
     (__import__("aiormq").exceptions.ChannelNotFoundEntity("gone"), "queue"),
@@ -122,7 +122,32 @@ def test_a_run_stops_once_and_remembers_the_first_reason() -> None:
     (ConnectionResetError(), "transient"), (TimeoutError(), "transient"),
 ])
 def test_broker_errors_are_classified(exc: BaseException, kind: str) -> None:
-    from jobq.broker import TRANSIENT, classify
+    """QUEUE_REFUSED stays with its one queue; the rest of TRANSIENT is the
+    broker or the connection (refused credentials are caught before, at
+    connect, as a ConfigError)."""
+    from jobq.broker import QUEUE_REFUSED, TRANSIENT
 
-    assert classify(exc) == kind
-    assert isinstance(exc, TRANSIENT) or kind == "config"
+    assert isinstance(exc, TRANSIENT)
+    assert isinstance(exc, QUEUE_REFUSED) is (kind == "queue")
+
+
+@pytest.mark.parametrize(("exc", "broken"), [
+    (_pg(asyncpg.exceptions.DeadlockDetectedError), False),  # a conflict: the session goes on
+    (_pg(asyncpg.exceptions.SerializationError), False),
+    (_pg(asyncpg.exceptions.QueryCanceledError), False),
+    (_pg(asyncpg.exceptions.CheckViolationError), False),
+    (_pg(asyncpg.exceptions.AdminShutdownError), True),  # terminated backend
+    (asyncpg.InternalClientError("another operation (2) is in progress"), True),
+    (asyncpg.exceptions.ConnectionDoesNotExistError("gone"), True),
+    (TimeoutError(), True),  # abandoned mid-statement
+    (ValueError("a bug"), True),
+])
+def test_which_errors_leave_a_session_unfit_for_reuse(exc: BaseException, broken: bool) -> None:
+    from jobq.db import session_broken
+
+    assert session_broken(exc) is broken
+    try:
+        with translated():
+            raise exc
+    except Exception as translated_exc:  # the same answer through the jobq error tree
+        assert session_broken(translated_exc) is broken

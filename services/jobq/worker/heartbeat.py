@@ -21,6 +21,7 @@ from typing import Any
 import asyncpg
 
 from jobq import lease, metrics
+from jobq.db import session_broken
 from jobq.errors import DatabaseUnavailable, UnavailableError
 from jobq.logs import fields
 from jobq.settings import ConsumerSettings
@@ -150,10 +151,11 @@ class Heartbeat:
         if conn is None:
             raise DatabaseUnavailable("worker registry session is down")
         # Bounded: a renewal hanging on a cut network must not stall every
-        # later one. Any failure ends the session (the registry re-registers
-        # and renews at once): a statement abandoned mid-flight would leave
-        # the connection busy, and reusing it is how "another operation is
-        # in progress" happens.
+        # later one. A failure that leaves the session unfit (abandoned
+        # mid-flight, terminated, a driver error: reusing it is how "another
+        # operation is in progress" happens) ends it, and the registry
+        # re-registers and renews at once; a plain SQL error (a conflict) on
+        # a healthy session keeps it, so reapers do not see us vanish.
         timeout = max(1.0, min(r.lease.lease_s for r in runs) * self.cfg.renew_fraction)
         try:
             return await asyncio.wait_for(
@@ -161,5 +163,6 @@ class Heartbeat:
         except Exception as exc:
             if not isinstance(exc, UnavailableError | TimeoutError):
                 log.exception("lease renewal raised unexpectedly")
-            self.registry.reset()
+            if session_broken(exc):
+                self.registry.reset()
             raise
