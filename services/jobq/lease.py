@@ -126,13 +126,23 @@ class Failure:
 
 
 async def fail(pool: asyncpg.Pool, failures: Sequence[Failure]) -> list[Any]:
-    """Record handler failures; per item the row (status, retry_in_s) or None if lost."""
+    """Record handler failures; per item the row (status, retry_in_s) or None
+    if lost. A retried write whose first reply was lost finds its own token
+    on a row it already moved (queued for a retry, or failed): that is ours,
+    with retry_in_s None."""
     rows = await fetch(
-            pool, Q["fail"],
-            [f.lease.job_id for f in failures], [f.lease.lock for f in failures],
-            [f.error[:4000] for f in failures], [f.retry for f in failures],
-            [f.delay_s for f in failures])
-    by_id = {r["id"]: r for r in rows}
+        pool, Q["fail"],
+        [f.lease.job_id for f in failures], [f.lease.lock for f in failures],
+        [f.error[:4000] for f in failures], [f.retry for f in failures],
+        [f.delay_s for f in failures])
+    by_id: dict[uuid.UUID, Any] = {r["id"]: r for r in rows}
+    missed = [f.lease for f in failures if f.lease.job_id not in by_id]
+    if missed:
+        again = await fetch(pool, Q["finished_by"], [le.job_id for le in missed],
+                            [le.lock for le in missed])
+        for r in again:
+            if r["status"] in (Status.QUEUED, Status.FAILED):
+                by_id[r["id"]] = {"id": r["id"], "status": r["status"], "retry_in_s": None}
     return [by_id.get(f.lease.job_id) for f in failures]
 
 

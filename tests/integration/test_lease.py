@@ -242,3 +242,21 @@ def test_reapers_prune_finished_jobs_by_their_queues_retention(db_url: str) -> N
                                    old_done) == 0
 
     run(db_url, body)
+
+
+def test_a_retried_failure_whose_reply_was_lost_recognises_itself(db_url: str) -> None:
+    async def body(pool: asyncpg.Pool) -> None:
+        jid = await new_job(pool)
+        mine = await claim(pool, jid)
+        assert mine is not None
+        (first,) = await lease.fail(pool, [Failure(mine, "boom", True, 30.0)])
+        assert first["status"] == "queued" and first["retry_in_s"] > 0
+        # The same write again (its first reply lost): ours, not a lost lease.
+        (again,) = await lease.fail(pool, [Failure(mine, "boom", True, 30.0)])
+        assert again is not None and again["status"] == "queued"
+        # Another claim's token (a fresh lock) never matches it.
+        other = Lease(mine.job_id, mine.queue, uuid.uuid4(), 30.0, 0.15, 0.0)
+        assert (await lease.fail(pool, [Failure(other, "boom", True, 0.0)])) == [None]
+        assert (await status(pool, jid))["errors"] == 1  # recorded once
+
+    run(db_url, body)

@@ -141,10 +141,10 @@ class Completer:
             self.heartbeat.lose(run, "failure rejected")
         elif row["status"] == Status.QUEUED:
             self.tally.count("retried", job.queue)
-            log.info("handler failed; retry in %.1fs: %s", row["retry_in_s"],
-                     failure.error[:500], extra=fields(event="retry", job=job.id,
-                                                       queue=job.queue, attempt=job.attempt,
-                                                       worker=self.worker_id))
+            when = "" if row["retry_in_s"] is None else f" in {row['retry_in_s']:.1f}s"
+            log.info("handler failed; retry%s: %s", when, failure.error[:500],
+                     extra=fields(event="retry", job=job.id, queue=job.queue,
+                                  attempt=job.attempt, worker=self.worker_id))
         else:
             self.tally.count("failed", job.queue)
             log.warning("failed: %s", failure.error[:500], extra=fields(
