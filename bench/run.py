@@ -9,7 +9,8 @@ cores. No-op handlers; figures from the database clock (created_at,
 started_at, finished_at) so process start-up is not counted. Throughput
 figures are medians of --runs runs; ratios between systems are taken within
 each run, then their median is reported. --detection runs bench/detection.py
-(20 SIGKILLs, 20 SIGSTOPs, the poison job), --scale runs bench/scale.py
+(3 SIGKILLs each of consumers holding 1, 8 and 32 jobs of 5 s, --trials SIGSTOPs,
+the poison job, child deaths, CPU-bound pools), --scale runs bench/scale.py
 (10 k vs 1 M finished rows, heartbeats, RSS, kill-every-5-s chaos as the
 median of --runs pairs). The soak (bench/soak.py) and the fault table
 (bench/faults.py) stay separate: they are correctness runs, not speed.

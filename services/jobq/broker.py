@@ -56,15 +56,6 @@ TRANSIENT: tuple[type[BaseException], ...] = (
 )
 
 
-def classify(exc: BaseException) -> str:
-    """'config', 'queue' or 'transient' (for tests and log lines)."""
-    if isinstance(exc, ConfigError | aiormq.exceptions.ProbableAuthenticationError):
-        return "config"
-    if isinstance(exc, QUEUE_REFUSED):
-        return "queue"
-    return "transient"
-
-
 def queue_arguments(namespace: str) -> dict[str, str]:
     """Declare arguments of a job queue (deploy/rabbitmq/definitions.json matches)."""
     return {"x-queue-type": "quorum", "x-dead-letter-exchange": f"{namespace}.dlx"}

@@ -86,7 +86,6 @@ class ProcessPool:
         self._children: set[_Child] = set()
         self._side: set[asyncio.Task[None]] = set()
         self._closing = False
-        self.spawned = 0  # children started over the pool's life (tests, logs)
 
     async def start(self) -> None:
         for child in await asyncio.gather(*(self._spawn() for _ in range(self.size))):
@@ -106,7 +105,6 @@ class ProcessPool:
         child = _Child(proc, Connection(mine.detach()))
         asyncio.get_running_loop().add_reader(child.conn.fileno(), child.readable.set)
         self._children.add(child)
-        self.spawned += 1
         try:
             msg = await asyncio.wait_for(self._recv(child), START_TIMEOUT_S)
         except (EOFError, OSError, TimeoutError) as exc:
