@@ -71,10 +71,19 @@ async def complete_in(conn: Any, job_id: uuid.UUID, lock: uuid.UUID) -> bool:
 
 
 async def claim(pool: asyncpg.Pool, ids: Sequence[uuid.UUID], worker_id: str,
-                queues: Sequence[str]) -> list[Any]:
-    """Claim the given ids; returns, per id, its claim row or None."""
-    rows = await fetch(pool, Q["claim"], list(ids), worker_id, list(queues))
+                queues: Sequence[str], locks: Sequence[uuid.UUID] | None = None,
+                retried: bool = False) -> list[Any]:
+    """Claim the given ids with these lock tokens (fresh ones if None);
+    returns, per id, its claim row or None. ``retried``: an earlier attempt
+    with the same tokens may have committed unseen; its rows count as ours."""
+    locks = list(locks) if locks is not None else [uuid.uuid4() for _ in ids]
+    rows = await fetch(pool, Q["claim"], list(ids), worker_id, list(queues), locks)
     by_id = {r["id"]: r for r in rows}
+    if retried and len(by_id) < len(set(ids)):
+        missed = [(i, lk) for i, lk in zip(ids, locks) if i not in by_id]
+        for r in await fetch(pool, Q["claim_recover"], [i for i, _ in missed],
+                             [lk for _, lk in missed], worker_id):
+            by_id[r["id"]] = r
     # The same id twice in one batch (a duplicate delivery) is claimed once:
     # only its first occurrence gets the row.
     return [by_id.pop(i, None) for i in ids]

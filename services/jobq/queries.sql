@@ -94,12 +94,15 @@ SELECT id, 'published', 'by the reaper relay' FROM marked WHERE history;
 -- the queues in $3. Ids missing from the result were not claimable (see
 -- claim_misses). Rows are locked in id order, so concurrent batched claims
 -- never deadlock; a row another transaction holds (a reaper's open relay
--- transaction) is waited for, then re-checked, never skipped.
+-- transaction) is waited for, then re-checked, never skipped. The lock
+-- tokens ($4, one per id) are the consumer's own random UUIDs, so that a
+-- claim retried after its reply was lost can recognise the rows it already
+-- holds (claim_recover) instead of taking them for someone else's.
 WITH todo AS (
-    SELECT j.id
+    SELECT j.id, t.lock
     FROM jobq.job j
-    WHERE j.id = ANY($1::uuid[])
-      AND j.status COLLATE "C" = 'queued'
+    JOIN unnest($1::uuid[], $4::uuid[]) AS t(id, lock) ON j.id = t.id
+    WHERE j.status COLLATE "C" = 'queued'
       AND j.run_at <= now()
       AND j.queue = ANY($3::text[])
     ORDER BY j.id
@@ -107,7 +110,7 @@ WITH todo AS (
 ), claimed AS (
     UPDATE jobq.job j
     SET status = 'active',
-        lock = gen_random_uuid(),
+        lock = todo.lock,
         worker_id = $2,
         attempts = j.attempts + 1,
         lease_expires_at = now() + make_interval(secs => q.lease_s),
@@ -124,6 +127,19 @@ WITH todo AS (
     SELECT id, 'claimed', $2, attempts FROM claimed WHERE history
 )
 SELECT * FROM claimed;
+
+-- name: claim_recover
+-- A claim retried after an error: rows this worker already claimed with
+-- these very tokens (the first attempt committed, its reply was lost), as
+-- claim returns them. Without it the retry saw them "active", dropped the
+-- messages as duplicates, and the jobs waited a whole lease.
+SELECT j.id, j.queue, j.payload, j.attempts, j.errors, j.stalls, j.lock, j.created_at,
+       j.suspect, j.handoffs, q.lease_s, q.timeout_s, q.max_attempts, q.vanished_grace_s,
+       q.history
+FROM jobq.job j
+JOIN unnest($1::uuid[], $2::uuid[]) AS t(id, lock) ON j.id = t.id AND j.lock = t.lock
+JOIN jobq.queue q ON q.name = j.queue
+WHERE j.status COLLATE "C" = 'active' AND j.worker_id = $3 AND j.lease_expires_at > now();
 
 -- name: claim_misses
 -- Why ids could not be claimed: for the log line and counters only.

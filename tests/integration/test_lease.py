@@ -260,3 +260,23 @@ def test_a_retried_failure_whose_reply_was_lost_recognises_itself(db_url: str) -
         assert (await status(pool, jid))["errors"] == 1  # recorded once
 
     run(db_url, body)
+
+
+def test_a_retried_claim_recognises_the_rows_its_lost_reply_claimed(db_url: str) -> None:
+    """The first attempt committed, its reply was lost: the retry with the
+    same tokens gets those rows back as its own; anyone else does not."""
+    async def body(pool: asyncpg.Pool) -> None:
+        a, b = await new_job(pool), await new_job(pool)
+        tokens = [uuid.uuid4(), uuid.uuid4()]
+        first = await lease.claim(pool, [a, b], "w1", ["q"], tokens)  # reply "lost"
+        assert all(r is not None for r in first)
+        assert await lease.claim(pool, [a, b], "w1", ["q"], tokens) == [None, None]
+        again = await lease.claim(pool, [a, b], "w1", ["q"], tokens, retried=True)
+        assert [r["lock"] for r in again] == tokens and [r["id"] for r in again] == [a, b]
+        assert again[0]["lease_s"] == first[0]["lease_s"]  # the claim row, whole
+        # Another worker, or other tokens, never recover them.
+        assert await lease.claim(pool, [a, b], "w2", ["q"], tokens, retried=True) == [None, None]
+        assert await lease.claim(pool, [a], "w1", ["q"], [uuid.uuid4()], retried=True) == [None]
+        assert (await status(pool, a))["attempts"] == 1  # claimed once
+
+    run(db_url, body)

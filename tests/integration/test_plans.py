@@ -25,7 +25,8 @@ from jobq.sql import Q
 # Statement -> arguments naming up to 32 ids (the rest as a worker would pass them).
 BY_ID: dict[str, Any] = {
     "mark_published": lambda ids: (ids, ids),
-    "claim": lambda ids: (ids, "w", ["noop"]),
+    "claim": lambda ids: (ids, "w", ["noop"], ids),
+    "claim_recover": lambda ids: (ids, ids, "w"),
     "claim_misses": lambda ids: (ids,),
     "hand_back": lambda ids: (ids,),
     "renew": lambda ids: (ids, ids, [30.0] * len(ids), "w"),

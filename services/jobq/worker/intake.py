@@ -154,11 +154,12 @@ class Intake:
     async def _claim_and_start(self, batch: Batch) -> None:
         crash.point("consumer.before_claim")
         sent_at = asyncio.get_running_loop().time()
+        locks = [uuid.uuid4() for _ in batch]  # kept for a retry to recognise its own claim
         try:
-            rows = await self._claim([i for i, _ in batch])
+            rows = await self._claim([i for i, _ in batch], locks)
         except Exception as exc:
             # Retried aside, so one failed claim never pauses intake (#19).
-            task = asyncio.create_task(self._claim_later(batch, exc))
+            task = asyncio.create_task(self._claim_later(batch, locks, sent_at, exc))
             self.retries.add(task)
             task.add_done_callback(self.retries.discard)
             return
@@ -173,12 +174,15 @@ class Intake:
             else:
                 self._start_job(row, sent_at)
 
-    async def _claim_later(self, batch: Batch, exc: Exception) -> None:
-        loop = asyncio.get_running_loop()
+    async def _claim_later(self, batch: Batch, locks: list[uuid.UUID], first_sent_at: float,
+                           exc: Exception) -> None:
+        """Retry a failed claim with the same tokens: rows the failed attempt
+        did claim (its reply lost) come back as ours, with their lease timed
+        from the first attempt's send, which is when the database set it."""
         backoff = Backoff(0.05, 1.6)
         for attempt in range(CLAIM_TRIES):
             if is_data_error(exc):
-                await self._claim_one_by_one(batch)
+                await self._claim_one_by_one(batch, locks, first_sent_at)
                 return
             if not is_transient(exc):
                 await self._give_back(batch)
@@ -190,13 +194,12 @@ class Intake:
             if self._stop.is_set():
                 break
             await backoff.sleep()
-            sent_at = loop.time()
             try:
-                rows = await self._claim([i for i, _ in batch])
+                rows = await self._claim([i for i, _ in batch], locks, retried=True)
             except Exception as again:
                 exc = again
                 continue
-            await self._started(batch, rows, sent_at)
+            await self._started(batch, rows, first_sent_at)
             return
         # Never drop: the messages go back and are redelivered.
         self.tally.note("claim_unavailable", len(batch))
@@ -219,13 +222,12 @@ class Intake:
                 f"claims fail with an error that retrying cannot heal: {exc}")
         self._ready.set()
 
-    async def _claim_one_by_one(self, batch: Batch) -> None:
+    async def _claim_one_by_one(self, batch: Batch, locks: list[uuid.UUID],
+                                first_sent_at: float) -> None:
         """A claim failed on data, not on the database: find who, fail only it."""
-        loop = asyncio.get_running_loop()
-        for job_id, msg in batch:
-            sent_at = loop.time()
+        for (job_id, msg), lock in zip(batch, locks):
             try:
-                rows = await self._claim([job_id])
+                rows = await self._claim([job_id], [lock], retried=True)
             except Exception as exc:
                 self._slots.release()
                 if not is_data_error(exc):
@@ -245,10 +247,11 @@ class Intake:
                           extra=fields(event="failed", job=job_id, quarantined=failed))
                 await self._acks.settle([msg], ack=True)
                 continue
-            await self._started([(job_id, msg)], rows, sent_at)
+            await self._started([(job_id, msg)], rows, first_sent_at)
 
-    async def _claim(self, ids: list[uuid.UUID]) -> list[Any]:
-        rows = await lease.claim(self.pool, ids, self.worker_id, self.queues)
+    async def _claim(self, ids: list[uuid.UUID], locks: list[uuid.UUID],
+                     retried: bool = False) -> list[Any]:
+        rows = await lease.claim(self.pool, ids, self.worker_id, self.queues, locks, retried)
         misses = [i for i, r in zip(ids, rows) if r is None]
         if misses:
             # The claims above are committed: failing to explain the misses
