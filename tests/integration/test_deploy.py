@@ -132,11 +132,14 @@ def test_compose_services_run_as_local_processes(settings, db, env, tmp_path) ->
     migrate.close()
     started = [start("consumer", i) for i in range(services["consumer"]["deploy"]["replicas"])]
     started += [start("reaper", i) for i in range(services["reaper"]["deploy"]["replicas"])]
-    producer, _ = start("producer")
+    producer = None
     try:
         for proc, port in started:
             wait_until(lambda: _get_quiet(port, "/readyz") == 200, 20, f"{proc.name} ready")
             assert _get(port, "/healthz")[0] == 200
+        # Only now the demo producer: its crash jobs kill a consumer (once,
+        # on purpose), which must not race the readiness checks above.
+        producer, _ = start("producer")
         wait_until(lambda: db.val("SELECT count(*) FROM jobq.job WHERE status = 'completed'")
                    >= 10, 30, "demo jobs to flow")
         grace = float(services["consumer"]["stop_grace_period"].rstrip("s"))
@@ -150,7 +153,8 @@ def test_compose_services_run_as_local_processes(settings, db, env, tmp_path) ->
             assert code in (0, -signal.SIGKILL), p.log()[-2000:]
         assert time.monotonic() - t0 < grace
     finally:
-        producer.close()
+        if producer is not None:
+            producer.close()
         for p, _ in started:
             p.close()
 
