@@ -37,6 +37,7 @@ log = logging.getLogger("jobq.producer")
 MAX_DELAY_S = 365 * 86400.0
 _NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")  # a JSON-escaped NUL, not an escaped backslash
 LIMITS_TTL_S = 60.0
+CHECK_OVER_BYTES = 65536
 DEFAULT_PAYLOAD_LIMIT = int(BY_COLUMN["max_payload_bytes"].default)
 # The highest max_payload_bytes a queue may have (schema/0003): larger is
 # refused here, before it is sent; the queue's own limit is checked in SQL.
@@ -131,23 +132,28 @@ class Client:
         return ids
 
     async def _check_sizes(self, jobs: Sequence[NewJob], payloads: Sequence[str]) -> None:
-        """Refuse a payload clearly over its queue's max_payload_bytes before
-        it crosses the wire (a 50 MB payload used to, to be refused by the
-        database). Limits are read once per queue and kept LIMITS_TTL_S; the
-        database still checks exactly (jsonb's text can differ a little from
-        json.dumps, hence the 5 % tolerance here)."""
+        """Refuse a large payload clearly over its queue's max_payload_bytes
+        before it crosses the wire (a 50 MB payload used to, to be refused by
+        the database). Payloads under CHECK_OVER_BYTES cost nothing here (no
+        lookup on the hot path; the database checks them exactly, as it does
+        all). Limits are read once per queue and kept LIMITS_TTL_S; 5 %
+        tolerance because jsonb's text can differ a little from json.dumps.
+        ``validate`` gives ASCII (json.dumps escapes the rest): len() is bytes."""
+        big = [(j, t) for j, t in zip(jobs, payloads) if len(t) > CHECK_OVER_BYTES]
+        if not big:
+            return
         assert self.pool is not None
         now = time.monotonic()
-        stale = {j.queue for j in jobs
+        stale = {j.queue for j, _ in big
                  if j.queue not in self._limits or now - self._limits[j.queue][1] > LIMITS_TTL_S}
         if stale:
             rows = await fetch(self.pool, Q["queue_limits"], sorted(stale))
             found = {r["name"]: r["max_payload_bytes"] for r in rows}
             for q in stale:  # a queue created by this publish gets the default
                 self._limits[q] = (found.get(q, DEFAULT_PAYLOAD_LIMIT), now)
-        for job, text in zip(jobs, payloads):
+        for job, text in big:
             limit = self._limits[job.queue][0]
-            size = len(text.encode())
+            size = len(text)
             if size > limit * 1.05:
                 raise InvalidPayload(f"payload is {size} bytes, over the {limit} byte limit of "
                                      f"queue {job.queue}; store large data elsewhere and pass a "

@@ -150,9 +150,12 @@ def test_a_payload_over_its_queues_limit_never_crosses_the_wire(settings: Settin
                            "VALUES ('small', 1000)")
         async with Client(settings) as client:
             # The client's own refusal (the database's says "(store large ...)"):
-            # the enqueue statement that would carry 50 kB never ran.
+            # the enqueue statement that would carry 200 kB never ran.
             with pytest.raises(InvalidPayload, match="limit of queue small; store large"):
-                await client.publish("small", {"blob": "x" * 50_000})
+                await client.publish("small", {"blob": "x" * 200_000})
+            # Under 64 KiB there is no lookup: the database refuses it, exactly.
+            with pytest.raises(InvalidPayload, match=r"limit of queue small \(store large"):
+                await client.publish("small", {"blob": "x" * 5_000})
             assert await conn.fetchval("SELECT count(*) FROM jobq.job") == 0
             ok = await client.publish("small", {"blob": "x" * 100})
             assert ok is not None
