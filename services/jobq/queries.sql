@@ -99,10 +99,10 @@ SELECT id, 'published', 'by the reaper relay' FROM marked WHERE history;
 -- claim retried after its reply was lost can recognise the rows it already
 -- holds (claim_recover) instead of taking them for someone else's.
 WITH todo AS (
-    SELECT j.id, t.lock
+    SELECT j.id
     FROM jobq.job j
-    JOIN unnest($1::uuid[], $4::uuid[]) AS t(id, lock) ON j.id = t.id
-    WHERE j.status COLLATE "C" = 'queued'
+    WHERE j.id = ANY($1::uuid[])
+      AND j.status COLLATE "C" = 'queued'
       AND j.run_at <= now()
       AND j.queue = ANY($3::text[])
     ORDER BY j.id
@@ -110,7 +110,8 @@ WITH todo AS (
 ), claimed AS (
     UPDATE jobq.job j
     SET status = 'active',
-        lock = todo.lock,
+        -- the token sent at the id's (first) position: same plan as by id alone
+        lock = ($4::uuid[])[array_position($1::uuid[], j.id)],
         worker_id = $2,
         attempts = j.attempts + 1,
         lease_expires_at = now() + make_interval(secs => q.lease_s),
