@@ -193,7 +193,8 @@ class Intake:
                 log.warning("cannot claim %d job(s) now (%s); retrying them", len(batch), exc)
             if self._stop.is_set():
                 break
-            await backoff.sleep()
+            if attempt:  # the first retry at once: the usual cause, a dead pooled
+                await backoff.sleep()  # connection, is already discarded
             try:
                 rows = await self._claim([i for i, _ in batch], locks, retried=True)
             except Exception as again:
