@@ -125,6 +125,31 @@ class Proc:
         self._log.close()
 
 
+# Which login a jobq command runs as in the tests (issue #14): each service
+# as its own least-privileged role, as a deployment runs it. The env fixture
+# passes one URL per role (JOBQ_TEST_LOGIN_<ROLE>); commands not listed here
+# (migrate, queue set, cancel, retry, prune) are operators' and run as the
+# schema owner. A test that sets JOBQ_DATABASE_URL itself keeps its own.
+_ROLE_OF = {"consume": "CONSUMER", "reap": "REAPER", "publish": "PRODUCER",
+            "stats": "READER", "inspect": "READER", "queue list": "READER",
+            "queue limits": "READER"}
+
+
+def as_role(env: dict[str, str], args: tuple[str, ...] | list[str]) -> dict[str, str]:
+    """``env`` with the database and broker URLs of the role of command ``args``."""
+    verb = " ".join(args[:2]) if args[:1] == ("queue",) or args[:1] == ["queue"] else (
+        args[0] if args else "")
+    if verb == "queue limits" and len(args) > 2:
+        verb = "queue limits set"
+    role = _ROLE_OF.get(verb)
+    out = dict(env)
+    for kind, key in (("LOGIN", "JOBQ_DATABASE_URL"), ("BROKER", "JOBQ_AMQP_URL")):
+        admin_url = env.get(f"JOBQ_TEST_{kind}_ADMIN")
+        if role and admin_url and env.get(key) == admin_url and f"JOBQ_TEST_{kind}_{role}" in env:
+            out[key] = env[f"JOBQ_TEST_{kind}_{role}"]
+    return out
+
+
 class Procs:
     """Factory fixture: start jobq processes; all are killed at teardown."""
 
@@ -136,7 +161,8 @@ class Procs:
 
     def start(self, *args: str, name: str | None = None, **env: str) -> Proc:
         self._n += 1
-        proc = Proc(name or f"{args[0]}{self._n}", list(args), {**self.env, **env}, self.logdir)
+        proc = Proc(name or f"{args[0]}{self._n}", list(args),
+                    as_role({**self.env, **env}, args), self.logdir)
         self.procs.append(proc)
         return proc
 
@@ -153,7 +179,8 @@ class Procs:
 
 def run_cli(env: dict[str, str], *args: str, timeout: float = 30,
             stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "jobq", *args], env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "jobq", *args], env=as_role(env, args),
+                          capture_output=True,
                           text=True, timeout=timeout, input=stdin)
 
 

@@ -23,7 +23,15 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 import pytest
 
-from harness.scratch import TEST_RUN_DDL, admin, delete_namespace, reachable, with_db
+from harness.scratch import (
+    TEST_RUN_DDL,
+    BrokerLogins,
+    Logins,
+    admin,
+    delete_namespace,
+    reachable,
+    with_db,
+)
 from jobq import migrate
 from jobq.settings import Settings
 
@@ -78,12 +86,41 @@ def template_db(pg_admin_url: str) -> Iterator[str]:
             await migrate.apply(conn)
             # Test handlers (harness/apps.py) log every start here.
             await conn.execute(TEST_RUN_DDL)
+            # ... as the consumers' own role does (harness.apps runs in them).
+            await conn.execute("GRANT SELECT, INSERT, UPDATE ON public.test_run TO jobq_consumer;"
+                               "GRANT USAGE ON SEQUENCE public.test_run_n_seq TO jobq_consumer")
         finally:
             await conn.close()
 
     asyncio.run(setup())
     yield name
     asyncio.run(admin(pg_admin_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+
+
+@pytest.fixture(scope="session")
+def logins(pg_admin_url: str, template_db: str) -> Iterator[Logins]:
+    """One login role per jobq group role for this run (issue #14)."""
+    made = Logins(pg_admin_url, RUN)
+    try:
+        made.setup()
+        yield made
+    finally:
+        made.drop()
+
+
+@pytest.fixture(scope="session")
+def broker_logins(amqp_url: str) -> Iterator[BrokerLogins | None]:
+    """One RabbitMQ user per service, limited to this run's namespaces
+    (where the broker is local; otherwise the services share amqp_url)."""
+    if not BrokerLogins.available(amqp_url):
+        yield None
+        return
+    made = BrokerLogins(amqp_url, RUN, prefix=f"jqt{RUN}")
+    try:
+        made.setup()
+        yield made
+    finally:
+        made.drop()
 
 
 @pytest.fixture
@@ -124,8 +161,10 @@ def settings(db_url: str, amqp_url: str, namespace: str) -> Settings:
 
 
 @pytest.fixture
-def env(settings: Settings, tmp_path: os.PathLike[str]) -> dict[str, str]:
-    """Environment for jobq subprocesses (CLI, consumers, reapers)."""
+def env(settings: Settings, tmp_path: os.PathLike[str], logins: Logins,
+        broker_logins: BrokerLogins | None) -> dict[str, str]:
+    """Environment for jobq subprocesses (CLI, consumers, reapers). Each
+    command runs as the login of its role (harness.helpers.as_role)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     e = {k: v for k, v in os.environ.items() if not k.startswith("JOBQ_")}
     e.update({
@@ -139,6 +178,12 @@ def env(settings: Settings, tmp_path: os.PathLike[str]) -> dict[str, str]:
         "PYTHONPATH": root + os.pathsep + e.get("PYTHONPATH", ""),
         "PYTHONUNBUFFERED": "1",
         "JOBQ_TEST_RUNLOG": str(tmp_path),
+        "JOBQ_TEST_LOGIN_ADMIN": settings.database_url,
+        **{f"JOBQ_TEST_LOGIN_{g.upper()}": logins.url(g, settings.database_url)
+           for g in Logins.GROUPS},
+        "JOBQ_TEST_BROKER_ADMIN": settings.amqp_url,
+        **({f"JOBQ_TEST_BROKER_{g.upper()}": broker_logins.url(g) for g in broker_logins.names}
+           if broker_logins else {}),
     })
     return e
 

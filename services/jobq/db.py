@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import getpass
 import logging
+import os
+import re
+import ssl
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -126,8 +130,7 @@ def translated() -> Any:
     except asyncpg.exceptions.ClientConfigurationError as exc:  # before TRANSIENT: a subclass
         raise ConfigError(f"JOBQ_DATABASE_URL: {exc}") from exc
     except asyncpg.exceptions.InsufficientPrivilegeError as exc:
-        raise ConfigError(f"{_message(exc)}: the role in JOBQ_DATABASE_URL lacks a right "
-                          "jobq needs (grant it one of the jobq_* roles)") from exc
+        raise ConfigError(missing_right(_message(exc))) from exc
     except asyncpg.exceptions.UndefinedTableError as exc:
         raise ConfigError(
             f"{_message(exc)}: the jobq schema is missing; run `jobq migrate`") from exc
@@ -143,8 +146,43 @@ def translated() -> Any:
                              "(\\u0000) in a payload") from exc
     except asyncpg.exceptions.CheckViolationError as exc:
         raise BadInput(_message(exc)) from exc
+    except ssl.SSLCertVerificationError as exc:  # before TRANSIENT: an OSError
+        raise ConfigError(
+            f"PostgreSQL's TLS certificate was refused ({certificate_refused(exc)}): check "
+            "sslrootcert and the host name in JOBQ_DATABASE_URL") from exc
     except TRANSIENT as exc:
         raise DatabaseUnavailable(f"database unavailable: {type(exc).__name__}: {exc}") from exc
+
+
+def certificate_refused(exc: BaseException) -> str | None:
+    """The reason, if ``exc`` is a TLS peer verification failure (a wrong
+    CA, an expired certificate, a host name the certificate does not name):
+    that cannot heal by retrying, so callers fail closed at once."""
+    for e in (exc, exc.__cause__, exc.__context__):
+        if isinstance(e, ssl.SSLCertVerificationError):
+            return str(e.verify_message or e)
+    text = str(exc)
+    if "CERTIFICATE_VERIFY_FAILED" in text:
+        return text.split("certificate verify failed:", 1)[-1].split("(_ssl.c")[0].strip()
+    return None
+
+
+_login: list[str] = []  # the user this process logs in as (set by connect_once)
+
+
+def missing_right(message: str) -> str:
+    """One line naming the right, the role that lacks it and the role to grant."""
+    from jobq.sql import GRANTS
+
+    fn = re.search(r"function (?:jobq\.)?(\w+)", message)
+    if fn and fn.group(1).startswith("q_") and fn.group(1)[2:] in GRANTS:
+        group = " or ".join(GRANTS[fn.group(1)[2:]])
+    elif fn and fn.group(1) == "enqueue":
+        group = "jobq_producer"
+    else:
+        group = "the jobq_* role of this service (README: Deploying with least privilege)"
+    who = f"role {_login[-1]}" if _login else "the role in JOBQ_DATABASE_URL"
+    return f"{message}: {who} lacks a right jobq needs; grant it {group}"
 
 
 def _message(exc: asyncpg.PostgresError) -> str:
@@ -162,7 +200,7 @@ async def _light_reset(conn: asyncpg.Connection) -> None:
         await conn.execute("ROLLBACK")
 
 
-async def _check_schema(conn: asyncpg.Connection) -> None:
+async def _check_schema(conn: asyncpg.Connection | PooledConnection) -> None:
     if await conn.fetchval("SELECT to_regclass('jobq.job')") is None:
         raise SchemaMissing("the database has no jobq schema yet: run `jobq migrate`")
 
@@ -172,6 +210,7 @@ async def connect_once(
     idle_in_tx_s: float | None = None, check_schema: bool = True,
 ) -> asyncpg.Pool:
     settings = {"application_name": app_name, **SESSION_SETTINGS}
+    _login[:] = [urlsplit(url).username or os.environ.get("PGUSER") or getpass.getuser()]
     if idle_in_tx_s:
         # A frozen process must not keep row locks for long (reaper relay).
         settings["idle_in_transaction_session_timeout"] = str(int(idle_in_tx_s * 1000))
@@ -185,14 +224,14 @@ async def connect_once(
         raise ConfigError(f"{_message(exc)}: remove it from JOBQ_DATABASE_URL") from exc
     except (ValueError, TypeError) as exc:  # the driver could not parse the URL
         raise ConfigError(f"JOBQ_DATABASE_URL is not usable ({redact(url)}): {exc}") from exc
-        assert pool is not None
-        if check_schema:
-            try:
+    if check_schema:
+        try:
+            with translated():
                 async with pool.acquire() as conn:
                     await _check_schema(conn)
-            except BaseException:
-                await pool.close()
-                raise
+        except BaseException:
+            await pool.close()
+            raise
     return pool
 
 

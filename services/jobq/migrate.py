@@ -17,7 +17,8 @@ from pathlib import Path
 
 import asyncpg
 
-from jobq.db import PooledConnection
+from jobq import routines
+from jobq.db import PooledConnection, translated
 from jobq.errors import ConfigError
 
 log = logging.getLogger("jobq.migrate")
@@ -61,37 +62,111 @@ def load() -> list[Migration]:
     return found
 
 
+GROUP_ROLES = ("jobq_owner", "jobq_producer", "jobq_consumer", "jobq_reaper", "jobq_reader")
+
+
+async def ensure_roles(conn: asyncpg.Connection | PooledConnection) -> list[str]:
+    """Create the missing group roles (NOLOGIN) and make the user running
+    migrate a member of jobq_owner; returns the roles created. Roles are
+    cluster-wide: two migrations of different databases may race here."""
+    created = []
+    for role in GROUP_ROLES:
+        if await conn.fetchval("SELECT 1 FROM pg_roles WHERE rolname = $1", role):
+            continue
+        try:
+            await conn.execute(f"CREATE ROLE {role} NOLOGIN")
+            created.append(role)
+        except (asyncpg.exceptions.DuplicateObjectError, asyncpg.exceptions.UniqueViolationError):
+            pass
+        except asyncpg.exceptions.InsufficientPrivilegeError as exc:
+            user = await conn.fetchval("SELECT current_user")
+            raise ConfigError(
+                f"role {role} does not exist and role {user} may not create roles: run "
+                f"`jobq migrate` once as a role with CREATEROLE, or CREATE ROLE {role} NOLOGIN"
+            ) from exc
+    return created
+
+
+async def join_owner(conn: asyncpg.Connection | PooledConnection) -> None:
+    """Make the user running migrate a member of jobq_owner (once)."""
+    if not await conn.fetchval("SELECT pg_has_role('jobq_owner', 'USAGE')"):
+        user = await conn.fetchval("SELECT current_user")
+        try:
+            await conn.execute("GRANT jobq_owner TO CURRENT_USER")
+        except asyncpg.exceptions.InsufficientPrivilegeError as exc:
+            raise ConfigError(f"role {user} runs `jobq migrate` but is not a member of "
+                              f"jobq_owner, which owns the schema: GRANT jobq_owner TO {user}"
+                              ) from exc
+
+
+async def _as_owner(conn: asyncpg.Connection | PooledConnection) -> None:
+    """Objects are created as jobq_owner once it owns the schema (0006), so
+    they get its default privileges; before that, as the user running."""
+    owner = await conn.fetchval(
+        "SELECT nspowner::regrole::text FROM pg_namespace WHERE nspname = 'jobq'")
+    if owner == "jobq_owner":
+        await conn.execute("SET LOCAL ROLE jobq_owner")
+
+
+async def pending(conn: asyncpg.Connection | PooledConnection) -> list[Migration]:
+    """Migrations not recorded yet (all of them on an empty database)."""
+    if await conn.fetchval("SELECT to_regclass('jobq.schema_migration')") is None:
+        return load()
+    done = {r["version"] for r in await conn.fetch("SELECT version FROM jobq.schema_migration")}
+    return [m for m in load() if m.version not in done]
+
+
 async def apply(conn: asyncpg.Connection | PooledConnection) -> list[Migration]:
-    """Apply what is missing; return the migrations applied by this call."""
+    """Apply what is missing; return the migrations applied by this call.
+    An up-to-date schema needs no right beyond reading schema_migration."""
     applied: list[Migration] = []
-    for migration in load():
+    with translated():
+        await ensure_roles(conn)
+        todo = await pending(conn)
+        version = max(m.version for m in load())
+        if todo or await routines.stale(conn, version):
+            await join_owner(conn)
+        for migration in todo:
+            async with conn.transaction():
+                # Serialises concurrent `jobq migrate` runs; released at commit.
+                await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_KEY)
+                if await conn.fetchval("SELECT to_regnamespace('jobq')") is None:
+                    await conn.execute("CREATE SCHEMA jobq")
+                await _as_owner(conn)
+                await conn.execute(
+                    """CREATE TABLE IF NOT EXISTS jobq.schema_migration (
+                           version integer PRIMARY KEY,
+                           name text NOT NULL,
+                           checksum text NOT NULL,
+                           applied_at timestamptz NOT NULL DEFAULT now())"""
+                )
+                if await _recorded(conn, migration):
+                    continue
+                await conn.execute(migration.sql)
+                await conn.execute(
+                    "INSERT INTO jobq.schema_migration (version, name, checksum) "
+                    "VALUES ($1, $2, $3)",
+                    migration.version, migration.name, migration.checksum,
+                )
+                applied.append(migration)
+                log.info("applied migration %04d_%s", migration.version, migration.name)
+        for migration in load():
+            if migration not in todo:
+                await _recorded(conn, migration)  # only warns if a file changed
         async with conn.transaction():
-            # Serialises concurrent `jobq migrate` runs; released at commit.
             await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_KEY)
-            await conn.execute("CREATE SCHEMA IF NOT EXISTS jobq")
-            await conn.execute(
-                """CREATE TABLE IF NOT EXISTS jobq.schema_migration (
-                       version integer PRIMARY KEY,
-                       name text NOT NULL,
-                       checksum text NOT NULL,
-                       applied_at timestamptz NOT NULL DEFAULT now())"""
-            )
-            row = await conn.fetchrow(
-                "SELECT checksum FROM jobq.schema_migration WHERE version = $1",
-                migration.version,
-            )
-            if row is not None:
-                if row["checksum"] != migration.checksum:
-                    log.warning(
-                        "migration %04d_%s changed since it was applied; not re-running it",
-                        migration.version, migration.name,
-                    )
-                continue
-            await conn.execute(migration.sql)
-            await conn.execute(
-                "INSERT INTO jobq.schema_migration (version, name, checksum) VALUES ($1, $2, $3)",
-                migration.version, migration.name, migration.checksum,
-            )
-            applied.append(migration)
-            log.info("applied migration %04d_%s", migration.version, migration.name)
+            if await routines.stale(conn, version):
+                await _as_owner(conn)
+                await routines.install(conn, version)
     return applied
+
+
+async def _recorded(conn: asyncpg.Connection | PooledConnection, migration: Migration) -> bool:
+    row = await conn.fetchrow(
+        "SELECT checksum FROM jobq.schema_migration WHERE version = $1", migration.version)
+    if row is None:
+        return False
+    if row["checksum"] != migration.checksum:
+        log.warning("migration %04d_%s changed since it was applied; not re-running it",
+                    migration.version, migration.name)
+    return True

@@ -15,6 +15,11 @@
 --   * every transition also appends to jobq.job_event in the same statement
 --     (a data-modifying CTE), when the queue's history is on.
 --
+-- Rights: a block with a "-- grant:" line is installed by `jobq migrate` as
+-- the SECURITY DEFINER function jobq.q_<name> (routines.py) and executable
+-- only by the roles it names: those roles need no right on the tables, so a
+-- consumer can change only the rows whose lock token it holds.
+--
 -- Plans: a statement that names its rows by id finds them through the primary
 -- key, always. Its status test is written `status COLLATE "C" = '...'`: the
 -- same equality (status values are ASCII), but the planner can no longer match
@@ -38,6 +43,7 @@ ORDER BY t.n;
 SELECT name, max_payload_bytes FROM jobq.queue WHERE name = ANY($1::text[]);
 
 -- name: mark_published
+-- grant: jobq_producer, jobq_consumer, jobq_reaper
 -- After the broker confirmed the ids. Only the queued spell that was
 -- published (same lock token as read) is marked. SKIP LOCKED: a row someone
 -- holds is being claimed (then it needs no mark) or relayed (the relay marks
@@ -90,6 +96,7 @@ INSERT INTO jobq.job_event (job_id, event, detail)
 SELECT id, 'published', 'by the reaper relay' FROM marked WHERE history;
 
 -- name: claim
+-- grant: jobq_consumer
 -- queued -> active for every id that is claimable now by a worker handling
 -- the queues in $3. Ids missing from the result were not claimable (see
 -- claim_misses). Rows are locked in id order, so concurrent batched claims
@@ -130,6 +137,7 @@ WITH todo AS (
 SELECT * FROM claimed;
 
 -- name: claim_recover
+-- grant: jobq_consumer
 -- A claim retried after an error: rows this worker already claimed with
 -- these very tokens (the first attempt committed, its reply was lost), as
 -- claim returns them. Without it the retry saw them "active", dropped the
@@ -143,12 +151,14 @@ JOIN jobq.queue q ON q.name = j.queue
 WHERE j.status COLLATE "C" = 'active' AND j.worker_id = $3 AND j.lease_expires_at > now();
 
 -- name: claim_misses
+-- grant: jobq_consumer
 -- Why ids could not be claimed: for the log line and counters only.
 SELECT id, queue, status, run_at > now() AS not_due
 FROM jobq.job
 WHERE id = ANY($1::uuid[]);
 
 -- name: hand_back
+-- grant: jobq_consumer
 -- A delivery for a queued job of a queue this worker does not handle (an id
 -- published to the wrong queue): forget the publish so the relay sends the id
 -- to the job's own queue.
@@ -159,6 +169,7 @@ WHERE id IN (SELECT id FROM jobq.job
              FOR UPDATE SKIP LOCKED);
 
 -- name: renew
+-- grant: jobq_consumer
 -- The heartbeat: one statement for every lease the process holds, sent on
 -- the worker's registry session (the one holding its advisory lock), so a
 -- successful renewal also proves that session alive. It only touches
@@ -178,6 +189,7 @@ WITH renewed AS (
 SELECT id FROM renewed;
 
 -- name: complete
+-- grant: jobq_consumer
 WITH done AS (
     UPDATE jobq.job j
     SET status = 'completed',
@@ -197,6 +209,7 @@ WITH done AS (
 SELECT id FROM done;
 
 -- name: finished_by
+-- grant: jobq_consumer
 -- After a fenced write matched nothing: did *this* token already finish the
 -- job (a retried write whose first reply was lost)?
 SELECT j.id, j.status
@@ -204,6 +217,7 @@ FROM jobq.job j
 JOIN unnest($1::uuid[], $2::uuid[]) AS t(id, lock) ON j.id = t.id AND j.lock = t.lock;
 
 -- name: fail
+-- grant: jobq_consumer
 -- Handler error: back to queued after a backoff while fewer than
 -- max_attempts runs have failed (and retry = true), else failed. The retry is
 -- published by the reaper's relay once run_at comes (published_at = NULL,
@@ -246,6 +260,7 @@ WITH failing AS (
 SELECT id, status, extract(epoch FROM run_at - now())::float8 AS retry_in_s FROM failed;
 
 -- name: release
+-- grant: jobq_consumer
 -- Graceful shutdown (or a suspect handed on by a busy worker): give the job
 -- back at once, without counting a stall or an error. The releasing worker publishes the id itself; the relay is the
 -- fallback (relay_after = now()).
@@ -357,6 +372,7 @@ WITH lapsed AS (
 SELECT id, queue, status, stalls, suspect_stalls, verdict, worker_id FROM requeued;
 
 -- name: isolate
+-- grant: jobq_consumer
 -- A worker starts a suspect's isolated run: from now until the run ends, if
 -- the worker dies, this job alone is charged (requeue_lapsed). Fenced like
 -- every worker write; zero rows means the lease is lost.
@@ -379,6 +395,7 @@ WITH marked AS (
 SELECT id FROM marked;
 
 -- name: child_died
+-- grant: jobq_consumer
 -- --pool process: the child process running this job died (killed, OOM,
 -- segfault, os._exit). The parent knows exactly which job it ran, so this is
 -- the evidence requeue_lapsed can only guess at: the job is charged one
@@ -418,6 +435,7 @@ WITH died AS (
 SELECT id, queue, lock, status, stalls, due FROM died;
 
 -- name: quarantine
+-- grant: jobq_consumer
 -- A claim that fails on the job's own data (not on the database being
 -- away), found by claiming the batch's ids one at a time: that job is
 -- failed with the reason and never blocks the rest of intake again.
@@ -481,6 +499,7 @@ SELECT extract(epoch FROM least(
 SELECT pg_try_advisory_lock($1);
 
 -- name: worker_register
+-- grant: jobq_consumer
 INSERT INTO jobq.worker (worker_id, host, pid, lock_key, backend_pid)
 VALUES ($1, $2, $3, $4, pg_backend_pid())
 ON CONFLICT (worker_id) DO UPDATE
@@ -488,6 +507,7 @@ SET lock_key = excluded.lock_key, backend_pid = excluded.backend_pid,
     last_seen_at = now(), vanished_at = NULL;
 
 -- name: worker_gone
+-- grant: jobq_consumer
 -- Graceful stop: the worker released its leases; nothing to shorten.
 UPDATE jobq.worker SET vanished_at = now() WHERE worker_id = $1;
 
@@ -528,6 +548,7 @@ FROM gone g;
 DELETE FROM jobq.worker WHERE vanished_at < now() - interval '1 day';
 
 -- name: lease_lost_event
+-- grant: jobq_consumer
 -- Worker side: it learned it lost a lease (renewal matched nothing, or it
 -- fenced itself). Best effort, for the history only.
 INSERT INTO jobq.job_event (job_id, event, worker_id, attempt, detail)
@@ -638,6 +659,7 @@ SELECT overdue_leases, oldest_overdue_s FROM jobq.overdue;
 -- ───────────────────────────── queues ─────────────────────────────
 
 -- name: queue_ensure
+-- grant: jobq_consumer
 INSERT INTO jobq.queue (name) VALUES ($1) ON CONFLICT (name) DO NOTHING;
 
 -- name: queue_list

@@ -4,6 +4,13 @@ Each block starts with ``-- name: <name>``; comment lines right after it are
 its documentation. Code refers to statements by name (``Q["claim"]``), never
 with ad-hoc SQL strings, so every statement can be read in one file and is
 prepared against the schema by a test.
+
+A block may also say ``-- grant: jobq_consumer[, jobq_producer]``: roles that
+run it without any right on the tables it touches. ``jobq migrate`` installs
+such a statement as a SECURITY DEFINER function ``jobq.q_<name>`` (see
+routines.py), and ``Q[name]`` is then the call of that function, with the
+same parameters and result columns. ``BODY[name]`` is always the statement
+itself (for the migration and for the plan tests).
 """
 
 from __future__ import annotations
@@ -14,20 +21,50 @@ from importlib import resources
 from types import MappingProxyType
 
 _NAME = re.compile(r"^--\s*name:\s*([a-z_0-9]+)\s*$", re.MULTILINE)
+_GRANT = re.compile(r"^--\s*grant:\s*(.+?)\s*$")
+_PARAM = re.compile(r"\$(\d+)")
+ROLE = re.compile(r"^jobq_[a-z]+$")
 
 
-def parse(text: str) -> dict[str, str]:
+def parse(text: str) -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
+    """(name → statement, name → roles granted it as a function)."""
     parts = _NAME.split(text)
     queries: dict[str, str] = {}
+    grants: dict[str, tuple[str, ...]] = {}
     # parts = [preamble, name1, body1, name2, body2, ...]
     for name, body in zip(parts[1::2], parts[2::2]):
         if name in queries:
             raise ValueError(f"queries.sql defines {name!r} twice")
-        lines = [ln for ln in body.strip().splitlines() if not ln.lstrip().startswith("--")]
-        queries[name] = "\n".join(lines).strip().rstrip(";")
-    return queries
+        lines = body.strip().splitlines()
+        for ln in lines:
+            if m := _GRANT.match(ln.strip()):
+                roles = tuple(r.strip() for r in m.group(1).split(","))
+                if not all(ROLE.match(r) for r in roles):
+                    raise ValueError(f"queries.sql: {name}: bad grant line {ln!r}")
+                grants[name] = roles
+        code = [ln for ln in lines if not ln.lstrip().startswith("--")]
+        queries[name] = "\n".join(code).strip().rstrip(";")
+    return queries, grants
 
+
+def arity(statement: str) -> int:
+    """How many positional parameters ($1..$n) a statement takes."""
+    return max((int(n) for n in _PARAM.findall(statement)), default=0)
+
+
+def function_name(name: str) -> str:
+    return f"jobq.q_{name}"
+
+
+def call(name: str, statement: str) -> str:
+    args = ", ".join(f"${i}" for i in range(1, arity(statement) + 1))
+    return f"SELECT * FROM {function_name(name)}({args})"
+
+
+BODY, GRANTS = parse(resources.files("jobq").joinpath("queries.sql").read_text(encoding="utf-8"))
+BODY = MappingProxyType(BODY)  # type: ignore[assignment]
+GRANTS = MappingProxyType(GRANTS)  # type: ignore[assignment]
 
 Q: Mapping[str, str] = MappingProxyType(
-    parse(resources.files("jobq").joinpath("queries.sql").read_text(encoding="utf-8"))
+    {name: call(name, body) if name in GRANTS else body for name, body in BODY.items()}
 )

@@ -20,7 +20,7 @@ import asyncpg
 import pytest
 
 from jobq.db import SESSION_SETTINGS
-from jobq.sql import Q
+from jobq.sql import BODY, Q
 
 # Statement -> arguments naming up to 32 ids (the rest as a worker would pass them).
 BY_ID: dict[str, Any] = {
@@ -86,7 +86,7 @@ def test_statements_by_id_use_the_primary_key(db_url: str, stats: str) -> None:
                 "SELECT id FROM jobq.job ORDER BY random() LIMIT 32")]
             plans = {}
             for name, args in BY_ID.items():
-                raw = await conn.fetchval(f"EXPLAIN (FORMAT JSON) {Q[name]}", *args(ids))
+                raw = await conn.fetchval(f"EXPLAIN (FORMAT JSON) {BODY[name]}", *args(ids))
                 plans[name] = _indexes_and_scans(json.loads(raw) if isinstance(raw, str) else raw)
             return plans
         finally:

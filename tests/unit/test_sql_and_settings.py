@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from jobq.settings import Settings
-from jobq.sql import Q, parse
+from jobq.sql import BODY, Q, parse
 
 
 def test_every_statement_is_named_once_and_non_empty() -> None:
@@ -21,7 +21,7 @@ def test_every_statement_is_named_once_and_non_empty() -> None:
 
 def test_lease_writes_are_all_fenced() -> None:
     for name in ("renew", "complete", "fail", "release"):
-        sql = Q[name]
+        sql = BODY[name]
         assert re.search(r"j\.lock = \w\.lock", sql), name
         assert "j.status COLLATE \"C\" = 'active'" in sql, name
         assert "j.lease_expires_at > now()" in sql, name
@@ -38,3 +38,16 @@ def test_settings_reject_bad_urls_and_unknown_keys(monkeypatch: pytest.MonkeyPat
         Settings(consumer={"bogus": 1})
     monkeypatch.setenv("JOBQ_CONSUMER__CONCURRENCY", "7")
     assert Settings().consumer.concurrency == 7
+
+
+def test_granted_statements_become_calls_of_their_function() -> None:
+    body, grants = parse("-- name: a\n-- grant: jobq_consumer, jobq_producer\n"
+                         "SELECT $1::int + $3::int, $2::text;\n-- name: b\nSELECT 1;")
+    assert grants == {"a": ("jobq_consumer", "jobq_producer")} and "grant" not in body["a"]
+    from jobq.sql import call
+
+    assert call("a", body["a"]) == "SELECT * FROM jobq.q_a($1, $2, $3)"
+    assert Q["claim"].startswith("SELECT * FROM jobq.q_claim(") and "UPDATE" in BODY["claim"]
+    assert Q["requeue_lapsed"] == BODY["requeue_lapsed"]  # the reaper's: plain table rights
+    with pytest.raises(ValueError, match="grant"):
+        parse("-- name: a\n-- grant: postgres\nSELECT 1;")

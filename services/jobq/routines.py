@@ -1,0 +1,110 @@
+"""The statements a role may run without rights on the tables they touch.
+
+A producer must enqueue and mark its own publishes without reading other
+jobs' payloads; a consumer must claim, renew and finish without being able to
+change a job it does not hold. Table rights cannot say that (an UPDATE whose
+WHERE tests ``lock`` needs SELECT on ``lock``, and then any token can be
+read), so such a statement runs as a SECURITY DEFINER function owned by the
+schema's owner: its text is the fence. Each is generated from its block in
+queries.sql (``-- grant:``), so the statement exists once; parameter and
+result types come from the server's own description of the prepared
+statement. ``install`` (re)creates the set only when it changed, inside
+``jobq migrate``; EXECUTE is revoked from PUBLIC and granted to the listed
+roles only; ``search_path`` is pinned so a caller cannot plant look-alike
+objects (every name in queries.sql is schema-qualified anyway).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from typing import Any
+
+from jobq.sql import BODY, GRANTS, arity, function_name
+
+log = logging.getLogger("jobq.migrate")
+
+PINNED_PATH = "pg_catalog, pg_temp"
+
+
+async def _types(conn: Any, oids: list[int]) -> list[str]:
+    rows = await conn.fetch(
+        "SELECT format_type(o, NULL) AS t FROM unnest($1::oid[]) WITH ORDINALITY AS u(o, n) "
+        "ORDER BY n", oids)
+    return [r["t"] for r in rows]
+
+
+async def definition(conn: Any, name: str) -> tuple[str, str]:
+    """(argument types, CREATE FUNCTION text) for one granted statement."""
+    body = BODY[name]
+    stmt = await conn.prepare(body)
+    params = await _types(conn, [p.oid for p in stmt.get_parameters()])
+    if len(params) != arity(body):
+        raise ValueError(f"queries.sql: {name}: parameters must be numbered $1..$n without gaps")
+    cols = stmt.get_attributes()
+    args = ", ".join(params)
+    if cols:
+        names = [a.name for a in cols]
+        if len(set(names)) != len(names):
+            raise ValueError(f"queries.sql: {name}: result columns must have distinct names")
+        types = await _types(conn, [a.type.oid for a in cols])
+        returns = "TABLE(" + ", ".join(
+            f'"{n}" {t}' for n, t in zip(names, types)) + ")"
+    else:
+        returns = "void"
+    if "$jobq$" in body:
+        raise ValueError(f"queries.sql: {name}: the text $jobq$ is reserved")
+    create = (f"CREATE FUNCTION {function_name(name)}({args}) RETURNS {returns}\n"
+              f"LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = {PINNED_PATH}\n"
+              f"AS $jobq$\n{body}\n$jobq$")
+    return args, create
+
+
+def checksums(schema_version: int) -> dict[str, str]:
+    """What each function is made from: its statement, its roles, and the
+    schema it was typed against (a migration can change a column's type)."""
+    return {name: hashlib.sha256(f"{BODY[name]}\n{','.join(roles)}\n{schema_version}".encode())
+            .hexdigest() for name, roles in GRANTS.items()}
+
+
+async def _installed(conn: Any) -> dict[str, str] | None:
+    if await conn.fetchval("SELECT to_regclass('jobq.schema_routine')") is None:
+        return None
+    return {r["name"]: r["checksum"]
+            for r in await conn.fetch("SELECT name, checksum FROM jobq.schema_routine")}
+
+
+async def stale(conn: Any, schema_version: int) -> bool:
+    """Whether install() has anything to do (read-only, no rights needed
+    beyond reading jobq.schema_routine)."""
+    return await _installed(conn) != checksums(schema_version)
+
+
+async def install(conn: Any, schema_version: int) -> list[str]:
+    """Make jobq.q_* match queries.sql; returns the names (re)created or
+    dropped. Runs inside migrate's transaction, after the migrations."""
+    await conn.execute("""CREATE TABLE IF NOT EXISTS jobq.schema_routine (
+                              name text PRIMARY KEY, checksum text NOT NULL)""")
+    have = await _installed(conn) or {}
+    changed: list[str] = []
+    for name, checksum in sorted(checksums(schema_version).items()):
+        if have.pop(name, None) == checksum:
+            continue
+        args, create = await definition(conn, name)
+        fn = function_name(name)
+        # DROP, not CREATE OR REPLACE: a changed result type cannot be replaced.
+        await conn.execute(f"DROP FUNCTION IF EXISTS {fn}")
+        await conn.execute(create)
+        await conn.execute(f"REVOKE ALL ON FUNCTION {fn}({args}) FROM PUBLIC")
+        await conn.execute(f"GRANT EXECUTE ON FUNCTION {fn}({args}) TO {', '.join(GRANTS[name])}")
+        await conn.execute(
+            "INSERT INTO jobq.schema_routine (name, checksum) VALUES ($1, $2) "
+            "ON CONFLICT (name) DO UPDATE SET checksum = excluded.checksum", name, checksum)
+        changed.append(name)
+    for gone in have:  # a statement no longer granted
+        await conn.execute(f"DROP FUNCTION IF EXISTS {function_name(gone)}")
+        await conn.execute("DELETE FROM jobq.schema_routine WHERE name = $1", gone)
+        changed.append(gone)
+    if changed:
+        log.info("installed %d statement function(s): %s", len(changed), ", ".join(changed))
+    return changed

@@ -1,0 +1,214 @@
+"""Least privilege (issue #14): what each group role may do, read from the
+database's own catalogs and tried as a real login of that role.
+
+The e2e suite already runs every subprocess as its own role (harness/
+helpers.py picks the login by verb); these tests pin the grants themselves
+and the refusals."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import asyncpg
+import pytest
+
+from harness.helpers import SyncDB, publish, run_cli, set_queue
+from harness.scratch import login_url
+from jobq.sql import GRANTS
+
+# Every right a jobq group role holds in schema jobq, as (role, object, right).
+# A migration that adds a table, view or function must say here who gets it.
+TABLE_RIGHTS = {
+    ("jobq_producer", "queue", "SELECT"),
+    ("jobq_consumer", "queue", "SELECT"),
+    *{("jobq_reaper", "job", r) for r in ("SELECT", "UPDATE", "DELETE")},
+    *{("jobq_reaper", "job_event", r) for r in ("SELECT", "INSERT", "DELETE")},
+    *{("jobq_reaper", "worker", r) for r in ("SELECT", "UPDATE", "DELETE")},
+    *{("jobq_reaper", "reaper", r) for r in ("SELECT", "INSERT", "UPDATE", "DELETE")},
+    ("jobq_reaper", "queue", "SELECT"),
+    ("jobq_reaper", "overdue", "SELECT"),
+}
+FUNCTION_RIGHTS = {("jobq_producer", "enqueue")} | {
+    (role, f"q_{name}") for name, roles in GRANTS.items() for role in roles}
+GROUPS = ("jobq_producer", "jobq_consumer", "jobq_reaper", "jobq_reader")
+
+
+def test_grants_are_exactly_the_list(db: SyncDB) -> None:
+    rows = db.fetch("""
+        SELECT r.rolname AS role, c.relname AS name, a.privilege_type AS right_, c.relkind
+        FROM pg_class c
+        JOIN pg_namespace n ON n.oid = c.relnamespace
+        CROSS JOIN LATERAL aclexplode(c.relacl) a
+        JOIN pg_roles r ON r.oid = a.grantee
+        WHERE n.nspname = 'jobq' AND r.rolname = ANY($1::text[])""", list(GROUPS))
+    reader = {(r["role"], r["name"], r["right_"]) for r in rows if r["role"] == "jobq_reader"}
+    others = {(r["role"], r["name"], r["right_"]) for r in rows if r["role"] != "jobq_reader"}
+    assert others == TABLE_RIGHTS
+    relations = {r["relname"] for r in db.fetch(
+        "SELECT relname FROM pg_class WHERE relnamespace = 'jobq'::regnamespace "
+        "AND relkind IN ('r', 'v')")}
+    assert reader == {("jobq_reader", name, "SELECT") for name in relations}
+
+    fns = db.fetch("""
+        SELECT p.proname, p.prosecdef, p.proconfig, p.proowner::regrole::text AS owner,
+               coalesce(array_agg(r.rolname) FILTER (WHERE a.privilege_type = 'EXECUTE'),
+                        '{}') AS grantees,
+               bool_or(a.grantee = 0) AS public, p.proacl IS NULL AS default_acl
+        FROM pg_proc p
+        LEFT JOIN LATERAL aclexplode(p.proacl) a ON true
+        LEFT JOIN pg_roles r ON r.oid = a.grantee
+        WHERE p.pronamespace = 'jobq'::regnamespace
+        GROUP BY 1, 2, 3, 4, p.proacl""")
+    got = {(g, f["proname"]) for f in fns for g in f["grantees"] if g in GROUPS}
+    assert got == FUNCTION_RIGHTS
+    for f in fns:
+        assert not f["public"] and not f["default_acl"], f"{f['proname']} is PUBLIC"
+        assert f["owner"] == "jobq_owner", f["proname"]
+        if f["prosecdef"]:
+            assert f["proconfig"] == ["search_path=pg_catalog, pg_temp"], f["proname"]
+    owners = {r["owner"] for r in db.fetch(
+        "SELECT relowner::regrole::text AS owner FROM pg_class "
+        "WHERE relnamespace = 'jobq'::regnamespace")}
+    assert owners == {"jobq_owner"}
+
+
+def _as(url: str, sql: str, *args: Any) -> Any:
+    async def go() -> Any:
+        conn = await asyncpg.connect(url)
+        try:
+            return await conn.fetch(sql, *args)
+        finally:
+            await conn.close()
+
+    return asyncio.run(go())
+
+
+def _denied(url: str, sql: str, *args: Any) -> None:
+    with pytest.raises(asyncpg.exceptions.InsufficientPrivilegeError):
+        _as(url, sql, *args)
+
+
+def test_a_producer_enqueues_but_reads_and_changes_nothing(db: SyncDB, logins: Any) -> None:
+    url = logins.url("producer", db.url)
+    other = db.val("SELECT jobq.enqueue('secrets', '{\"card\": \"4111\"}')")
+    (row,) = _as(url, "SELECT jobq.enqueue('mine', '{\"n\": 1}') AS id")
+    assert db.val("SELECT status FROM jobq.job WHERE id = $1", row["id"]) == "queued"
+    _denied(url, "SELECT payload FROM jobq.job WHERE id = $1", other)
+    _denied(url, "SELECT * FROM jobq.queue_stats")
+    _denied(url, "UPDATE jobq.job SET status = 'completed' WHERE id = $1", other)
+    _denied(url, "DELETE FROM jobq.job_event")
+    _denied(url, "SELECT * FROM jobq.q_claim($1, 'w', '{secrets}', $2)", [other], [uuid.uuid4()])
+    assert db.val("SELECT status FROM jobq.job WHERE id = $1", other) == "queued"
+
+
+def test_a_consumer_changes_only_the_jobs_it_holds(db: SyncDB, logins: Any) -> None:
+    url = logins.url("consumer", db.url)
+    theirs, mine = (db.val("SELECT jobq.enqueue('q', '{}')") for _ in range(2))
+    their_lock = db.val("""UPDATE jobq.job SET status = 'active', lock = gen_random_uuid(),
+                           lease_expires_at = now() + interval '1 minute', worker_id = 'other'
+                           WHERE id = $1 RETURNING lock""", theirs)
+    _denied(url, "UPDATE jobq.job SET status = 'completed' WHERE id = $1", theirs)
+    _denied(url, "SELECT lock FROM jobq.job WHERE id = $1", theirs)
+    _denied(url, "INSERT INTO jobq.job_event (job_id, event) VALUES ($1, 'completed')", theirs)
+    # Through the fenced functions, a guessed token matches nothing.
+    for name in ("complete", "release"):
+        extra = ["x", False] if name == "release" else []
+        assert _as(url, f"SELECT * FROM jobq.q_{name}($1, $2{', $3, $4' if extra else ''})",
+                   [theirs], [uuid.uuid4()], *extra) == []
+    assert db.val("SELECT status FROM jobq.job WHERE id = $1", theirs) == "active"
+    assert db.val("SELECT lock FROM jobq.job WHERE id = $1", theirs) == their_lock
+    # Its own: claimed with its token, completed with it.
+    token = uuid.uuid4()
+    (claimed,) = _as(url, "SELECT * FROM jobq.q_claim($1, 'me', '{q}', $2)", [mine], [token])
+    assert claimed["lock"] == token
+    assert [r["id"] for r in _as(url, "SELECT * FROM jobq.q_complete($1, $2)",
+                                 [mine], [token])] == [mine]
+    _denied(url, "SELECT jobq.enqueue('q', '{}')")  # not without jobq_producer
+
+
+def test_the_reader_reads_everything_and_writes_nothing(db: SyncDB, logins: Any) -> None:
+    url = logins.url("reader", db.url)
+    jid = db.val("SELECT jobq.enqueue('q', '{\"a\": 1}')")
+    assert _as(url, "SELECT payload FROM jobq.job WHERE id = $1", jid)
+    for view in ("queue_stats", "stalled", "running", "failed", "history", "workers",
+                 "reaper_status", "overdue"):
+        _as(url, f"SELECT * FROM jobq.{view} LIMIT 1")
+    _denied(url, "UPDATE jobq.job SET status = 'failed' WHERE id = $1", jid)
+    _denied(url, "DELETE FROM jobq.job WHERE id = $1", jid)
+    _denied(url, "UPDATE jobq.queue SET lease_s = 1")
+    _denied(url, "SELECT jobq.enqueue('q', '{}')")
+    _denied(url, "SELECT * FROM jobq.q_quarantine($1, 'x')", jid)
+
+
+def test_the_cli_read_verbs_work_for_the_reader(env: dict[str, str], db: SyncDB,
+                                               logins: Any) -> None:
+    jid = db.val("SELECT jobq.enqueue('q', '{\"a\": 1}')")
+    as_reader = {**env, "JOBQ_DATABASE_URL": logins.url("reader", db.url)}
+    for args in (["stats"], ["inspect", str(jid)], ["queue", "list"]):
+        out = run_cli(as_reader, *args)
+        assert out.returncode == 0, (args, out.stderr)
+    refused = run_cli(as_reader, "cancel", str(jid))
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
+    assert "permission denied" in refused.stderr and "jobq_" in refused.stderr
+
+
+def test_a_login_without_its_role_gets_one_line_and_exit_2(
+        env: dict[str, str], db: SyncDB, logins: Any) -> None:
+    bare = logins.create("bare")  # LOGIN, member of no jobq role
+    e = {**env, "JOBQ_DATABASE_URL": login_url(db.url, *bare)}
+    for args in (["consume", "harness.apps:app", "--queue", "work"], ["reap"],
+                 ["publish", "q", "{}"], ["stats"]):
+        out = run_cli(e, *args, timeout=30)
+        lines = [ln for ln in out.stderr.strip().splitlines() if "Traceback" not in ln]
+        assert out.returncode == 2, (args, out.stdout, out.stderr)
+        assert "Traceback" not in out.stderr, (args, out.stderr)
+        error = [ln for ln in lines if "error" in ln.lower() or "permission" in ln]
+        assert error and "permission denied" in error[-1] and bare[0] in error[-1], (args, lines)
+
+
+def test_a_consumer_missing_one_grant_stops_instead_of_looping(
+        env: dict[str, str], db: SyncDB, logins: Any, settings: Any) -> None:
+    """The issue's case: a right missing on the claim path used to loop
+    "cannot claim ... requeued" forever with /readyz green."""
+    db.execute("REVOKE EXECUTE ON FUNCTION jobq.q_claim FROM jobq_consumer")
+    publish(settings, "work", [{}])
+    e = {**env, "JOBQ_DATABASE_URL": logins.url("consumer", db.url)}
+    out = run_cli(e, "consume", "harness.apps:app", "--queue", "work", timeout=40)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+    assert "permission denied for function q_claim" in out.stderr
+    assert "jobq_consumer" in out.stderr
+    assert db.val("SELECT count(*) FROM jobq.job WHERE status = 'queued'") == 1  # nothing lost
+
+
+def test_migrate_on_an_up_to_date_schema_needs_no_create_right(
+        env: dict[str, str], db: SyncDB, logins: Any) -> None:
+    migrator = logins.create("migrator")
+    db.execute(f"GRANT jobq_owner TO {migrator[0]}")
+    db.execute(f"REVOKE CREATE ON DATABASE {db.val('SELECT current_database()')} FROM PUBLIC")
+    out = run_cli({**env, "JOBQ_DATABASE_URL": login_url(db.url, *migrator)}, "migrate")
+    assert out.returncode == 0, out.stderr
+    assert "up to date" in out.stdout
+
+
+@pytest.mark.parametrize("statement", ["q_worker_register", "q_renew", "q_complete"])
+def test_a_consumer_missing_a_right_anywhere_exits_2_and_loses_nothing(
+        env: dict[str, str], db: SyncDB, logins: Any, settings: Any, statement: str) -> None:
+    """Registry, heartbeat and completer meet a missing right as intake does:
+    one line, drain, exit 2 (they used to retry forever)."""
+    db.execute(f"REVOKE EXECUTE ON FUNCTION jobq.{statement} FROM jobq_consumer")
+    set_queue(db, "work", lease_s=2)  # renewed after ~0.7 s, while the job runs
+    (jid,) = publish(settings, "work", [{"sleep": 1.5}])
+    e = {**env, "JOBQ_DATABASE_URL": logins.url("consumer", db.url),
+         "JOBQ_CONSUMER__SHUTDOWN_GRACE_S": "1"}
+    out = run_cli(e, "consume", "harness.apps:app", "--queue", "work", timeout=60)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("jobq: error: permission denied for function") and \
+        statement in last and "grant it jobq_consumer" in last, last
+    # nothing lost: finished in the drain, or released, or left to its lease
+    assert db.val("SELECT status FROM jobq.job WHERE id = $1", jid) in (
+        "queued", "active", "completed")
