@@ -31,7 +31,7 @@ from aio_pika.abc import (
 )
 
 from jobq.backoff import Backoff
-from jobq.db import redact
+from jobq.db import certificate_refused, redact
 from jobq.errors import BrokerUnavailable, ConfigError
 
 log = logging.getLogger("jobq.broker")
@@ -103,6 +103,10 @@ class Broker:
                     f"RabbitMQ at {redact(self.url)} refused to open the vhost: check that it "
                     "exists and that the user may use it (JOBQ_AMQP_URL)") from exc
             except TRANSIENT as exc:
+                if (why := certificate_refused(exc)) is not None:
+                    raise ConfigError(
+                        f"RabbitMQ's TLS certificate at {redact(self.url)} was refused ({why}): "
+                        "check cafile and the host name in JOBQ_AMQP_URL") from exc
                 if not wait:
                     raise BrokerUnavailable(
                         f"cannot reach RabbitMQ at {redact(self.url)} ({type(exc).__name__}: "
