@@ -43,11 +43,22 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"jobq {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    sub.add_parser("migrate", help="create or upgrade the jobq schema (safe to rerun)",
-                   description="Apply the numbered migrations in schema/ that the database "
-                   "does not have yet, each in its own transaction, under an advisory lock: "
-                   "safe to run twice or from several places at once. Needs CREATE on the "
-                   "database the first time.")
+    mig = sub.add_parser(
+        "migrate", help="create or upgrade the jobq schema (safe to rerun)",
+        description="Apply the numbered migrations in schema/ that the database does not have "
+        "yet, each in its own transaction, under an advisory lock: safe to run twice or from "
+        "several places at once. Creates the group roles jobq_owner, jobq_producer, "
+        "jobq_consumer, jobq_reaper and jobq_reader if missing (needs CREATEROLE then), and "
+        "needs CREATE on the database the first time; an up-to-date schema needs neither.")
+    mig.add_argument("--declare", action="store_true",
+                     help="then declare the broker topology, as `jobq declare` does")
+    dec = sub.add_parser(
+        "declare", help="declare the exchange and every queue's broker queue",
+        description="Declare jobq's exchange, dead-letter exchange and queue, and the durable "
+        "queue of every queue in jobq.queue (and of each QUEUE named), with a RabbitMQ user "
+        "that has configure permission. Services whose users have none then only check "
+        "that these exist. Run it again after adding a queue.")
+    dec.add_argument("queues", metavar="QUEUE", nargs="*", help="also declare these queues")
 
     pub = sub.add_parser("publish", help="enqueue a job and print its id")
     pub.add_argument("queue", metavar="QUEUE")

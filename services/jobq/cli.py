@@ -57,6 +57,13 @@ async def _migrate(settings: Settings) -> None:
     print(f"applied {len(applied)} migration(s)" if applied else "schema is up to date")
 
 
+async def _declare(settings: Settings, queues: list[str]) -> None:
+    from jobq.topology import declare
+
+    done = await declare(settings, queues)
+    print(f"declared the {settings.namespace} exchange and {len(done)} queue(s)")
+
+
 async def _publish(settings: Settings, args: argparse.Namespace) -> None:
     from jobq.producer import Client, NewJob, validate
 
@@ -214,6 +221,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         if args.command == "migrate":
             asyncio.run(_migrate(settings))
+            if args.declare:
+                asyncio.run(_declare(settings, []))
+        elif args.command == "declare":
+            asyncio.run(_declare(settings, args.queues))
         elif args.command == "publish":
             asyncio.run(_publish(settings, args))
         elif args.command == "consume":
