@@ -44,7 +44,7 @@ def test_compose_file_matches_the_compose_spec() -> None:
         "service_completed_successfully"
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "deploy" / "k8s").glob("*.yaml")),
+@pytest.mark.parametrize("path", sorted((ROOT / "deploy" / "k8s").glob("**/*.yaml")),
                          ids=lambda p: p.name)
 def test_kubernetes_manifests_are_valid(path: Path) -> None:
     if path.name == "kustomization.yaml":
@@ -54,6 +54,68 @@ def test_kubernetes_manifests_are_valid(path: Path) -> None:
         return
     for doc in yaml.safe_load_all(path.read_text()):
         kubernetes_validate.validate(doc, "1.30.0", strict=True)
+
+
+def _workloads() -> list[dict[str, Any]]:
+    return [yaml.safe_load((ROOT / "deploy/k8s" / f).read_text())
+            for f in ("consumer.yaml", "reaper.yaml", "migrate-job.yaml")]
+
+
+def test_kubernetes_services_run_least_privileged() -> None:
+    """Issue #14: own secret per service (the migrate Job's alone has DDL
+    rights), no secret in the kustomization, locked-down containers, and
+    ingress on the health/metrics port only."""
+    k8s = ROOT / "deploy/k8s"
+    listed = yaml.safe_load((k8s / "kustomization.yaml").read_text())["resources"]
+    for name in listed:
+        for doc in yaml.safe_load_all((k8s / name).read_text()):
+            assert doc["kind"] != "Secret", name
+            assert "stringData" not in doc and "password" not in json.dumps(doc).lower(), name
+    secrets = set()
+    for w in _workloads():
+        pod = w["spec"]["template"]["spec"]
+        assert pod["automountServiceAccountToken"] is False
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        for c in pod["containers"]:
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False
+            assert sc["readOnlyRootFilesystem"] is True
+            assert sc["capabilities"] == {"drop": ["ALL"]}
+            (ref,) = [e["secretRef"]["name"] for e in c["envFrom"] if "secretRef" in e]
+            secrets.add(ref)
+    assert secrets == {"jobq-consumer", "jobq-reaper", "jobq-migrate"}
+    examples = {d["metadata"]["name"] for d in
+                yaml.safe_load_all((k8s / "examples/secrets.yaml").read_text())}
+    assert examples == secrets
+    policy = yaml.safe_load((k8s / "networkpolicy.yaml").read_text())["spec"]
+    assert policy["policyTypes"] == ["Ingress"]
+    assert policy["ingress"] == [{"ports": [{"protocol": "TCP", "port": 8000}]}]
+
+
+def test_compose_services_log_in_as_their_own_roles() -> None:
+    from urllib.parse import urlsplit
+
+    services = compose()["services"]
+    users = {}
+    for name in ("migrate", "consumer", "reaper", "producer"):
+        e = services[name]["environment"]
+        db, amqp = urlsplit(e["JOBQ_DATABASE_URL"]), urlsplit(e["JOBQ_AMQP_URL"])
+        users[name] = (db.username, amqp.username)
+        assert db.username != "postgres" and amqp.username not in ("guest", "jobq-admin")
+    assert len({u for u, _ in users.values()}) == 4 and len({a for _, a in users.values()}) == 4
+    assert services["rabbitmq"]["ports"] == ["127.0.0.1:15672:15672"]
+    init = (ROOT / "deploy/postgres/init-roles.sh").read_text()
+    for name, (db_user, _) in users.items():
+        group = "jobq_owner" if name == "migrate" else f"jobq_{name}"
+        assert f"CREATE ROLE {db_user} LOGIN PASSWORD :'{name}_pw' IN ROLE {group};" in init
+    d = json.loads((ROOT / "deploy/rabbitmq/definitions.json").read_text())
+    tags = {u["name"]: u["tags"] for u in d["users"]}
+    perms = {p["user"]: p for p in d["permissions"]}
+    for name, (_, amqp_user) in users.items():
+        assert tags[amqp_user] == [], amqp_user
+        if name != "migrate":  # runtime users declare nothing
+            assert perms[amqp_user]["configure"] == "^$", amqp_user
 
 
 def test_consumer_grace_outlasts_its_drain() -> None:
@@ -118,7 +180,10 @@ def test_compose_services_run_as_local_processes(settings, db, env, tmp_path) ->
 
     def service_env(name: str, port: int) -> dict[str, str]:
         e = {**env, **{k: str(v) for k, v in services[name]["environment"].items()}}
-        e.update(JOBQ_DATABASE_URL=settings.database_url, JOBQ_AMQP_URL=settings.amqp_url,
+        # Each service as the test login of its own role (migrate as owner).
+        role = {"migrate": "ADMIN"}.get(name, name.upper())
+        e.update(JOBQ_DATABASE_URL=env[f"JOBQ_TEST_LOGIN_{role}"],
+                 JOBQ_AMQP_URL=env.get(f"JOBQ_TEST_BROKER_{role}", settings.amqp_url),
                  JOBQ_NAMESPACE=settings.namespace, JOBQ_HEALTH_PORT=str(port))
         return e
 
