@@ -23,7 +23,8 @@ from collections.abc import Awaitable, Callable
 
 log = logging.getLogger("jobq.health")
 
-Check = Callable[[], Awaitable[dict[str, bool]]]
+# Named checks (True = fine); a str value explains a failure ("problem").
+Check = Callable[[], Awaitable[dict[str, bool | str]]]
 
 MAX_CONNECTIONS = 32
 MAX_LINE = 8192
@@ -37,12 +38,13 @@ class HealthServer:
         self._ready = ready
         self._server: asyncio.base_events.Server | None = None
         self._open = 0
-        self._ready_cache: tuple[float, dict[str, bool]] | None = None
+        self._ready_cache: tuple[float, dict[str, bool | str]] | None = None
 
-    async def _readiness(self) -> dict[str, bool]:
+    async def _readiness(self) -> dict[str, bool | str]:
         now = asyncio.get_running_loop().time()
         if self._ready_cache is not None and now - self._ready_cache[0] < READY_CACHE_S:
             return self._ready_cache[1]
+        checks: dict[str, bool | str]
         try:
             checks = await asyncio.wait_for(self._ready(), 3)
         except Exception as exc:  # a check that raises is a failed check
@@ -97,7 +99,7 @@ class HealthServer:
                 return
             elif path == "/readyz":
                 checks = await self._readiness()
-                ok = all(checks.values())
+                ok = all(v is True for v in checks.values())  # a "problem" str fails
                 status = 200 if ok else 503
                 body = {"ready": ok, **checks}
             else:

@@ -237,7 +237,7 @@ class Reaper:
             self._listener = None
             log.debug("LISTEN unavailable: %r", exc)
 
-    async def _readiness(self) -> dict[str, bool]:
+    async def _readiness(self) -> dict[str, bool | str]:
         # Not ready while sweeps keep failing: a reaper that cannot requeue
         # or relay must not look healthy (issue #13).
         return {"database": await database_answers(self.pool), "broker": self.broker.connected,

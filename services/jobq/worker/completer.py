@@ -26,7 +26,7 @@ from jobq.backoff import Backoff
 from jobq.batch import Coalescer
 from jobq.broker import Broker
 from jobq.db import is_transient
-from jobq.errors import Fail, LeaseLost, Retry
+from jobq.errors import ConfigError, Fail, LeaseLost, Retry
 from jobq.job import Status
 from jobq.lease import Failure, Lease
 from jobq.logs import fields, printable
@@ -75,6 +75,15 @@ class Completer:
         self.tally = tally
         self.worker_id = worker_id
         self._completions: Coalescer[Lease, bool] = Coalescer(self._complete_batch)
+        self._fatal: ConfigError | None = None
+        self._fatal_seen = asyncio.Event()
+
+    async def watch(self) -> None:
+        """Ends with the first mistake a finishing write met that retrying
+        cannot heal (a missing right): the consumer drains and exits 2."""
+        await self._fatal_seen.wait()
+        assert self._fatal is not None
+        raise self._fatal
 
     async def _complete_batch(self, leases: list[Lease]) -> list[bool]:
         return await lease.complete(self.pool, leases)
@@ -88,7 +97,11 @@ class Completer:
             try:
                 return await op()
             except Exception as exc:
-                if not is_transient(exc) and not reported:
+                if isinstance(exc, ConfigError):
+                    if self._fatal is None:
+                        self._fatal = exc
+                        self._fatal_seen.set()
+                elif not is_transient(exc) and not reported:
                     reported = True  # a bug or the unexpected: say it once, keep trying
                     log.error("%s of job %s raised; retrying", what, run.job.id, exc_info=exc)
                 delay = backoff.next()

@@ -81,6 +81,7 @@ class Consumer:
         self._stop = asyncio.Event()
         self._slots = asyncio.Semaphore(self.concurrency)
         self._dead = False  # a supervised task died: liveness fails
+        self._problem: str | None = None
         self.pool: asyncpg.Pool | None = None
         self.processes: ProcessPool | None = None
         self.registry: Registry | None = None
@@ -111,10 +112,13 @@ class Consumer:
         if self.executor is not None:
             self.executor.close()
 
-    async def _readiness(self) -> dict[str, bool]:
-        return {"database": await database_answers(self.pool),
-                "broker": self.broker.connected,
-                "accepting": self.ready.is_set() and not self._stop.is_set()}
+    async def _readiness(self) -> dict[str, bool | str]:
+        checks: dict[str, bool | str] = {
+            "database": await database_answers(self.pool), "broker": self.broker.connected,
+            "accepting": self.ready.is_set() and not self._stop.is_set()}
+        if self._problem:
+            checks["problem"] = self._problem  # why it is stopping (a missing right, ...)
+        return checks
 
     async def _connect(self) -> None:
         pool = self.pool = await open_pool(
@@ -141,7 +145,7 @@ class Consumer:
                              self.tally, self.executor.start)
         self._completer = completer
         self.registry.start()
-        await self.registry.registered.wait()
+        await self.registry.wait_registered()
 
     async def _serve(self) -> None:
         assert self._heartbeat is not None and self.intake is not None
@@ -155,9 +159,13 @@ class Consumer:
             worker=self.worker_id, queues=",".join(self.queues), concurrency=self.concurrency,
             pool=self.cfg.pool))
         stopper = asyncio.create_task(self._stop.wait())
-        done, _ = await asyncio.wait({stopper, renewer, intake},
+        finishing = asyncio.create_task(self._completer.watch())
+        assert self.registry is not None
+        registry = self.registry.task
+        done, _ = await asyncio.wait({stopper, renewer, intake, finishing, registry},
                                      return_when=asyncio.FIRST_COMPLETED)
-        for task, what in ((renewer, "lease renewer"), (intake, "intake")):
+        for task, what in ((renewer, "lease renewer"), (intake, "intake"),
+                           (finishing, "completer"), (registry, "worker registry")):
             if task in done and not self._stop.is_set():
                 # A dead renewer means leases we cannot keep, a dead intake a
                 # worker that takes nothing: exit non-zero, get restarted.
@@ -169,6 +177,7 @@ class Consumer:
                     # finish or are released, never left to lapse), then one
                     # line and exit 2 (cli.py).
                     log.error("stopping: %s", exc, extra=fields(worker=self.worker_id))
+                    self._problem = str(exc)
                     self._stop.set()
                     await self._drain(stop_intake, intake)
                     renewer.cancel()
@@ -177,7 +186,8 @@ class Consumer:
         await self._drain(stop_intake, intake)
         renewer.cancel()
         lag.cancel()
-        await asyncio.gather(renewer, lag, return_exceptions=True)
+        finishing.cancel()
+        await asyncio.gather(renewer, lag, finishing, return_exceptions=True)
 
     async def _drain(self, stop_intake: Any, intake: asyncio.Task[None]) -> None:
         """SIGTERM: stop intake, let jobs finish within the grace, release the rest."""

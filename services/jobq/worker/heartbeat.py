@@ -22,7 +22,7 @@ import asyncpg
 
 from jobq import lease, metrics
 from jobq.db import session_broken
-from jobq.errors import DatabaseUnavailable, UnavailableError
+from jobq.errors import ConfigError, DatabaseUnavailable, UnavailableError
 from jobq.logs import fields
 from jobq.settings import ConsumerSettings
 from jobq.worker.run import Run, Stop
@@ -125,6 +125,8 @@ class Heartbeat:
             sent_at = loop.time()
             try:
                 held = await self._renew(runs)
+            except ConfigError:
+                raise  # a missing right: retrying cannot heal it; the consumer stops
             except Exception as exc:
                 metrics.RENEWALS.labels("failed").inc()
                 failures += 1
@@ -161,7 +163,7 @@ class Heartbeat:
             return await asyncio.wait_for(
                 lease.renew(conn, [r.lease for r in runs], self.worker_id), timeout)
         except Exception as exc:
-            if not isinstance(exc, UnavailableError | TimeoutError):
+            if not isinstance(exc, UnavailableError | TimeoutError | ConfigError):
                 log.exception("lease renewal raised unexpectedly")
             if session_broken(exc):
                 self.registry.reset()

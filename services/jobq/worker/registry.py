@@ -24,7 +24,8 @@ from collections.abc import Callable
 import asyncpg
 
 from jobq.backoff import Backoff
-from jobq.db import SESSION_SETTINGS
+from jobq.db import SESSION_SETTINGS, missing_right
+from jobq.errors import ConfigError
 from jobq.logs import fields
 from jobq.sql import Q
 
@@ -80,6 +81,9 @@ class Registry:
                 backoff.reset()  # it was up: come back at once
             except asyncio.CancelledError:
                 raise
+            except asyncpg.exceptions.InsufficientPrivilegeError as exc:
+                # Not healed by retrying: the task ends, and the consumer with it.
+                raise ConfigError(missing_right(str(exc))) from exc
             except Exception as exc:
                 log.warning("worker registry session unavailable: %s; retrying", exc,
                             extra=fields(worker=self.worker_id))
@@ -90,6 +94,20 @@ class Registry:
                             extra=fields(worker=self.worker_id))
                 self._on_lost(loop.time())
             await backoff.sleep()
+
+    async def wait_registered(self) -> None:
+        """Until registered; raises what ended the registry (a missing right)."""
+        assert self._task is not None
+        waiter = asyncio.ensure_future(self.registered.wait())
+        await asyncio.wait({waiter, self._task}, return_when=asyncio.FIRST_COMPLETED)
+        if not waiter.done():
+            waiter.cancel()
+            self._task.result()
+
+    @property
+    def task(self) -> asyncio.Task[None]:
+        assert self._task is not None
+        return self._task
 
     async def deregister(self) -> None:
         """Graceful stop: say we are gone (nothing to cut), end the session."""
