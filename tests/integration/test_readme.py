@@ -46,3 +46,41 @@ def test_the_publishing_script_runs_as_written(tmp_path: Path, env, db: SyncDB) 
     assert out.returncode == 0, out.stderr
     assert db.val("SELECT count(*) FROM jobq.job WHERE queue = 'emails'") == 6
     assert db.val("SELECT count(*) FROM jobq.job WHERE idempotency_key = 'order-42'") == 1
+
+
+class _RolledBack(Exception):
+    pass
+
+
+def test_the_least_privilege_sql_runs_as_written(db_url: str) -> None:
+    """The two ```sql blocks (a DBA's bootstrap, then the services' logins),
+    in one transaction that is rolled back: roles are cluster-wide."""
+    import asyncio
+
+    import asyncpg
+
+    blocks = [b for b in re.findall(r"```sql\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+              if "CREATE ROLE" in b]
+    assert len(blocks) == 2
+
+    async def go() -> None:
+        conn = await asyncpg.connect(db_url)
+        name = await conn.fetchval("SELECT current_database()")
+        try:
+            async with conn.transaction():
+                await conn.execute(blocks[0].replace("DATABASE app ", f"DATABASE {name} "))
+                await conn.execute(blocks[1])
+                rows = await conn.fetch(
+                    "SELECT m.rolname AS login, g.rolname AS grp FROM pg_auth_members a "
+                    "JOIN pg_roles m ON m.oid = a.member JOIN pg_roles g ON g.oid = a.roleid "
+                    "WHERE m.rolname LIKE 'app\\_%'")
+                assert {(r["login"], r["grp"]) for r in rows} == {
+                    (f"app_{g}", f"jobq_{g}") for g in ("producer", "consumer", "reaper",
+                                                       "reader")}
+                raise _RolledBack
+        except _RolledBack:
+            pass
+        finally:
+            await conn.close()
+
+    asyncio.run(go())
