@@ -111,7 +111,11 @@ class Heartbeat:
         failures = 0
         retry_at = float("inf")  # after a failure: again soon, not an interval later
         while True:
-            self._next = min(self._due(), retry_at)
+            # After a failure, the next try waits for retry_at even though a
+            # renewal is overdue: min() with the overdue time made this loop
+            # spin (thousands of failed renewals a second, a log line per ten)
+            # while the registry session was down.
+            self._next = retry_at if failures and not self._now else self._due()
             self._now = False
             self._wakeup.clear()
             try:
@@ -121,6 +125,7 @@ class Heartbeat:
                 pass
             runs = [r for r in self.runs.values() if r.stop_reason is None]
             if not runs:
+                failures, retry_at = 0, float("inf")  # nothing to renew, nothing to retry
                 continue
             sent_at = loop.time()
             try:
