@@ -73,6 +73,27 @@ async def work(job: Job) -> None:
     await _work(job)
 
 
+@app.handler("results")
+async def results(job: Job) -> Any:
+    """Returns payload["return"]; reports progress first when asked:
+    payload["progress"] values, payload["every"] seconds apart."""
+    await _work(job)
+    p = job.payload or {}
+    for value in p.get("progress", []):
+        await job.progress(value)
+        await asyncio.sleep(float(p.get("every", 0)))
+    await asyncio.sleep(float(p.get("hold", 0)))
+    if "bytes" in p:
+        return "x" * int(p["bytes"])
+    return p.get("return")
+
+
+@app.handler("limited")
+async def limited(job: Job) -> None:
+    """For fleet-wide limits: records its run (start and end) in test_run."""
+    await _work(job)
+
+
 @app.handler("other")
 async def other(job: Job) -> None:
     await _work(job)

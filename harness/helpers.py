@@ -317,3 +317,32 @@ def lost_and_duplicates(db: SyncDB, ids: list[Any]) -> tuple[int, int]:
                   ids)
     runs_ = db.val("SELECT count(*) FROM test_run WHERE job_id = ANY($1)", ids)
     return int(lost), int(runs_) - len(ids)
+
+
+def with_pool(db_url: str, body: Callable[[asyncpg.Pool], Any]) -> Any:
+    """Run ``await body(pool)`` on a fresh pool (in-process lease-layer tests)."""
+    async def go() -> Any:
+        pool = await asyncpg.create_pool(db_url, min_size=1, max_size=4)
+        try:
+            return await body(pool)
+        finally:
+            await pool.close()
+
+    return asyncio.run(go())
+
+
+def wait_http(url: str, timeout: float, what: str) -> None:
+    """Until ``url`` answers (any status but a refused connection)."""
+    import urllib.error
+    import urllib.request
+
+    def up() -> bool:
+        try:
+            urllib.request.urlopen(url, timeout=2).close()
+            return True
+        except urllib.error.HTTPError:
+            return True
+        except OSError:
+            return False
+
+    wait_until(up, timeout, what)

@@ -10,8 +10,9 @@ from jobq.app import App
 from jobq.errors import Fail, JobqError, LeaseLost, Retry
 from jobq.job import Job, Status
 from jobq.producer import Client, NewJob
+from jobq.results import JobFailed
 from jobq.settings import Settings
 
-__all__ = ["App", "Client", "Fail", "Job", "JobqError", "LeaseLost", "NewJob", "Retry",
-           "Settings", "Status"]
+__all__ = ["App", "Client", "Fail", "Job", "JobFailed", "JobqError", "LeaseLost", "NewJob",
+           "Retry", "Settings", "Status"]
 __version__ = "0.1.0"

@@ -10,6 +10,10 @@
     @app.handler("thumbnails", payload=ThumbnailRequest)   # pydantic model
     def resize(job: jobq.Job) -> None: ...                 # sync: runs in a thread
 
+    @app.periodic(cron="0 3 * * *", timezone="Europe/Berlin")
+    @app.handler("nightly")                                # also enqueued daily at 3:00
+    async def nightly(job: jobq.Job) -> dict: ...          # the return value is its result
+
 A payload model validates ``job.payload`` before the handler runs; a payload
 that fails validation fails the job at once (no retries: it cannot get better).
 """
@@ -54,6 +58,35 @@ class Handler:
 class App:
     def __init__(self) -> None:
         self.handlers: dict[str, Handler] = {}
+        self.schedules: dict[str, Any] = {}  # name -> jobq.schedules.Schedule
+
+    def schedule(self, name: str, queue: str, *, cron: str | None = None,
+                 every: float | None = None, timezone: str = "UTC",
+                 payload: Any = None) -> None:
+        """Declare a periodic job: a consumer of this app stores it in
+        jobq.schedule at start; the reapers enqueue it once per slot."""
+        from jobq.errors import BadInput
+        from jobq.schedules import Schedule
+
+        try:
+            self.schedules[name] = Schedule(name, queue, payload, cron, every, timezone)
+        except (BadInput, TypeError) as exc:
+            raise ConfigError(str(exc)) from exc
+
+    def periodic(self, *, cron: str | None = None, every: float | None = None,
+                 timezone: str = "UTC", payload: Any = None,
+                 name: str | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Put over ``@app.handler(queue)``: also run that queue's handler on a
+        schedule (named after the queue unless ``name`` is given)."""
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            queue = next((h.queue for h in self.handlers.values() if h.fn is fn), None)
+            if queue is None:
+                raise ConfigError("@app.periodic goes above @app.handler(queue)")
+            self.schedule(name or queue, queue, cron=cron, every=every, timezone=timezone,
+                          payload=payload)
+            return fn
+
+        return register
 
     def handler(
         self, queue: str, *, payload: type[BaseModel] | None = None

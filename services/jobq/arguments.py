@@ -60,6 +60,28 @@ def parser() -> argparse.ArgumentParser:
         "that these exist. Run it again after adding a queue.")
     dec.add_argument("queues", metavar="QUEUE", nargs="*", help="also declare these queues")
 
+    wait = sub.add_parser("wait", help="wait for a job to end and print its result",
+                          description="Block until the job completes and print its result "
+                          "as JSON (null if its handler returned None); exit 1 with the "
+                          "reason if it failed or was cancelled, or after --timeout.")
+    wait.add_argument("id", metavar="ID")
+    wait.add_argument("--timeout", type=float, default=None, metavar="SECONDS")
+    from jobq import cli_schedule
+
+    cli_schedule.add_parser(sub)
+    dash = sub.add_parser(
+        "dashboard", help="serve the web dashboard (read-only unless --allow-actions)",
+        description="Queues, running, stalled, failed, each job's timeline, workers and "
+        "reapers, as web pages. Pages read as jobq_reader when the login is a member of it. "
+        "--allow-actions lets operators who sign in with JOBQ_DASHBOARD_TOKEN retry and "
+        "cancel jobs (written to the job's history with their name).")
+    dash.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
+    dash.add_argument("--port", type=int, default=8080, help="listen port (default 8080)")
+    dash.add_argument("--refresh", type=int, default=5, metavar="SECONDS",
+                      help="pages reload themselves this often (default 5; 0 = never)")
+    dash.add_argument("--allow-actions", action="store_true",
+                      help="retry and cancel buttons, for operators signed in with the token")
+
     pub = sub.add_parser("publish", help="enqueue a job and print its id")
     pub.add_argument("queue", metavar="QUEUE")
     pub.add_argument("payload", metavar="JSON", nargs="?", default="{}",

@@ -57,6 +57,20 @@ async def _migrate(settings: Settings) -> None:
     print(f"applied {len(applied)} migration(s)" if applied else "schema is up to date")
 
 
+async def _wait(settings: Settings, args: argparse.Namespace) -> None:
+    from jobq.results import wait
+
+    job_id = _uuid(args.id)
+    pool = await _pool(settings)
+    try:
+        result = await wait(pool, job_id, args.timeout)
+    except TimeoutError:
+        raise BadInput(f"job {job_id} did not end within {args.timeout:g}s") from None
+    finally:
+        await pool.close()
+    print(json.dumps(result))
+
+
 async def _declare(settings: Settings, queues: list[str]) -> None:
     from jobq.topology import declare
 
@@ -223,6 +237,16 @@ def main(argv: Sequence[str] | None = None) -> None:
             asyncio.run(_migrate(settings))
             if args.declare:
                 asyncio.run(_declare(settings, []))
+        elif args.command == "wait":
+            asyncio.run(_wait(settings, args))
+        elif args.command == "schedule":
+            from jobq import cli_schedule
+
+            _table(asyncio.run(cli_schedule.run(settings, args)))
+        elif args.command == "dashboard":
+            from jobq.dashboard.server import serve
+
+            asyncio.run(serve(settings, args.host, args.port, args.allow_actions, args.refresh))
         elif args.command == "declare":
             asyncio.run(_declare(settings, args.queues))
         elif args.command == "publish":

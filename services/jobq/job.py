@@ -54,6 +54,19 @@ class Job:
     created_at: datetime | None = None
     completed_in_transaction: bool = field(default=False, repr=False)
     _stop: threading.Event | None = field(default=None, repr=False)
+    _progress: Any = field(default=None, repr=False)
+
+    def attach_progress(self, writer: Any) -> None:
+        self._progress = writer
+
+    async def progress(self, value: Any) -> None:
+        """Report progress (a number or a small JSON object): stored on the
+        job's row, fenced, at most once a second (the latest value wins);
+        shown in ``jobq.running`` and ``jobq inspect``. Async handlers only.
+        Raises :class:`LeaseLost` if the lease is gone."""
+        if self._progress is None:
+            raise RuntimeError("job.progress() works in async handlers run by a consumer")
+        await self._progress.set(value)
 
     @property
     def stop_requested(self) -> threading.Event:

@@ -67,7 +67,7 @@ class Lease:
 
 async def complete_in(conn: Any, job_id: uuid.UUID, lock: uuid.UUID) -> bool:
     """Complete inside the caller's open transaction (``job.complete_in``)."""
-    return bool(await conn.fetch(Q["complete"], [job_id], [lock]))
+    return bool(await conn.fetch(Q["complete"], [job_id], [lock], [None]))
 
 
 async def claim(pool: asyncpg.Pool, ids: Sequence[uuid.UUID], worker_id: str,
@@ -112,10 +112,13 @@ async def renew(conn: asyncpg.Connection, leases: Sequence[Lease],
     return {r["id"] for r in rows}
 
 
-async def complete(pool: asyncpg.Pool, leases: Sequence[Lease]) -> list[bool]:
-    """Complete each lease's job; True also when this token had already done it."""
+async def complete(pool: asyncpg.Pool, leases: Sequence[Lease],
+                   results: Sequence[str | None] | None = None) -> list[bool]:
+    """Complete each lease's job, storing its result (JSON text or None);
+    True also when this token had already done it."""
     rows = await fetch(pool, Q["complete"], [le.job_id for le in leases],
-                       [le.lock for le in leases])
+                       [le.lock for le in leases],
+                       list(results) if results is not None else [None] * len(leases))
     done = {r["id"] for r in rows}
     missed = [le for le in leases if le.job_id not in done]
     if missed:
@@ -165,6 +168,16 @@ async def release(pool: asyncpg.Pool, leases: Iterable[Lease],
                        [le.lock for le in leases], why, handoff)
 
 
+async def progress(pool: asyncpg.Pool, lease_: Lease, value: str) -> bool:
+    """Store a running job's progress (JSON text); False if the lease is lost."""
+    return bool(await fetch(pool, Q["progress"], lease_.job_id, lease_.lock, value))
+
+
+async def unpark_freed(pool: asyncpg.Pool, queue: str, n: int = 1) -> list[Any]:
+    """Release the oldest jobs a limit parked in ``queue``: (id, queue, lock)."""
+    return await fetch(pool, Q["unpark_freed"], queue, n)
+
+
 async def isolate(pool: asyncpg.Pool, lease_: Lease) -> bool:
     """Mark a suspect's run as the one its worker isolates; False if lost."""
     return bool(await fetch(pool, Q["isolate"], lease_.job_id, lease_.lock))
@@ -190,9 +203,9 @@ async def cancel(pool: asyncpg.Pool, job_id: uuid.UUID, reason: str | None) -> b
     return bool(await fetch(pool, Q["cancel"], job_id, reason))
 
 
-async def retry_failed(pool: asyncpg.Pool, job_id: uuid.UUID) -> Any:
+async def retry_failed(pool: asyncpg.Pool, job_id: uuid.UUID, who: str | None = None) -> Any:
     """failed/cancelled -> queued; the row (id, queue, lock) or None."""
-    rows = await fetch(pool, Q["retry_failed"], job_id)
+    rows = await fetch(pool, Q["retry_failed"], job_id, who)
     return rows[0] if rows else None
 
 

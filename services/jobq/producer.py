@@ -168,6 +168,16 @@ class Client:
         assert self.pool is not None
         await publish_and_mark(self.broker, self.pool, rows)
 
+    async def result(self, job_id: uuid.UUID,
+                     timeout: float | None = None) -> Any:  # noqa: ASYNC109 (the API asked for)
+        """Wait for the job to end: its result (the handler's return value),
+        or :class:`jobq.JobFailed` if it failed or was cancelled, or
+        TimeoutError. Woken by NOTIFY at the job's end, no polling."""
+        from jobq.results import wait
+
+        assert self.pool is not None, "call connect() first"
+        return await wait(self.pool, job_id, timeout)
+
     async def enqueue(self, conn: asyncpg.Connection, queue: str, payload: Any = None, *,
                       delay_s: float = 0.0, idempotency_key: str | None = None) -> uuid.UUID:
         """Insert a job inside the caller's open transaction (``conn``).

@@ -105,8 +105,23 @@ SELECT id, 'published', 'by the reaper relay' FROM marked WHERE history;
 -- tokens ($4, one per id) are the consumer's own random UUIDs, so that a
 -- claim retried after its reply was lost can recognise the rows it already
 -- holds (claim_recover) instead of taking them for someone else's.
-WITH todo AS (
-    SELECT j.id
+--
+-- Limits (issue #17): a queue with max_running or rate_per_s is decided
+-- here, for the whole fleet. Its row is locked first, in a statement of its
+-- own: the function is VOLATILE, so the claim after it takes a fresh
+-- snapshot and counts every job the claim that held the lock before made
+-- active. Unlimited queues lock nothing. Ids a limit refuses are parked
+-- (published_at NULL, relay_after 'infinity'): their messages are acked, and
+-- the reapers' unpark releases them to the relay as slots and tokens free up,
+-- so a full queue is neither lost nor spun on. The price: claims of a
+-- limited queue take turns (the lock is held to commit): bench/limits.py.
+-- NO KEY UPDATE, so enqueues (their foreign key's KEY SHARE) never wait.
+SELECT name FROM jobq.queue
+WHERE name = ANY($3::text[]) AND (max_running IS NOT NULL OR rate_per_s IS NOT NULL)
+ORDER BY name
+FOR NO KEY UPDATE;
+WITH candidate AS (
+    SELECT j.id, j.queue
     FROM jobq.job j
     WHERE j.id = ANY($1::uuid[])
       AND j.status COLLATE "C" = 'queued'
@@ -114,6 +129,23 @@ WITH todo AS (
       AND j.queue = ANY($3::text[])
     ORDER BY j.id
     FOR UPDATE OF j
+), allowance AS (
+    SELECT q.name, t.tokens,
+           least(coalesce(q.max_running - (SELECT count(*) FROM jobq.job a
+                                           WHERE a.queue = q.name AND a.status = 'active'),
+                          2147483647),
+                 coalesce(floor(t.tokens), 2147483647)) AS n
+    FROM jobq.queue q
+    -- (least/greatest skip NULLs: without the CASE, no rate limit meant 1 token)
+    CROSS JOIN LATERAL (SELECT CASE WHEN q.rate_per_s IS NOT NULL THEN
+               least(greatest(q.rate_per_s, 1), q.rate_tokens
+                     + q.rate_per_s * extract(epoch FROM now() - q.rate_at)) END AS tokens) t
+    WHERE q.name IN (SELECT queue FROM candidate)
+      AND (q.max_running IS NOT NULL OR q.rate_per_s IS NOT NULL)
+), ranked AS (
+    SELECT c.id, c.queue, a.n IS NULL OR row_number() OVER (
+               PARTITION BY c.queue ORDER BY c.id) <= a.n AS allowed
+    FROM candidate c LEFT JOIN allowance a ON a.name = c.queue
 ), claimed AS (
     UPDATE jobq.job j
     SET status = 'active',
@@ -124,12 +156,24 @@ WITH todo AS (
         lease_expires_at = now() + make_interval(secs => q.lease_s),
         started_at = now(),
         isolated = false
-    FROM todo, jobq.queue q
-    WHERE j.id = todo.id
+    FROM ranked, jobq.queue q
+    WHERE j.id = ranked.id AND ranked.allowed
       AND q.name = j.queue
     RETURNING j.id, j.queue, j.payload, j.attempts, j.errors, j.stalls, j.lock, j.created_at,
               j.suspect, j.handoffs, q.lease_s, q.timeout_s, q.max_attempts,
-              q.vanished_grace_s, q.history
+              q.vanished_grace_s, q.history, q.max_result_bytes,
+              q.max_running IS NOT NULL OR q.rate_per_s IS NOT NULL AS limited
+), parked AS (
+    UPDATE jobq.job j
+    SET published_at = NULL, relay_after = 'infinity'
+    FROM ranked
+    WHERE j.id = ranked.id AND NOT ranked.allowed
+), spent AS (
+    UPDATE jobq.queue q
+    SET rate_tokens = a.tokens - (SELECT count(*) FROM claimed c WHERE c.queue = q.name),
+        rate_at = now()
+    FROM allowance a
+    WHERE q.name = a.name AND q.rate_per_s IS NOT NULL
 ), logged AS (
     INSERT INTO jobq.job_event (job_id, event, worker_id, attempt)
     SELECT id, 'claimed', $2, attempts FROM claimed WHERE history
@@ -144,7 +188,8 @@ SELECT * FROM claimed;
 -- messages as duplicates, and the jobs waited a whole lease.
 SELECT j.id, j.queue, j.payload, j.attempts, j.errors, j.stalls, j.lock, j.created_at,
        j.suspect, j.handoffs, q.lease_s, q.timeout_s, q.max_attempts, q.vanished_grace_s,
-       q.history
+       q.history, q.max_result_bytes,
+       q.max_running IS NOT NULL OR q.rate_per_s IS NOT NULL AS limited
 FROM jobq.job j
 JOIN unnest($1::uuid[], $2::uuid[]) AS t(id, lock) ON j.id = t.id AND j.lock = t.lock
 JOIN jobq.queue q ON q.name = j.queue
@@ -153,7 +198,7 @@ WHERE j.status COLLATE "C" = 'active' AND j.worker_id = $3 AND j.lease_expires_a
 -- name: claim_misses
 -- grant: jobq_consumer
 -- Why ids could not be claimed: for the log line and counters only.
-SELECT id, queue, status, run_at > now() AS not_due
+SELECT id, queue, status, run_at > now() AS not_due, relay_after = 'infinity' AS parked
 FROM jobq.job
 WHERE id = ANY($1::uuid[]);
 
@@ -190,12 +235,15 @@ SELECT id FROM renewed;
 
 -- name: complete
 -- grant: jobq_consumer
+-- $3: each job's result (the handler's return value as JSON, NULL for
+-- None), stored by the same fenced statement: a zombie's never lands.
 WITH done AS (
     UPDATE jobq.job j
     SET status = 'completed',
         lease_expires_at = NULL,
-        finished_at = now()
-    FROM unnest($1::uuid[], $2::uuid[]) AS t(id, lock), jobq.queue q
+        finished_at = now(),
+        result = t.result
+    FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) AS t(id, lock, result), jobq.queue q
     WHERE j.id = t.id
       AND j.lock = t.lock
       AND j.status COLLATE "C" = 'active'
@@ -215,6 +263,29 @@ SELECT id FROM done;
 SELECT j.id, j.status
 FROM jobq.job j
 JOIN unnest($1::uuid[], $2::uuid[]) AS t(id, lock) ON j.id = t.id AND j.lock = t.lock;
+
+-- name: progress
+-- grant: jobq_consumer
+-- job.progress(value): fenced like every worker write (zero rows: lost).
+-- The worker writes at most once a second per job (worker/progress.py).
+UPDATE jobq.job j
+SET progress = $3::jsonb, progress_at = now()
+WHERE j.id = $1
+  AND j.lock = $2
+  AND j.status COLLATE "C" = 'active'
+  AND j.lease_expires_at > now()
+RETURNING j.id;
+
+-- name: watch
+-- grant: jobq_producer
+-- client.result / jobq wait: mark the job watched (its end then sends a
+-- NOTIFY on jobq_finished, trigger in schema 0007) and read where it is.
+-- Marking first, then waiting, never misses an end: the end's UPDATE
+-- re-reads the row after this one and sees the mark.
+UPDATE jobq.job
+SET watched = true
+WHERE id = $1
+RETURNING id, status, result, last_error;
 
 -- name: fail
 -- grant: jobq_consumer
@@ -484,13 +555,122 @@ WITH target AS (
 )
 SELECT count(*) FROM lost;
 
+-- name: unpark
+-- Reapers, every sweep: jobs a queue's limit held back at claim time go back
+-- to the relay, oldest first, as many as the limit would let start now (free
+-- max_running slots, rate tokens); all of them once the queue has no limit.
+-- The claim still decides; this only meters what is published.
+WITH lim AS (
+    SELECT q.name,
+           CASE WHEN q.max_running IS NULL AND q.rate_per_s IS NULL THEN 2147483647
+                ELSE greatest(0, least(
+                    coalesce(q.max_running - (SELECT count(*) FROM jobq.job a
+                                              WHERE a.queue = q.name AND a.status = 'active'),
+                             2147483647),
+                    CASE WHEN q.rate_per_s IS NULL THEN 2147483647
+                         ELSE floor(least(greatest(q.rate_per_s, 1), q.rate_tokens
+                             + q.rate_per_s * extract(epoch FROM now() - q.rate_at)))::bigint
+                    END)) END AS n
+    FROM jobq.queue q
+    WHERE EXISTS (SELECT 1 FROM jobq.job p
+                  WHERE p.queue = q.name AND p.status = 'queued' AND p.published_at IS NULL
+                    AND p.relay_after = 'infinity')
+), picked AS (
+    SELECT p.id
+    FROM lim
+    CROSS JOIN LATERAL (
+        SELECT j.id FROM jobq.job j
+        WHERE j.queue = lim.name AND j.status = 'queued' AND j.published_at IS NULL
+          AND j.relay_after = 'infinity'
+        ORDER BY j.run_at, j.id
+        LIMIT lim.n
+        FOR UPDATE SKIP LOCKED) p
+)
+UPDATE jobq.job j SET relay_after = now()
+FROM picked WHERE j.id = picked.id;
+
+-- name: unpark_freed
+-- grant: jobq_consumer
+-- A consumer that just finished a job of a limited queue frees a slot: it
+-- releases the oldest parked job of that queue and publishes it at once (the
+-- claim still decides; the reapers' unpark is the fallback).
+WITH picked AS (
+    SELECT id FROM jobq.job
+    WHERE queue = $1 AND status = 'queued' AND published_at IS NULL
+      AND relay_after = 'infinity'
+    ORDER BY run_at, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE jobq.job j SET relay_after = now()
+FROM picked WHERE j.id = picked.id
+RETURNING j.id, j.queue, j.lock;
+
+-- name: schedules_due
+-- Reapers: schedules whose slot has come, with the database clock's now.
+SELECT name, queue, cron, interval_s, timezone, enabled, next_run_at, created_at,
+       now() AS now
+FROM jobq.schedule
+WHERE enabled AND next_run_at <= now()
+ORDER BY next_run_at
+LIMIT $1;
+
+-- name: schedule_fire
+-- One slot of one schedule, once: only if next_run_at is still the slot
+-- this reaper read ($2); the row lock makes a racing reaper wait, then find
+-- it advanced. The job's idempotency key names the slot. $3: the next slot.
+WITH due AS (
+    SELECT name, queue, payload
+    FROM jobq.schedule
+    WHERE name = $1 AND next_run_at = $2 AND enabled
+    FOR UPDATE
+), job AS (
+    SELECT jobq.enqueue(d.queue, d.payload, 0,
+               format('schedule:%s:%s', d.name,
+                      to_char($2::timestamptz AT TIME ZONE 'UTC',
+                              'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')), 0) AS id
+    FROM due d
+), advanced AS (
+    UPDATE jobq.schedule s
+    SET next_run_at = $3, last_slot = $2, last_job_id = (SELECT id FROM job)
+    FROM due WHERE s.name = due.name
+)
+SELECT id FROM job;
+
+-- name: schedule_upsert
+-- grant: jobq_consumer
+-- Consumers store the schedules their app declares, operators use it through
+-- `jobq schedule set`. A schedule whose timing is unchanged keeps its next
+-- slot (restarting consumers must not shift it); a changed one starts anew.
+INSERT INTO jobq.schedule AS s (name, queue, payload, cron, timezone, interval_s, next_run_at,
+                                enabled)
+VALUES ($1, $2, $3::jsonb, $4, $5, $6, $7, $8)
+ON CONFLICT (name) DO UPDATE
+SET queue = excluded.queue, payload = excluded.payload, cron = excluded.cron,
+    timezone = excluded.timezone, interval_s = excluded.interval_s, enabled = excluded.enabled,
+    next_run_at = CASE WHEN (s.cron, s.timezone, s.interval_s)
+                            IS NOT DISTINCT FROM (excluded.cron, excluded.timezone,
+                                                  excluded.interval_s)
+                       THEN s.next_run_at ELSE excluded.next_run_at END;
+
+-- name: schedule_list
+SELECT name, queue, payload, cron, timezone, interval_s, enabled, next_run_at, last_slot,
+       last_job_id
+FROM jobq.schedule
+ORDER BY name;
+
+-- name: schedule_delete
+DELETE FROM jobq.schedule WHERE name = $1 RETURNING name;
+
 -- name: next_deadline_s
 -- Seconds until the reaper has something to do: the earliest lease deadline
 -- or relay time. NULL when nothing is pending.
 SELECT extract(epoch FROM least(
            (SELECT min(lease_expires_at) FROM jobq.job WHERE status = 'active'),
            (SELECT min(relay_after) FROM jobq.job
-             WHERE status = 'queued' AND published_at IS NULL)
+             WHERE status = 'queued' AND published_at IS NULL
+               AND relay_after < 'infinity'),  -- parked by a limit: unpark decides
+           (SELECT min(next_run_at) FROM jobq.schedule WHERE enabled)
        ) - now())::float8 AS seconds;
 
 -- name: worker_lock
@@ -583,7 +763,7 @@ WITH again AS (
     RETURNING j.id, j.queue, j.lock, q.history
 ), logged AS (
     INSERT INTO jobq.job_event (job_id, event, detail)
-    SELECT id, 'retried', 'by an operator' FROM again WHERE history
+    SELECT id, 'retried', coalesce($2, 'by an operator') FROM again WHERE history
 )
 SELECT id, queue, lock FROM again;
 
@@ -665,7 +845,7 @@ INSERT INTO jobq.queue (name) VALUES ($1) ON CONFLICT (name) DO NOTHING;
 -- name: queue_list
 SELECT name, lease_s, max_stalls, max_attempts, timeout_s, backoff_base_s,
        backoff_max_s, stall_cooldown_s, max_payload_bytes, vanished_grace_s,
-       keep_completed_s, keep_failed_s, history
+       keep_completed_s, keep_failed_s, history, max_result_bytes, max_running, rate_per_s
 FROM jobq.queue
 ORDER BY name;
 
@@ -691,11 +871,18 @@ SET lease_s = coalesce(($2::jsonb->>'lease_s')::float8, lease_s),
                          WHEN ($2::jsonb->>'keep_failed_s')::float8 = 0 THEN NULL
                          ELSE ($2::jsonb->>'keep_failed_s')::float8 END,
     vanished_grace_s = coalesce(($2::jsonb->>'vanished_grace_s')::float8, vanished_grace_s),
-    history = coalesce(($2::jsonb->>'history')::bool, history)
+    history = coalesce(($2::jsonb->>'history')::bool, history),
+    max_result_bytes = coalesce(($2::jsonb->>'max_result_bytes')::int, max_result_bytes),
+    max_running = CASE WHEN NOT $2::jsonb ? 'max_running' THEN max_running
+                       WHEN ($2::jsonb->>'max_running')::int = 0 THEN NULL
+                       ELSE ($2::jsonb->>'max_running')::int END,
+    rate_per_s = CASE WHEN NOT $2::jsonb ? 'rate_per_s' THEN rate_per_s
+                      WHEN ($2::jsonb->>'rate_per_s')::float8 = 0 THEN NULL
+                      ELSE ($2::jsonb->>'rate_per_s')::float8 END
 WHERE name = $1
 RETURNING name, lease_s, max_stalls, max_attempts, timeout_s, backoff_base_s,
           backoff_max_s, stall_cooldown_s, max_payload_bytes, vanished_grace_s,
-          keep_completed_s, keep_failed_s, history;
+          keep_completed_s, keep_failed_s, history, max_result_bytes, max_running, rate_per_s;
 
 -- name: queue_limits_get
 SELECT auto_create, max_queues, (SELECT count(*) FROM jobq.queue) AS queues
@@ -721,6 +908,84 @@ SELECT status FROM jobq.job WHERE id = $1;
 -- name: job_get
 SELECT id, queue, payload, status, lock, worker_id, lease_expires_at, attempts, errors, stalls,
        last_error, idempotency_key, run_at, published_at, created_at, started_at,
-       finished_at
+       finished_at, progress, progress_at, result
 FROM jobq.job
 WHERE id = $1;
+
+-- ───────────────────────────── dashboard ─────────────────────────────
+-- One page load is a few of these; each reads through a partial index
+-- (queued, active, failed, finished), never the whole table
+-- (bench/dashboard.py measures them on a 1 M-row table).
+
+-- name: dash_queues
+-- Counts per queue, stalled right now included (a lease that lapsed, not
+-- yet reaped), in one round trip.
+SELECT q.name AS queue,
+       (SELECT count(*) FROM jobq.job j WHERE j.queue = q.name AND j.status = 'queued'
+          AND j.run_at <= now()) AS queued,
+       (SELECT count(*) FROM jobq.job j WHERE j.queue = q.name AND j.status = 'queued'
+          AND j.run_at > now()) AS delayed,
+       (SELECT count(*) FROM jobq.job j WHERE j.queue = q.name AND j.status = 'active'
+          AND j.lease_expires_at >= now()) AS running,
+       (SELECT count(*) FROM jobq.job j WHERE j.queue = q.name AND j.status = 'active'
+          AND j.lease_expires_at < now()) AS stalled,
+       (SELECT count(*) FROM jobq.job j WHERE j.queue = q.name AND j.status = 'failed')
+          AS failed,
+       (SELECT extract(epoch FROM now() - min(j.run_at))::float8 FROM jobq.job j
+         WHERE j.queue = q.name AND j.status = 'queued' AND j.run_at <= now()) AS oldest_wait_s,
+       q.max_running, q.rate_per_s
+FROM jobq.queue q
+ORDER BY q.name;
+
+-- name: dash_throughput
+-- Completions per queue and minute over the last hour (0 = this minute).
+SELECT queue, floor(extract(epoch FROM now() - finished_at) / 60)::int AS minutes_ago,
+       count(*) AS n
+FROM jobq.job
+WHERE status = 'completed' AND finished_at > now() - interval '1 hour'
+GROUP BY 1, 2;
+
+-- name: dash_running
+SELECT id, queue, worker_id, attempts, stalls, suspect_stalls, started_at,
+       extract(epoch FROM lease_expires_at - now())::float8 AS lease_left_s, progress
+FROM jobq.job
+WHERE status = 'active' AND lease_expires_at >= now()
+ORDER BY started_at
+LIMIT $1;
+
+-- name: dash_stalled
+SELECT id, queue, worker_id, attempts, stalls, suspect_stalls, started_at,
+       extract(epoch FROM now() - lease_expires_at)::float8 AS overdue_s
+FROM jobq.job
+WHERE status = 'active' AND lease_expires_at < now()
+ORDER BY lease_expires_at
+LIMIT $1;
+
+-- name: dash_failed
+SELECT id, queue, attempts, errors, stalls, suspect_stalls, last_error, finished_at
+FROM jobq.job
+WHERE status = 'failed'
+ORDER BY finished_at DESC
+LIMIT $1;
+
+-- name: dash_job
+SELECT id, queue, payload, status, worker_id, attempts, errors, stalls, suspect_stalls,
+       last_error, idempotency_key, run_at, created_at, started_at, finished_at,
+       extract(epoch FROM lease_expires_at - now())::float8 AS lease_left_s, progress, result
+FROM jobq.job
+WHERE id = $1;
+
+-- name: dash_workers
+SELECT w.worker_id, w.host, w.pid, w.started_at, w.last_seen_at, w.vanished_at,
+       extract(epoch FROM now() - w.last_seen_at)::float8 AS silent_s,
+       (SELECT count(*) FROM jobq.job j WHERE j.worker_id = w.worker_id
+          AND j.status = 'active') AS jobs
+FROM jobq.worker w
+ORDER BY w.vanished_at IS NOT NULL, w.started_at DESC
+LIMIT 200;
+
+-- name: dash_reapers
+SELECT reaper_id, host, pid, started_at, last_sweep_at, sweeps, seconds_since_sweep,
+       last_error, failing_since
+FROM jobq.reaper_status
+ORDER BY reaper_id;

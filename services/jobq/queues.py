@@ -83,6 +83,14 @@ SETTINGS: tuple[Setting, ...] = (
             "the same for failed and cancelled jobs (0 = keep)", zero_is_none=True),
     Setting("history", "--history", bool, 0, 1, True,
             "on/off: record every transition in jobq.job_event"),
+    Setting("max_result_bytes", "--max-result-bytes", int, 0, 104857600, 65536,
+            "largest handler result stored; a larger one fails the job"),
+    Setting("max_running", "--max-running", int, 1, 1000000, None,
+            "at most this many jobs of the queue run at once, fleet-wide (0 = no limit)",
+            zero_is_none=True),
+    Setting("rate_per_s", "--rate-per-second", float, 0, 100000, None,
+            "at most this many starts per second, fleet-wide (0 = no limit)",
+            lo_open=True, zero_is_none=True),
 )
 
 BY_COLUMN = {s.column: s for s in SETTINGS}

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import asyncpg
 
-from jobq import crash, lease, metrics
+from jobq import crash, lease, limits, metrics, schedules
 from jobq.backoff import Backoff
 from jobq.broker import Broker
 from jobq.db import execute, open_pool, translated
@@ -139,6 +139,8 @@ class Reaper:
                 break
         if sweep.requeued or sweep.failed:
             crash.point("reaper.after_requeue")
+        await schedules.fire_due(self.pool)  # periodic jobs: each due slot once
+        await limits.unpark(self.pool)  # jobs a queue limit held back, as slots free
         sweep.published = await self.relay()
         sweep.duration_s = time.monotonic() - started
         self.sweeps += 1

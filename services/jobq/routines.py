@@ -20,7 +20,7 @@ import hashlib
 import logging
 from typing import Any
 
-from jobq.sql import BODY, GRANTS, arity, function_name
+from jobq.sql import BODY, GRANTS, arity, function_name, statements
 
 log = logging.getLogger("jobq.migrate")
 
@@ -37,7 +37,7 @@ async def _types(conn: Any, oids: list[int]) -> list[str]:
 async def definition(conn: Any, name: str) -> tuple[str, str]:
     """(argument types, CREATE FUNCTION text) for one granted statement."""
     body = BODY[name]
-    stmt = await conn.prepare(body)
+    stmt = await conn.prepare(statements(body)[-1])  # the last one's result is returned
     params = await _types(conn, [p.oid for p in stmt.get_parameters()])
     if len(params) != arity(body):
         raise ValueError(f"queries.sql: {name}: parameters must be numbered $1..$n without gaps")

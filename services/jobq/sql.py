@@ -10,7 +10,10 @@ run it without any right on the tables it touches. ``jobq migrate`` installs
 such a statement as a SECURITY DEFINER function ``jobq.q_<name>`` (see
 routines.py), and ``Q[name]`` is then the call of that function, with the
 same parameters and result columns. ``BODY[name]`` is always the statement
-itself (for the migration and for the plan tests).
+itself (for the migration and for the plan tests). Only such a block may
+hold several statements (each ending with ``;`` at the end of a line): the
+function runs them in order, each with a fresh snapshot, and returns what
+the last one returns.
 """
 
 from __future__ import annotations
@@ -44,7 +47,15 @@ def parse(text: str) -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
                 grants[name] = roles
         code = [ln for ln in lines if not ln.lstrip().startswith("--")]
         queries[name] = "\n".join(code).strip().rstrip(";")
+        if len(statements(queries[name])) > 1 and name not in grants:
+            raise ValueError(f"queries.sql: {name}: several statements need a grant line "
+                             "(they run as one function)")
     return queries, grants
+
+
+def statements(body: str) -> list[str]:
+    """The statements of a block: split after a ``;`` that ends a line."""
+    return [p.strip() for p in re.split(r";[ \t]*\n", body) if p.strip()]
 
 
 def arity(statement: str) -> int:

@@ -20,7 +20,7 @@ import asyncpg
 import pytest
 
 from jobq.db import SESSION_SETTINGS
-from jobq.sql import BODY, Q
+from jobq.sql import BODY, Q, statements
 
 # Statement -> arguments naming up to 32 ids (the rest as a worker would pass them).
 BY_ID: dict[str, Any] = {
@@ -30,12 +30,12 @@ BY_ID: dict[str, Any] = {
     "claim_misses": lambda ids: (ids,),
     "hand_back": lambda ids: (ids,),
     "renew": lambda ids: (ids, ids, [30.0] * len(ids), "w"),
-    "complete": lambda ids: (ids, ids),
+    "complete": lambda ids: (ids, ids, [None] * len(ids)),
     "finished_by": lambda ids: (ids, ids),
     "fail": lambda ids: (ids, ids, ["e"] * len(ids), [True] * len(ids), [None] * len(ids)),
     "release": lambda ids: (ids, ids, "why", False),
     "cancel": lambda ids: (ids[0], "why"),
-    "retry_failed": lambda ids: (ids[0],),
+    "retry_failed": lambda ids: (ids[0], None),
     "job_get": lambda ids: (ids[0],),
     "relay_mark": lambda ids: (ids,),
     "lease_lost_event": lambda ids: (ids[0], "w", 1, "why"),
@@ -86,14 +86,19 @@ def test_statements_by_id_use_the_primary_key(db_url: str, stats: str) -> None:
                 "SELECT id FROM jobq.job ORDER BY random() LIMIT 32")]
             plans = {}
             for name, args in BY_ID.items():
-                raw = await conn.fetchval(f"EXPLAIN (FORMAT JSON) {BODY[name]}", *args(ids))
+                last = statements(BODY[name])[-1]
+                raw = await conn.fetchval(f"EXPLAIN (FORMAT JSON) {last}", *args(ids))
                 plans[name] = _indexes_and_scans(json.loads(raw) if isinstance(raw, str) else raw)
             return plans
         finally:
             await conn.close()
 
     plans = asyncio.run(go())
-    bad = {name: (sorted(ix - ALLOWED_INDEXES), sorted(seq - {"queue", "worker"}))
+    # claim counts a limited queue's active jobs (max_running) through the
+    # partial index of active rows; its rows by id still go through the key.
+    extra = {"claim": {"job_active_idx"}}
+    bad = {name: (sorted(ix - ALLOWED_INDEXES - extra.get(name, set())),
+                  sorted(seq - {"queue", "worker"}))
            for name, (ix, seq) in plans.items()
-           if ix - ALLOWED_INDEXES or seq - {"queue", "worker"}}
+           if ix - ALLOWED_INDEXES - extra.get(name, set()) or seq - {"queue", "worker"}}
     assert not bad, f"statements naming rows by id planned through other paths: {bad}"

@@ -29,8 +29,10 @@ TABLE_RIGHTS = {
     *{("jobq_reaper", "reaper", r) for r in ("SELECT", "INSERT", "UPDATE", "DELETE")},
     ("jobq_reaper", "queue", "SELECT"),
     ("jobq_reaper", "overdue", "SELECT"),
+    ("jobq_reaper", "schedule", "SELECT"),  # periodic jobs (0007)
+    ("jobq_reaper", "schedule", "UPDATE"),
 }
-FUNCTION_RIGHTS = {("jobq_producer", "enqueue")} | {
+FUNCTION_RIGHTS = {("jobq_producer", "enqueue"), ("jobq_reaper", "enqueue")} | {
     (role, f"q_{name}") for name, roles in GRANTS.items() for role in roles}
 GROUPS = ("jobq_producer", "jobq_consumer", "jobq_reaper", "jobq_reader")
 
@@ -113,18 +115,21 @@ def test_a_consumer_changes_only_the_jobs_it_holds(db: SyncDB, logins: Any) -> N
     _denied(url, "SELECT lock FROM jobq.job WHERE id = $1", theirs)
     _denied(url, "INSERT INTO jobq.job_event (job_id, event) VALUES ($1, 'completed')", theirs)
     # Through the fenced functions, a guessed token matches nothing.
-    for name in ("complete", "release"):
-        extra = ["x", False] if name == "release" else []
-        assert _as(url, f"SELECT * FROM jobq.q_{name}($1, $2{', $3, $4' if extra else ''})",
-                   [theirs], [uuid.uuid4()], *extra) == []
+    assert _as(url, "SELECT * FROM jobq.q_complete($1, $2, $3)",
+               [theirs], [uuid.uuid4()], ['"forged"']) == []
+    assert _as(url, "SELECT * FROM jobq.q_release($1, $2, $3, $4)",
+               [theirs], [uuid.uuid4()], "x", False) == []
+    assert _as(url, "SELECT * FROM jobq.q_progress($1, $2, $3)", theirs, uuid.uuid4(),
+               "99") == []
     assert db.val("SELECT status FROM jobq.job WHERE id = $1", theirs) == "active"
     assert db.val("SELECT lock FROM jobq.job WHERE id = $1", theirs) == their_lock
     # Its own: claimed with its token, completed with it.
     token = uuid.uuid4()
     (claimed,) = _as(url, "SELECT * FROM jobq.q_claim($1, 'me', '{q}', $2)", [mine], [token])
     assert claimed["lock"] == token
-    assert [r["id"] for r in _as(url, "SELECT * FROM jobq.q_complete($1, $2)",
-                                 [mine], [token])] == [mine]
+    assert [r["id"] for r in _as(url, "SELECT * FROM jobq.q_complete($1, $2, $3)",
+                                 [mine], [token], ['{"ok": 1}'])] == [mine]
+    assert db.val("SELECT result FROM jobq.job WHERE id = $1", mine) == '{"ok": 1}'
     _denied(url, "SELECT jobq.enqueue('q', '{}')")  # not without jobq_producer
 
 

@@ -73,11 +73,14 @@ def serve(app_spec: str, conn: Connection) -> None:
         _, queue, job_fields = msg
         job = Job(**job_fields)
         try:
-            app.handlers[queue].fn(job)
-            reply: tuple[Any, ...] = ("ok",)
+            reply: tuple[Any, ...] = ("ok", app.handlers[queue].fn(job))  # the result
         except BaseException as exc:
             reply = describe(exc)
-        conn.send(reply)
+        try:
+            conn.send(reply)
+        except Exception as exc:  # a result that cannot be pickled
+            conn.send(("error", "fail", f"the handler's return value cannot be sent to the "
+                       f"parent: {type(exc).__name__}: {exc}", None))
 
 
 def main() -> None:

@@ -31,6 +31,7 @@ from jobq.job import Status
 from jobq.lease import Failure, Lease
 from jobq.logs import fields, printable
 from jobq.relay import publish_and_mark
+from jobq.results import ResultInvalid, encode
 from jobq.worker.heartbeat import Heartbeat
 from jobq.worker.run import Run
 from jobq.worker.tally import Tally
@@ -52,6 +53,8 @@ def failure_for(run: Run, exc: BaseException) -> Failure | None:
         return Failure(le, f"Retry: {printable(str(exc))}", True, exc.delay_s)
     if isinstance(exc, Fail):
         return Failure(le, f"Fail: {printable(str(exc))}", False)
+    if isinstance(exc, ResultInvalid):
+        return Failure(le, f"result not stored: {printable(str(exc))}", False)
     if isinstance(exc, PayloadUndecodable):
         return Failure(le, f"payload cannot be decoded: {printable(str(exc))}", False)
     if isinstance(exc, ValidationError):
@@ -74,7 +77,8 @@ class Completer:
         self.heartbeat = heartbeat
         self.tally = tally
         self.worker_id = worker_id
-        self._completions: Coalescer[Lease, bool] = Coalescer(self._complete_batch)
+        self._completions: Coalescer[tuple[Lease, str | None], bool] = Coalescer(
+            self._complete_batch)
         self._fatal: ConfigError | None = None
         self._fatal_seen = asyncio.Event()
 
@@ -85,8 +89,8 @@ class Completer:
         assert self._fatal is not None
         raise self._fatal
 
-    async def _complete_batch(self, leases: list[Lease]) -> list[bool]:
-        return await lease.complete(self.pool, leases)
+    async def _complete_batch(self, items: list[tuple[Lease, str | None]]) -> list[bool]:
+        return await lease.complete(self.pool, [le for le, _ in items], [r for _, r in items])
 
     async def fenced(self, run: Run, what: str, op: Callable[[], Awaitable[T]]) -> Any:
         """Run a fenced write until it answers; ``_GIVE_UP`` if the lease ran
@@ -112,18 +116,39 @@ class Completer:
                     return _GIVE_UP
                 await asyncio.sleep(delay)
 
-    async def complete(self, run: Run) -> None:
+    async def complete(self, run: Run, value: Any = None) -> None:
+        """Record success, with the handler's return value as the result
+        (one that cannot be stored fails the job instead, with the reason)."""
         job = run.job
+        try:
+            result = encode(value, run.max_result_bytes)
+        except ResultInvalid as exc:
+            await self.fail(run, exc)
+            return
         run.lease.finishing = True
-        ok = await self.fenced(run, "completion", lambda: self._completions.submit(run.lease))
+        ok = await self.fenced(run, "completion",
+                               lambda: self._completions.submit((run.lease, result)))
         if ok is True:
             self.tally.count("completed", job.queue)
+            if run.limited:
+                await self._slot_freed(job.queue)
             if log.isEnabledFor(logging.INFO):
                 log.info("completed", extra=fields(event="completed", job=job.id,
                                                    queue=job.queue, attempt=job.attempt,
                                                    worker=self.worker_id))
         elif ok is False:
             self.heartbeat.lose(run, "completion rejected")
+
+    async def _slot_freed(self, queue: str) -> None:
+        """A limited queue's slot is free: publish its oldest parked job now
+        rather than at the next reaper sweep (best effort: the reaper is the
+        fallback)."""
+        try:
+            rows = await lease.unpark_freed(self.pool, queue)
+            await publish_and_mark(self.broker, self.pool,
+                                   [(r["id"], r["queue"], r["lock"]) for r in rows])
+        except Exception as exc:
+            log.debug("unpark after completion: %r", exc)
 
     def completed_by_handler(self, run: Run) -> None:
         """The handler completed the job in its own transaction

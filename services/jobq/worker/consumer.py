@@ -28,10 +28,10 @@ from typing import Any
 
 import asyncpg
 
-from jobq import metrics
+from jobq import metrics, schedules
 from jobq.app import App
 from jobq.broker import Broker
-from jobq.db import execute, open_pool
+from jobq.db import connection, execute, open_pool
 from jobq.errors import ConfigError
 from jobq.logs import fields
 from jobq.service import database_answers, lifecycle
@@ -127,6 +127,9 @@ class Consumer:
         await self.broker.connect(wait=True)
         for q in self.queues:
             await execute(pool, Q["queue_ensure"], q)
+        if self.app.schedules:  # periodic jobs the app declares (fired by the reapers)
+            async with connection(pool) as conn:
+                await schedules.upsert(conn, list(self.app.schedules.values()))
         if self.cfg.pool == "process":
             assert self.app_spec is not None
             self.processes = ProcessPool(

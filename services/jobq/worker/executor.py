@@ -40,6 +40,7 @@ from jobq.settings import ConsumerSettings
 from jobq.worker.completer import Completer, PayloadUndecodable
 from jobq.worker.heartbeat import Heartbeat
 from jobq.worker.processes import ChildDied, ProcessPool
+from jobq.worker.progress import ProgressWriter
 from jobq.worker.run import Run, Stop
 from jobq.worker.tally import Tally
 
@@ -109,6 +110,7 @@ class Executor:
         started = loop.time()
         isolated = False
         outcome = "ok"
+        progress: ProgressWriter | None = None
         try:
             try:
                 run.job.payload = json.loads(row["payload"])
@@ -122,10 +124,16 @@ class Executor:
                 if not isolated:
                     outcome = (run.stop_reason or Stop.LOST).value
                     return
+            run.max_result_bytes = row["max_result_bytes"]
+            run.limited = row["limited"]
+            progress = ProgressWriter(self.pool, run, self.heartbeat)
+            run.job.attach_progress(progress)
             if row["timeout_s"]:
                 run.timeout = loop.call_later(float(row["timeout_s"]), run.stop, Stop.TIMEOUT)
             outcome = await self._execute(run)
         finally:
+            if progress is not None:
+                progress.close()  # nothing may land after the job's end
             if isolated:
                 self._isolation.release()
             self.tally.handler_time(run.job.queue, outcome, loop.time() - started)
@@ -172,7 +180,7 @@ class Executor:
             if run.handler.payload_model is not None:
                 run.job.payload = run.handler.payload_model.model_validate(run.job.payload)
             run.task = asyncio.ensure_future(self._call(run))
-            await run.task
+            value = await run.task
         except BaseException as exc:
             if run.stop_reason is not None:
                 return await self._after_stop(run)
@@ -189,7 +197,7 @@ class Executor:
         if run.job.completed_in_transaction:
             self.completer.completed_by_handler(run)  # job.complete_in(conn) committed it
         else:
-            await self.completer.complete(run)
+            await self.completer.complete(run, value)
         return "ok"
 
     async def _call(self, run: Run) -> Any:

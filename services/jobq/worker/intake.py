@@ -278,6 +278,11 @@ class Intake:
                 log.warning("job belongs to queue %s, which this worker does not handle; "
                             "handed back to the relay", row["queue"],
                             extra=fields(event="foreign_queue", job=i, queue=row["queue"]))
+            elif row["status"] == Status.QUEUED and row["parked"]:
+                self.tally.note("limited")
+                log.info("held back by its queue's limit (max_running / rate_per_s): parked; "
+                         "the reapers publish it again when a slot frees",
+                         extra=fields(event="limited", job=i, queue=row["queue"]))
             elif row["status"] == Status.QUEUED and row["not_due"]:
                 self.tally.drop("not_due")
                 log.info("early delivery for a job not due yet; dropped (the relay "

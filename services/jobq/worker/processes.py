@@ -174,7 +174,7 @@ class ProcessPool:
                 log.warning("cannot start a handler child process (%s); retrying", exc)
                 await backoff.sleep()
 
-    async def call(self, run: Run, job_fields: dict[str, Any]) -> None:
+    async def call(self, run: Run, job_fields: dict[str, Any]) -> Any:
         """Run the job's handler in a child; raises its error, or ChildDied."""
         child = await self._idle.get()
         run.kill_child = lambda: self._stop(child)
@@ -196,7 +196,7 @@ class ProcessPool:
         child.jobs += 1
         self._recycle_or_keep(child)
         if msg[0] == "ok":
-            return
+            return msg[1] if len(msg) > 1 else None
         _, kind, text, delay_s = msg
         if kind == "retry":
             raise Retry(text, delay_s=delay_s)

@@ -27,8 +27,8 @@ class Stop(str, enum.Enum):
 
 
 class Run:
-    __slots__ = ("fence", "handler", "job", "kill_child", "lease", "stop_reason", "task",
-                 "timeout")
+    __slots__ = ("fence", "handler", "job", "kill_child", "lease", "limited",
+                 "max_result_bytes", "stop_reason", "task", "timeout")
 
     def __init__(self, job: Job, lease_: Lease, handler: Handler) -> None:
         self.job = job
@@ -39,6 +39,8 @@ class Run:
         self.timeout: asyncio.TimerHandle | None = None
         self.fence: asyncio.TimerHandle | None = None  # owned by the heartbeat
         self.kill_child: Any = None  # set while a child process runs the handler
+        self.max_result_bytes = 65536  # the queue's, from the claim
+        self.limited = False  # the queue has max_running or rate_per_s
 
     @property
     def ours(self) -> bool:

@@ -1,0 +1,65 @@
+"""``jobq schedule set|list|delete``: periodic jobs from the command line
+(schedules.py owns what a schedule is and how slots fire). Operator verbs:
+they run as the schema owner, like ``queue set``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from jobq.db import connection, fetch, open_pool
+from jobq.errors import BadInput
+from jobq.schedules import Schedule, upsert
+from jobq.settings import Settings
+from jobq.sql import Q
+
+
+def add_parser(sub: Any) -> None:
+    sch = sub.add_parser("schedule", help="periodic jobs: set, list, delete",
+                         description="Schedules enqueue a job per slot (cron in a time zone, "
+                         "or every N seconds); the reapers fire each slot exactly once, and "
+                         "slots missed while no reaper ran are run once at catch-up.")
+    verbs = sch.add_subparsers(dest="verb", required=True, metavar="VERB")
+    put = verbs.add_parser("set", help="create or change a schedule")
+    put.add_argument("name", metavar="NAME")
+    put.add_argument("queue", metavar="QUEUE")
+    when = put.add_mutually_exclusive_group(required=True)
+    when.add_argument("--cron", metavar="EXPR", help="five-field cron expression, e.g. '0 3 * * *'")
+    when.add_argument("--every", type=float, metavar="SECONDS", help="an interval instead")
+    put.add_argument("--tz", default="UTC", metavar="ZONE",
+                     help="IANA time zone of the cron expression (default UTC)")
+    put.add_argument("--payload", default="{}", metavar="JSON", help="the jobs' payload")
+    put.add_argument("--disabled", action="store_true", help="stored, but fires nothing")
+    verbs.add_parser("list", help="every schedule and its next slot")
+    rm = verbs.add_parser("delete", help="remove a schedule (its jobs stay)")
+    rm.add_argument("name", metavar="NAME")
+
+
+async def run(settings: Settings, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Do the verb; returns rows to print."""
+    pool = await open_pool(settings.database_url, wait=False, app_name="jobq-cli")
+    try:
+        if args.verb == "set":
+            try:
+                payload = json.loads(args.payload)
+            except json.JSONDecodeError as exc:
+                raise BadInput(f"--payload is not valid JSON ({exc})") from None
+            s = Schedule(args.name, args.queue, payload, args.cron, args.every, args.tz,
+                         not args.disabled)
+            async with connection(pool) as conn:
+                await upsert(conn, [s])
+        elif args.verb == "delete":
+            if not await fetch(pool, Q["schedule_delete"], args.name):
+                raise BadInput(f"no schedule named {args.name!r}")
+            return []
+        rows = await fetch(pool, Q["schedule_list"])
+        if args.verb == "set":
+            rows = [r for r in rows if r["name"] == args.name]
+        return [{"name": r["name"], "queue": r["queue"],
+                 "when": (f"cron {r['cron']} {r['timezone']}" if r["cron"]
+                          else f"every {r['interval_s']:g}s"),
+                 "enabled": r["enabled"], "next_run_at": r["next_run_at"],
+                 "last_job": r["last_job_id"]} for r in rows]
+    finally:
+        await pool.close()

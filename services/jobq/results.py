@@ -1,0 +1,94 @@
+"""Results: a handler's return value, stored with the completion by the same
+fenced statement (so a zombie's result never replaces the owner's), and the
+wait for it (issue #17).
+
+A result is JSON (a pydantic model is dumped in JSON mode), at most the
+queue's ``max_result_bytes``; a handler returning something else fails its
+job with the reason, at once (retrying would return the same). ``wait``
+marks the job watched, then sleeps on LISTEN ``jobq_finished``: only a
+watched job's end sends a NOTIFY (trigger in schema 0007), so completions
+nobody waits for pay nothing. No polling: the mark is made before the wait
+and the end re-reads the row after the mark, so an end is never missed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from typing import Any
+
+from pydantic import BaseModel
+
+from jobq.db import connection
+from jobq.errors import BadInput, JobqError
+from jobq.sql import Q
+
+TERMINAL = ("completed", "failed", "cancelled")
+
+
+class JobFailed(JobqError):
+    """The job ended without a result: failed or cancelled."""
+
+    def __init__(self, job_id: uuid.UUID, status: str, error: str | None) -> None:
+        super().__init__(f"job {job_id} {status}: {error or 'no reason recorded'}")
+        self.job_id, self.status, self.error = job_id, status, error
+
+
+class ResultInvalid(Exception):
+    """The handler's return value cannot be stored (not JSON, too large)."""
+
+
+def encode(value: Any, limit: int) -> str | None:
+    """The result as JSON text (None for None); ResultInvalid if it cannot be."""
+    if value is None:
+        return None
+    if isinstance(value, BaseModel):
+        value = value.model_dump(mode="json")
+    try:
+        text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise ResultInvalid(f"the handler's return value is not JSON ({exc}); return a "
+                            "dict, list, str, number, bool or pydantic model") from None
+    if len(text.encode()) > limit:
+        raise ResultInvalid(f"the result is {len(text.encode())} bytes, over the queue's "
+                            f"max_result_bytes of {limit}; store it elsewhere and return a "
+                            "reference")
+    return text
+
+
+def _outcome(row: Any) -> Any:
+    if row["status"] == "completed":
+        return json.loads(row["result"]) if row["result"] is not None else None
+    raise JobFailed(row["id"], row["status"], row["last_error"])
+
+
+async def wait(pool: Any, job_id: uuid.UUID,
+               timeout: float | None) -> Any:  # noqa: ASYNC109 (client.result(timeout=))
+    """The job's result once it completed; JobFailed if it failed or was
+    cancelled; TimeoutError after ``timeout`` seconds; BadInput if unknown."""
+    ended = asyncio.Event()
+
+    def on_notify(_conn: Any, _pid: int, _channel: str, payload: object) -> None:
+        if payload == str(job_id):
+            ended.set()
+
+    timed_out = False
+    async with connection(pool) as conn:
+        await conn.add_listener("jobq_finished", on_notify)
+        try:
+            row = await conn.fetchrow(Q["watch"], job_id)
+            if row is None:
+                raise BadInput(f"no job {job_id}")
+            if row["status"] not in TERMINAL:
+                try:
+                    await asyncio.wait_for(ended.wait(), timeout)
+                except TimeoutError:
+                    timed_out = True  # raised outside: connection() would call it an outage
+                else:
+                    row = await conn.fetchrow(Q["watch"], job_id)
+        finally:
+            await conn.remove_listener("jobq_finished", on_notify)
+    if timed_out:
+        raise TimeoutError(f"job {job_id} did not end within {timeout}s")
+    return _outcome(row)
