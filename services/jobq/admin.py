@@ -64,10 +64,11 @@ async def _status(pool: asyncpg.Pool, job_id: uuid.UUID) -> str:
     return str(status)
 
 
-async def retry(pool: asyncpg.Pool, job_id: uuid.UUID) -> Any:
+async def retry(pool: asyncpg.Pool, job_id: uuid.UUID, who: str | None = None) -> Any:
     """Put a failed or cancelled job back in line; the row (id, queue, lock)
-    to publish. The caller publishes it (the relay does if it does not)."""
-    row = await lease.retry_failed(pool, job_id)
+    to publish. The caller publishes it (the relay does if it does not).
+    ``who`` goes into the job's history ("by an operator" if None)."""
+    row = await lease.retry_failed(pool, job_id, who)
     if row is None:
         status = await _status(pool, job_id)
         raise BadInput(f"job {job_id} is {status}: only failed or cancelled jobs can be retried")

@@ -106,7 +106,10 @@ else:
 # Plan every statement for its actual arguments. A generic plan cached while
 # jobq.job was empty (a fresh deployment, a test) keeps sequential scans long
 # after the table grew: measured 3x slower end to end at 20 k rows.
-SESSION_SETTINGS = {"plan_cache_mode": "force_custom_plan"}
+# No JIT: every jobq statement is short; compiling one cost more than running
+# it (the dashboard's queue counts: 350 ms of JIT for 30 ms of work on a
+# 1 M-row table, bench/dashboard.py).
+SESSION_SETTINGS = {"plan_cache_mode": "force_custom_plan", "jit": "off"}
 
 
 def redact(url: str) -> str:
@@ -207,9 +210,11 @@ async def _check_schema(conn: asyncpg.Connection | PooledConnection) -> None:
 
 async def connect_once(
     url: str, *, min_size: int = 1, max_size: int = 4, app_name: str = "jobq",
-    idle_in_tx_s: float | None = None, check_schema: bool = True,
+    idle_in_tx_s: float | None = None, check_schema: bool = True, role: str | None = None,
 ) -> asyncpg.Pool:
     settings = {"application_name": app_name, **SESSION_SETTINGS}
+    if role:  # every session of the pool runs as this (group) role: SET ROLE at login
+        settings["role"] = role
     _login[:] = [urlsplit(url).username or os.environ.get("PGUSER") or getpass.getuser()]
     if idle_in_tx_s:
         # A frozen process must not keep row locks for long (reaper relay).
@@ -237,7 +242,7 @@ async def connect_once(
 
 async def open_pool(
     url: str, *, wait: bool, min_size: int = 1, max_size: int = 4, app_name: str = "jobq",
-    idle_in_tx_s: float | None = None, check_schema: bool = True,
+    idle_in_tx_s: float | None = None, check_schema: bool = True, role: str | None = None,
 ) -> asyncpg.Pool:
     """A connected pool. With ``wait``, retry what can heal by itself (the
     database is down or not migrated yet) forever, one line per attempt; a
@@ -248,7 +253,7 @@ async def open_pool(
         try:
             return await connect_once(
                 url, min_size=min_size, max_size=max_size, app_name=app_name,
-                idle_in_tx_s=idle_in_tx_s, check_schema=check_schema,
+                idle_in_tx_s=idle_in_tx_s, check_schema=check_schema, role=role,
             )
         except (DatabaseUnavailable, SchemaMissing) as exc:
             if not wait:

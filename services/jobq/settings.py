@@ -16,7 +16,7 @@ import os
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # JOBQ_ variables that are not settings: test and demo harnesses read them.
@@ -127,6 +127,9 @@ class Settings(BaseSettings):
     # Crash points for fault tests ("consumer.after_claim" or "name:N" for the
     # N-th hit). Empty in production: checking it costs one comparison.
     crash_at: str = ""
+    # `jobq dashboard --allow-actions`: operators sign in with this token.
+    # A secret: never printed, never a command-line argument.
+    dashboard_token: SecretStr | None = None
 
     consumer: ConsumerSettings = ConsumerSettings()
     reaper: ReaperSettings = ReaperSettings()

@@ -105,6 +105,9 @@ def test_compose_services_log_in_as_their_own_roles() -> None:
         assert db.username != "postgres" and amqp.username not in ("guest", "jobq-admin")
     assert len({u for u, _ in users.values()}) == 4 and len({a for _, a in users.values()}) == 4
     assert services["rabbitmq"]["ports"] == ["127.0.0.1:15672:15672"]
+    dash = services["dashboard"]
+    assert urlsplit(dash["environment"]["JOBQ_DATABASE_URL"]).username == "app_reader"
+    assert dash["ports"] == ["127.0.0.1:8080:8080"] and "--allow-actions" not in dash["command"]
     init = (ROOT / "deploy/postgres/init-roles.sh").read_text()
     for name, (db_user, _) in users.items():
         group = "jobq_owner" if name == "migrate" else f"jobq_{name}"

@@ -1,0 +1,57 @@
+"""``jobq dashboard``: pools, the read-only role, and uvicorn.
+
+Pages read through a pool whose sessions run as ``jobq_reader`` when the
+login is a member of it (the usual case: give the dashboard its own login
+in jobq_reader). Actions, when allowed, use the login's own rights: retry
+and cancel are operator verbs, so that login must be allowed to run them
+(the schema owner, or a member of jobq_owner)."""
+
+from __future__ import annotations
+
+import logging
+
+import asyncpg
+import uvicorn
+
+from jobq.dashboard.web import Dashboard, make_app
+from jobq.db import open_pool, translated
+from jobq.errors import ConfigError
+from jobq.settings import Settings
+
+log = logging.getLogger("jobq.dashboard")
+
+
+async def _reader_role(url: str) -> str | None:
+    with translated():
+        conn = await asyncpg.connect(url, timeout=10)
+    try:
+        member = await conn.fetchval(
+            "SELECT to_regrole('jobq_reader') IS NOT NULL "
+            "AND pg_has_role(current_user, 'jobq_reader', 'MEMBER')")
+    finally:
+        await conn.close()
+    return "jobq_reader" if member else None
+
+
+async def serve(settings: Settings, host: str, port: int, allow_actions: bool,
+                refresh_s: int = 5) -> None:
+    token = settings.dashboard_token.get_secret_value() if settings.dashboard_token else None
+    if allow_actions and not token:
+        raise ConfigError("--allow-actions needs JOBQ_DASHBOARD_TOKEN: operators sign in with it")
+    role = await _reader_role(settings.database_url)
+    read = await open_pool(settings.database_url, wait=False, app_name="jobq-dashboard",
+                           role=role, max_size=4)
+    act = (await open_pool(settings.database_url, wait=False, app_name="jobq-dashboard-actions",
+                           max_size=2)) if allow_actions else None
+    try:
+        app = make_app(Dashboard(read, act, token, refresh_s=max(0, refresh_s)))
+        log.info("dashboard on http://%s:%d/ (%s%s)", host, port,
+                 f"pages as {role}" if role else "pages as the login (not in jobq_reader)",
+                 ", actions on" if allow_actions else ", read-only")
+        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                               access_log=False, lifespan="off"))
+        await server.serve()
+    finally:
+        await read.close()
+        if act is not None:
+            await act.close()

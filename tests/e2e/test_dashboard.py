@@ -1,0 +1,151 @@
+"""The dashboard in a real browser (issue #18): Debian's chromium driven by
+Playwright, against real services. Stalled jobs show (and the warning) the
+moment their leases lapse, before any reaper acts, and go when a reaper
+requeues them; the re-run job's page tells why it ran twice; retry works
+with actions on; a payload holding <script> is shown as text. Screenshots
+go to docs/screenshots/ (the README shows them)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.helpers import Procs, SyncDB, free_port, publish, set_queue, wait_http, wait_until
+
+# Playwright's sync API keeps an event loop running in this thread: the
+# harness's own asyncio calls (publish, SyncDB, process start-up) go to
+# another thread.
+_pool = ThreadPoolExecutor(1)
+
+
+def bg(fn: Any, *args: Any, **kw: Any) -> Any:
+    return _pool.submit(fn, *args, **kw).result()
+
+
+SHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+TOKEN = "test-token-not-a-secret"
+
+
+@pytest.fixture
+def browser(dashboard: str) -> Iterator[Any]:
+    """Started after every other fixture (and stopped before them): their
+    set-up and tear-down use asyncio.run, which Playwright's loop forbids."""
+    if not os.path.exists(CHROMIUM):
+        pytest.skip("no chromium: install Debian's chromium package (.ci/run does)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync"])
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def dashboard(procs: Procs, db: SyncDB) -> str:
+    port = free_port()
+    d = procs.start("dashboard", "--port", str(port), "--refresh", "1", "--allow-actions",
+                    JOBQ_DASHBOARD_TOKEN=TOKEN)
+    url = f"http://127.0.0.1:{port}"
+    wait_http(url + "/workers", 20, f"the dashboard to answer; log:\n{d.log()}")
+    return url
+
+
+def test_stalled_jobs_show_before_any_reaper_and_the_timeline_says_why(
+        browser: Any, dashboard: str, db: SyncDB, procs: Procs, settings: Any) -> None:
+    from playwright.sync_api import expect
+
+    bg(set_queue, db, "work", lease_s=2)
+    a = procs.consumer("--queue", "work")
+    a_id = bg(a.worker_id)
+    ids = bg(publish, settings, "work", [{"sleep_first": 30} for _ in range(3)])
+    page = browser.new_page(viewport={"width": 1280, "height": 640})
+    page.goto(dashboard + "/")
+    row = page.locator('tr[data-queue="work"]')
+    expect(row.locator("td").nth(3)).to_have_text("3", timeout=15000)  # running
+    a.signal(signal.SIGKILL)  # no reaper yet: the leases lapse and nobody requeues them
+    expect(row.locator("td.stalled")).to_have_text("3", timeout=15000)
+    expect(page.locator("#stalled-warning")).to_contain_text("3 job(s) stalled right now")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / "queues-stalled.png"))
+    page.goto(dashboard + "/stalled")
+    expect(page.locator("#stalled tr")).to_have_count(4)  # header + 3
+    page.screenshot(path=str(SHOTS / "stalled.png"))
+
+    page.goto(dashboard + "/")
+    procs.reaper()
+    b = procs.consumer("--queue", "work")
+    b_id = bg(b.worker_id)
+    expect(row.locator("td.stalled")).to_have_text("0", timeout=15000)
+    bg(wait_until, lambda: db.val("SELECT count(*) FROM jobq.job WHERE status = 'completed'")
+       == 3, 20, "B to complete the three")
+
+    page.goto(f"{dashboard}/job/{ids[0]}")
+    timeline = page.locator("#timeline")
+    expect(page.locator("#status")).to_have_text("completed")
+    expect(page.locator("#why-twice")).to_contain_text("It ran 2 times")
+    text = timeline.inner_text()
+    order = [text.index(f"claimed by {a_id}"), text.index("stalled"),
+             text.index(f"claimed by {b_id}"), text.index("completed")]
+    assert order == sorted(order), text
+    assert "while it held 3 jobs" in text  # why it was not charged: a witness
+    expect(page.locator(".badge")).to_contain_text("witnessed 1")
+    page.screenshot(path=str(SHOTS / "job-timeline.png"), full_page=True)
+    page.goto(dashboard + "/workers")
+    expect(page.locator("#workers")).to_contain_text(b_id)
+    expect(page.locator("#reapers tr")).to_have_count(2)
+    page.screenshot(path=str(SHOTS / "workers.png"))
+    page.close()
+
+
+def test_retry_from_the_failed_page_and_payloads_shown_as_text(
+        browser: Any, dashboard: str, db: SyncDB, procs: Procs, settings: Any) -> None:
+    from playwright.sync_api import expect
+
+    bg(set_queue, db, "work", max_attempts=1)
+    bg(procs.consumer("--queue", "work").worker_id)
+    procs.reaper()
+    evil = "<script>document.title='owned'</script><b>bold?</b>"
+    (jid,) = bg(publish, settings, "work", [{"fail_times": 1, "note": evil}])
+    bg(wait_until, lambda: db.val("SELECT status FROM jobq.job WHERE id = $1", jid) == "failed",
+       15, "the job to fail")
+    page = browser.new_page(viewport={"width": 1280, "height": 560})
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+
+    page.goto(f"{dashboard}/job/{jid}")
+    assert evil in page.locator("#payload").inner_text()  # as text, not markup
+    assert page.locator("#payload script, #payload b").count() == 0
+    assert page.title() != "owned" and not dialogs
+
+    # No retry without signing in, nor from another origin (CSRF).
+    assert page.locator("button.retry").count() == 0
+    req = urllib.request.Request(f"{dashboard}/job/{jid}/retry", data=b"csrf=x", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(req, timeout=5)
+    assert refused.value.code == 403
+
+    page.goto(dashboard + "/signin")
+    page.fill('input[name="name"]', "alice")
+    page.fill('input[name="token"]', TOKEN)
+    page.click('button[type="submit"]')
+    expect(page.locator(f'tr[data-job="{jid}"]')).to_be_visible()
+    page.screenshot(path=str(SHOTS / "failed.png"))
+    page.locator(f'tr[data-job="{jid}"] button.retry').click()
+    expect(page.locator("#message")).to_contain_text("retried")
+    expect(page.locator("#status")).to_have_text("completed", timeout=15000)
+    history = bg(db.fetch, "SELECT event, detail FROM jobq.job_event WHERE job_id = $1", jid)
+    assert ("retried", "by alice (dashboard)") in [(h["event"], h["detail"]) for h in history]
+    assert bg(db.val, "SELECT status FROM jobq.job WHERE id = $1", jid) == "completed"
+    page.close()
