@@ -25,8 +25,11 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+# Two workers (every test has its own database, namespace and logins), then,
+# alone, the tests that restart the shared servers (exit 5: none selected).
 test: $(VENV)/.installed
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist loadfile -m "not exclusive" $(PYTEST_ARGS)
+	$(PY) -m pytest -m exclusive $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check services tests harness bench

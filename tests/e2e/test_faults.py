@@ -183,6 +183,7 @@ def restart_rabbitmq(settings) -> None:
         subprocess.run(["rabbitmqctl", *cmd], check=True, capture_output=True, timeout=120)
 
 
+@pytest.mark.exclusive  # restarts the shared servers: run alone (Makefile)
 @pytest.mark.parametrize("service", ["PostgreSQL", "RabbitMQ"])
 def test_restart_under_load(db, procs, settings, report, service):
     set_queue(db, "work", lease_s=5)
