@@ -37,6 +37,7 @@ def test_max_running_holds_across_three_consumers(db: SyncDB, procs: Procs, sett
     finally:
         stop.set()
         sampler.join()
+    print(f"max_running=5: {len(seen)} samples, max active {max(seen)}")
     assert max(seen) == 5, max(seen)  # the limit was reached, never passed
     # Overlap from the runs themselves: no instant with more than 5 running.
     overlap = db.val("""SELECT max(n) FROM (SELECT count(*) AS n FROM test_run a
@@ -60,6 +61,7 @@ def test_a_rate_limit_holds_over_ten_seconds(db: SyncDB, procs: Procs, settings)
     t = [r["t"] for r in starts]
     assert t, "nothing started"
     span = t[-1] - t[0]
+    print(f"rate_per_s=20: {len(t)} starts in {span:.2f} s")
     # A token bucket of one second's worth: at most rate * s + rate starts in
     # any s seconds, as the claims grant them; handler starts (what test_run
     # records) lag their claims by scheduling jitter, allowed for here as 0.5 s.

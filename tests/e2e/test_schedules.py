@@ -29,6 +29,7 @@ def test_three_reapers_one_frozen_enqueue_each_slot_once(
     reapers[0].signal(signal.SIGCONT)
     time.sleep(8)
     slots = _slots(db)
+    print(f"3 reapers, one frozen 12 s: {len(slots)} slots, {sum(n for _, n in slots)} jobs")
     assert all(n == 1 for _, n in slots), [s for s in slots if s[1] > 1]
     span = db.val("SELECT extract(epoch FROM max(created_at) - $1)::float8 FROM jobq.job "
                   "WHERE queue = 'ticks'", first)
@@ -68,6 +69,8 @@ def test_a_reaper_outage_costs_one_catch_up_run(
         "SELECT idempotency_key AS k FROM jobq.job WHERE queue = 'work'")]
     slots = [datetime.strptime(k.split(":", 2)[2], "%Y-%m-%dT%H:%M:%S.%fZ")
              .replace(tzinfo=UTC) for k in keys]
+    print(f"outage: {before} jobs before, {sum(1 for t in slots if t < t_back) - before} "
+          "for the 10 s without a reaper")
     assert sum(1 for t in slots if t < t_back) == before + 1, (before, sorted(slots), t_back)
     assert db.val("SELECT payload FROM jobq.job WHERE id = (SELECT last_job_id FROM "
                   "jobq.schedule WHERE name = 'beat')") == '{"n": 1}'
