@@ -2,8 +2,8 @@
 Playwright, against real services. Stalled jobs show (and the warning) the
 moment their leases lapse, before any reaper acts, and go when a reaper
 requeues them; the re-run job's page tells why it ran twice; retry works
-with actions on; a payload holding <script> is shown as text. Screenshots
-go to docs/screenshots/ (the README shows them)."""
+with actions on; a payload holding <script> is shown as text. With
+JOBQ_TEST_SCREENSHOTS=docs/screenshots they make the README's screenshots."""
 
 from __future__ import annotations
 
@@ -31,7 +31,13 @@ def bg(fn: Any, *args: Any, **kw: Any) -> Any:
     return _pool.submit(fn, *args, **kw).result()
 
 
-SHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    """Where screenshots go: JOBQ_TEST_SCREENSHOTS when set (the README's were
+    made with JOBQ_TEST_SCREENSHOTS=docs/screenshots), else the test's tmp_path."""
+    where = Path(os.environ.get("JOBQ_TEST_SCREENSHOTS") or tmp_path)
+    where.mkdir(parents=True, exist_ok=True)
+    return where
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 TOKEN = "test-token-not-a-secret"
 
@@ -63,7 +69,8 @@ def dashboard(procs: Procs, db: SyncDB) -> str:
 
 
 def test_stalled_jobs_show_before_any_reaper_and_the_timeline_says_why(
-        browser: Any, dashboard: str, db: SyncDB, procs: Procs, settings: Any) -> None:
+        browser: Any, dashboard: str, db: SyncDB, procs: Procs, settings: Any,
+        shots: Path) -> None:
     from playwright.sync_api import expect
 
     bg(set_queue, db, "work", lease_s=2)
@@ -77,11 +84,10 @@ def test_stalled_jobs_show_before_any_reaper_and_the_timeline_says_why(
     a.signal(signal.SIGKILL)  # no reaper yet: the leases lapse and nobody requeues them
     expect(row.locator("td.stalled")).to_have_text("3", timeout=15000)
     expect(page.locator("#stalled-warning")).to_contain_text("3 job(s) stalled right now")
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / "queues-stalled.png"))
+    page.screenshot(path=str(shots / "queues-stalled.png"))
     page.goto(dashboard + "/stalled")
     expect(page.locator("#stalled tr")).to_have_count(4)  # header + 3
-    page.screenshot(path=str(SHOTS / "stalled.png"))
+    page.screenshot(path=str(shots / "stalled.png"))
 
     page.goto(dashboard + "/")
     procs.reaper()
@@ -101,16 +107,17 @@ def test_stalled_jobs_show_before_any_reaper_and_the_timeline_says_why(
     assert order == sorted(order), text
     assert "while it held 3 jobs" in text  # why it was not charged: a witness
     expect(page.locator(".badge")).to_contain_text("witnessed 1")
-    page.screenshot(path=str(SHOTS / "job-timeline.png"), full_page=True)
+    page.screenshot(path=str(shots / "job-timeline.png"), full_page=True)
     page.goto(dashboard + "/workers")
     expect(page.locator("#workers")).to_contain_text(b_id)
     expect(page.locator("#reapers tr")).to_have_count(2)
-    page.screenshot(path=str(SHOTS / "workers.png"))
+    page.screenshot(path=str(shots / "workers.png"))
     page.close()
 
 
 def test_retry_from_the_failed_page_and_payloads_shown_as_text(
-        browser: Any, dashboard: str, db: SyncDB, procs: Procs, settings: Any) -> None:
+        browser: Any, dashboard: str, db: SyncDB, procs: Procs, settings: Any,
+        shots: Path) -> None:
     from playwright.sync_api import expect
 
     bg(set_queue, db, "work", max_attempts=1)
@@ -141,7 +148,7 @@ def test_retry_from_the_failed_page_and_payloads_shown_as_text(
     page.fill('input[name="token"]', TOKEN)
     page.click('button[type="submit"]')
     expect(page.locator(f'tr[data-job="{jid}"]')).to_be_visible()
-    page.screenshot(path=str(SHOTS / "failed.png"))
+    page.screenshot(path=str(shots / "failed.png"))
     page.locator(f'tr[data-job="{jid}"] button.retry').click()
     expect(page.locator("#message")).to_contain_text("retried")
     expect(page.locator("#status")).to_have_text("completed", timeout=15000)
