@@ -119,7 +119,7 @@ def parser() -> argparse.ArgumentParser:
     qs = qsub.add_parser("set", help="create a queue or change its settings")
     qs.add_argument("name", metavar="QUEUE")
     for q in SETTINGS:
-        qs.add_argument(q.flag, dest=q.column, default=None,
+        qs.add_argument(q.flag, *q.aliases, dest=q.column, default=None,
                         metavar="on|off" if q.kind is bool else "N",
                         help=f"{q.help} (default {q.default if q.default is not None else 'none'})")
     qsub.add_parser("list", help="show every queue's settings",

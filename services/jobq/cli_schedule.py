@@ -23,11 +23,13 @@ def add_parser(sub: Any) -> None:
     verbs = sch.add_subparsers(dest="verb", required=True, metavar="VERB")
     put = verbs.add_parser("set", help="create or change a schedule")
     put.add_argument("name", metavar="NAME")
-    put.add_argument("queue", metavar="QUEUE")
+    put.add_argument("queue", metavar="QUEUE", nargs="?", help="the queue its jobs go to")
+    put.add_argument("--queue", dest="queue_opt", metavar="QUEUE", help="the same, as a flag")
     when = put.add_mutually_exclusive_group(required=True)
     when.add_argument("--cron", metavar="EXPR", help="five-field cron expression, e.g. '0 3 * * *'")
-    when.add_argument("--every", type=float, metavar="SECONDS", help="an interval instead")
-    put.add_argument("--tz", default="UTC", metavar="ZONE",
+    when.add_argument("--every", "--interval", type=float, metavar="SECONDS",
+                      help="an interval instead")
+    put.add_argument("--tz", "--timezone", default="UTC", metavar="ZONE",
                      help="IANA time zone of the cron expression (default UTC)")
     put.add_argument("--payload", default="{}", metavar="JSON", help="the jobs' payload")
     put.add_argument("--disabled", action="store_true", help="stored, but fires nothing")
@@ -36,17 +38,23 @@ def add_parser(sub: Any) -> None:
     rm.add_argument("name", metavar="NAME")
 
 
+def _schedule(args: argparse.Namespace) -> Schedule:
+    try:
+        payload = json.loads(args.payload)
+    except json.JSONDecodeError as exc:
+        raise BadInput(f"--payload is not valid JSON ({exc})") from None
+    queue = args.queue or args.queue_opt
+    if not queue or (args.queue and args.queue_opt and args.queue != args.queue_opt):
+        raise BadInput("give the schedule's queue once: jobq schedule set NAME QUEUE ...")
+    return Schedule(args.name, queue, payload, args.cron, args.every, args.tz, not args.disabled)
+
+
 async def run(settings: Settings, args: argparse.Namespace) -> list[dict[str, Any]]:
     """Do the verb; returns rows to print."""
+    s = _schedule(args) if args.verb == "set" else None  # checked before connecting
     pool = await open_pool(settings.database_url, wait=False, app_name="jobq-cli")
     try:
-        if args.verb == "set":
-            try:
-                payload = json.loads(args.payload)
-            except json.JSONDecodeError as exc:
-                raise BadInput(f"--payload is not valid JSON ({exc})") from None
-            s = Schedule(args.name, args.queue, payload, args.cron, args.every, args.tz,
-                         not args.disabled)
+        if s is not None:
             async with connection(pool) as conn:
                 await upsert(conn, [s])
         elif args.verb == "delete":

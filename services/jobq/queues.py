@@ -26,6 +26,7 @@ class Setting:
     help: str
     lo_open: bool = False  # lo itself is not allowed
     zero_is_none: bool = False  # 0 on the CLI means "no value" (timeout_s)
+    aliases: tuple[str, ...] = ()  # other spellings of the flag
 
     def parse(self, text: str) -> Any:
         """A CLI value, checked; raises ArgumentTypeError with one line."""
@@ -90,7 +91,7 @@ SETTINGS: tuple[Setting, ...] = (
             zero_is_none=True),
     Setting("rate_per_s", "--rate-per-second", float, 0, 100000, None,
             "at most this many starts per second, fleet-wide (0 = no limit)",
-            lo_open=True, zero_is_none=True),
+            lo_open=True, zero_is_none=True, aliases=("--rate-limit",)),
 )
 
 BY_COLUMN = {s.column: s for s in SETTINGS}
