@@ -1,9 +1,9 @@
 """Forward-only, numbered SQL migrations from ``schema/``.
 
-``apply()`` is safe to run twice and from several processes at once: it takes
-a transaction-level advisory lock, applies each file not yet recorded in
-``jobq.schema_migration`` in its own transaction, and records it with a
-checksum. A recorded migration whose file changed is reported, not re-run.
+``apply()`` is safe to run twice and from several processes at once: it
+holds a session advisory lock for the whole run, applies each file not yet
+recorded in ``jobq.schema_migration`` in its own transaction, and records it
+with a checksum. A recorded migration whose file changed is reported, not re-run.
 """
 
 from __future__ import annotations
@@ -118,46 +118,47 @@ async def pending(conn: asyncpg.Connection | PooledConnection) -> list[Migration
 
 async def apply(conn: asyncpg.Connection | PooledConnection) -> list[Migration]:
     """Apply what is missing; return the migrations applied by this call.
-    An up-to-date schema needs no right beyond reading schema_migration."""
+    Concurrent runs take turns for the whole run (a session advisory lock):
+    one applies everything, the others find nothing to do. An up-to-date
+    schema needs no right beyond reading schema_migration."""
     applied: list[Migration] = []
     with translated():
         await ensure_roles(conn)
-        todo = await pending(conn)
-        version = max(m.version for m in load())
-        if todo or await routines.stale(conn, version):
-            await join_owner(conn)
-        for migration in todo:
-            async with conn.transaction():
-                # Serialises concurrent `jobq migrate` runs; released at commit.
-                await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_KEY)
-                if await conn.fetchval("SELECT to_regnamespace('jobq')") is None:
-                    await conn.execute("CREATE SCHEMA jobq")
-                await _as_owner(conn)
-                await conn.execute(
-                    """CREATE TABLE IF NOT EXISTS jobq.schema_migration (
-                           version integer PRIMARY KEY,
-                           name text NOT NULL,
-                           checksum text NOT NULL,
-                           applied_at timestamptz NOT NULL DEFAULT now())"""
-                )
-                if await _recorded(conn, migration):
-                    continue
-                await conn.execute(migration.sql)
-                await conn.execute(
-                    "INSERT INTO jobq.schema_migration (version, name, checksum) "
-                    "VALUES ($1, $2, $3)",
-                    migration.version, migration.name, migration.checksum,
-                )
+        await conn.execute("SELECT pg_advisory_lock($1)", _LOCK_KEY)
+        try:
+            todo = await pending(conn)
+            version = max(m.version for m in load())
+            if todo or await routines.stale(conn, version):
+                await join_owner(conn)
+            for migration in todo:
+                async with conn.transaction():
+                    if await conn.fetchval("SELECT to_regnamespace('jobq')") is None:
+                        await conn.execute("CREATE SCHEMA jobq")
+                    await _as_owner(conn)
+                    await conn.execute(
+                        """CREATE TABLE IF NOT EXISTS jobq.schema_migration (
+                               version integer PRIMARY KEY,
+                               name text NOT NULL,
+                               checksum text NOT NULL,
+                               applied_at timestamptz NOT NULL DEFAULT now())"""
+                    )
+                    await conn.execute(migration.sql)
+                    await conn.execute(
+                        "INSERT INTO jobq.schema_migration (version, name, checksum) "
+                        "VALUES ($1, $2, $3)",
+                        migration.version, migration.name, migration.checksum,
+                    )
                 applied.append(migration)
                 log.info("applied migration %04d_%s", migration.version, migration.name)
-        for migration in load():
-            if migration not in todo:
-                await _recorded(conn, migration)  # only warns if a file changed
-        async with conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_KEY)
+            for migration in load():
+                if migration not in todo:
+                    await _recorded(conn, migration)  # only warns if a file changed
             if await routines.stale(conn, version):
-                await _as_owner(conn)
-                await routines.install(conn, version)
+                async with conn.transaction():
+                    await _as_owner(conn)
+                    await routines.install(conn, version)
+        finally:
+            await conn.execute("SELECT pg_advisory_unlock($1)", _LOCK_KEY)
     return applied
 
 

@@ -103,7 +103,10 @@ def test_renewals_failing_stop_the_handler_before_the_lease_lapses(db, procs, se
     (jid,) = publish(settings, "work", [{"sleep_first": 30}])
     wait_until(lambda: runs(db, jid), 10, "the job to start in A")
     pg_proxy.cut()  # A can no longer renew
-    fence = a.wait_log(r".*lease not renewed in time.*", 5).group(0)
+    # A stops touching the job before its lease lapses: its fence fires, or,
+    # when the cut caught the handler mid-write (it then failed), A gives up
+    # recording that failure at the same trust deadline.
+    fence = a.wait_log(r".*(lease not renewed in time|before the lease ran out).*", 5).group(0)
     # Failed renewals are retried every 0.1 s, not in a spin (it once logged
     # thousands a second, one line per ten, and starved this very wait).
     assert a.log().count("lease renewal failed") < 20, a.log().count("lease renewal failed")

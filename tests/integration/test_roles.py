@@ -217,3 +217,37 @@ def test_a_consumer_missing_a_right_anywhere_exits_2_and_loses_nothing(
     # nothing lost: finished in the drain, or released, or left to its lease
     assert db.val("SELECT status FROM jobq.job WHERE id = $1", jid) in (
         "queued", "active", "completed")
+
+
+def test_readyz_says_why_while_a_consumer_stops_for_a_missing_right(
+        env: dict[str, str], db: SyncDB, logins: Any, settings: Any, tmp_path: Any) -> None:
+    import json
+    import urllib.error
+    import urllib.request
+
+    from harness.helpers import Procs, free_port, wait_until
+
+    db.execute("REVOKE EXECUTE ON FUNCTION jobq.q_complete FROM jobq_consumer")
+    port = free_port()
+    procs = Procs({**env, "JOBQ_DATABASE_URL": logins.url("consumer", db.url),
+                   "JOBQ_HEALTH_PORT": str(port), "JOBQ_CONSUMER__SHUTDOWN_GRACE_S": "4"},
+                  tmp_path)
+    try:
+        c = procs.consumer("--queue", "work")
+        c.worker_id()
+        publish(settings, "work", [{}])  # its completion meets the missing right
+
+        def problem() -> Any:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1)
+            except urllib.error.HTTPError as e:
+                return json.loads(e.read()).get("problem")
+            except OSError:
+                return None
+            return None
+
+        why = wait_until(problem, 15, "/readyz to say why it is stopping")
+        assert "permission denied for function q_complete" in why and "jobq_consumer" in why
+        assert c.wait(20) == 2
+    finally:
+        procs.close()
