@@ -137,11 +137,10 @@ _ROLE_OF = {"consume": "CONSUMER", "reap": "REAPER", "publish": "PRODUCER",
 
 def as_role(env: dict[str, str], args: tuple[str, ...] | list[str]) -> dict[str, str]:
     """``env`` with the database and broker URLs of the role of command ``args``."""
-    verb = " ".join(args[:2]) if args[:1] == ("queue",) or args[:1] == ["queue"] else (
-        args[0] if args else "")
-    if verb == "queue limits" and len(args) > 2:
-        verb = "queue limits set"
-    role = _ROLE_OF.get(verb)
+    args = list(args)
+    verb = " ".join(args[:2]) if args[:1] == ["queue"] else " ".join(args[:1])
+    # `queue limits` shows; `queue limits --auto-create off` changes (an operator's)
+    role = None if verb == "queue limits" and len(args) > 2 else _ROLE_OF.get(verb)
     out = dict(env)
     for kind, key in (("LOGIN", "JOBQ_DATABASE_URL"), ("BROKER", "JOBQ_AMQP_URL")):
         admin_url = env.get(f"JOBQ_TEST_{kind}_ADMIN")

@@ -109,10 +109,16 @@ async def _as_owner(conn: asyncpg.Connection | PooledConnection) -> None:
 
 
 async def pending(conn: asyncpg.Connection | PooledConnection) -> list[Migration]:
-    """Migrations not recorded yet (all of them on an empty database)."""
+    """Migrations not recorded yet (all of them on an empty database); warns
+    of a recorded one whose file changed (it is not re-run)."""
     if await conn.fetchval("SELECT to_regclass('jobq.schema_migration')") is None:
         return load()
-    done = {r["version"] for r in await conn.fetch("SELECT version FROM jobq.schema_migration")}
+    done = {r["version"]: r["checksum"]
+            for r in await conn.fetch("SELECT version, checksum FROM jobq.schema_migration")}
+    for m in load():
+        if m.version in done and done[m.version] != m.checksum:
+            log.warning("migration %04d_%s changed since it was applied; not re-running it",
+                        m.version, m.name)
     return [m for m in load() if m.version not in done]
 
 
@@ -150,9 +156,6 @@ async def apply(conn: asyncpg.Connection | PooledConnection) -> list[Migration]:
                     )
                 applied.append(migration)
                 log.info("applied migration %04d_%s", migration.version, migration.name)
-            for migration in load():
-                if migration not in todo:
-                    await _recorded(conn, migration)  # only warns if a file changed
             if await routines.stale(conn, version):
                 async with conn.transaction():
                     await _as_owner(conn)
@@ -160,14 +163,3 @@ async def apply(conn: asyncpg.Connection | PooledConnection) -> list[Migration]:
         finally:
             await conn.execute("SELECT pg_advisory_unlock($1)", _LOCK_KEY)
     return applied
-
-
-async def _recorded(conn: asyncpg.Connection | PooledConnection, migration: Migration) -> bool:
-    row = await conn.fetchrow(
-        "SELECT checksum FROM jobq.schema_migration WHERE version = $1", migration.version)
-    if row is None:
-        return False
-    if row["checksum"] != migration.checksum:
-        log.warning("migration %04d_%s changed since it was applied; not re-running it",
-                    migration.version, migration.name)
-    return True

@@ -50,8 +50,9 @@ def encode(value: Any, limit: int) -> str | None:
     except (TypeError, ValueError) as exc:
         raise ResultInvalid(f"the handler's return value is not JSON ({exc}); return a "
                             "dict, list, str, number, bool or pydantic model") from None
-    if len(text.encode()) > limit:
-        raise ResultInvalid(f"the result is {len(text.encode())} bytes, over the queue's "
+    size = len(text)  # json.dumps escapes non-ASCII: characters are bytes
+    if size > limit:
+        raise ResultInvalid(f"the result is {size} bytes, over the queue's "
                             f"max_result_bytes of {limit}; store it elsewhere and return a "
                             "reference")
     return text

@@ -72,9 +72,9 @@ def call(name: str, statement: str) -> str:
     return f"SELECT * FROM {function_name(name)}({args})"
 
 
-BODY, GRANTS = parse(resources.files("jobq").joinpath("queries.sql").read_text(encoding="utf-8"))
-BODY = MappingProxyType(BODY)  # type: ignore[assignment]
-GRANTS = MappingProxyType(GRANTS)  # type: ignore[assignment]
+_BODY, _GRANTS = parse(resources.files("jobq").joinpath("queries.sql").read_text(encoding="utf-8"))
+BODY: Mapping[str, str] = MappingProxyType(_BODY)
+GRANTS: Mapping[str, tuple[str, ...]] = MappingProxyType(_GRANTS)
 
 Q: Mapping[str, str] = MappingProxyType(
     {name: call(name, body) if name in GRANTS else body for name, body in BODY.items()}

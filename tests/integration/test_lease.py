@@ -5,25 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
 
+from harness.helpers import with_pool as run
 from jobq import lease
 from jobq.lease import Failure, Lease
 from jobq.sql import Q
-
-
-def run(db_url: str, body: Callable[[asyncpg.Pool], Awaitable[Any]]) -> Any:
-    async def go() -> Any:
-        pool = await asyncpg.create_pool(db_url, min_size=2, max_size=4)
-        try:
-            return await body(pool)
-        finally:
-            await pool.close()
-
-    return asyncio.run(go())
 
 
 async def new_job(pool: asyncpg.Pool, queue: str = "q", **queue_settings: Any) -> uuid.UUID:

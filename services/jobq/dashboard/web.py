@@ -43,9 +43,8 @@ def _sign(token: str, text: str) -> str:
 
 class Dashboard:
     def __init__(self, read: asyncpg.Pool, act: asyncpg.Pool | None, token: str | None,
-                 publish: Any = None, refresh_s: int = 5) -> None:
+                 refresh_s: int = 5) -> None:
         self.read, self.act, self.token = read, act, token
-        self.publish = publish  # republishes a retried job's id (None: the relay does)
         self.refresh_s = refresh_s
 
     # ── sessions ──
@@ -148,10 +147,8 @@ class Dashboard:
         what = request.path_params["action"]
         detail = f"by {who} (dashboard)"
         try:
-            if what == "retry":
-                row = await admin.retry(self.act, job_id, detail)
-                if self.publish is not None:
-                    await self.publish([(row["id"], row["queue"], row["lock"])])
+            if what == "retry":  # the reapers' relay publishes it (relay_after = now())
+                await admin.retry(self.act, job_id, detail)
                 message = "retried: queued again"
             elif what == "cancel":
                 await admin.cancel(self.act, job_id, f"cancelled {detail}")

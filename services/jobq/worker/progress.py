@@ -30,8 +30,8 @@ def _encode(value: Any) -> str:
         text = json.dumps(value, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
         raise BadInput(f"progress is not JSON: {exc}") from None
-    if len(text.encode()) > MAX_BYTES:
-        raise BadInput(f"progress is {len(text.encode())} bytes as JSON, over {MAX_BYTES}")
+    if len(text) > MAX_BYTES:  # json.dumps escapes non-ASCII: characters are bytes
+        raise BadInput(f"progress is {len(text)} bytes as JSON, over {MAX_BYTES}")
     return text
 
 
