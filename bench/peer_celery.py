@@ -1,10 +1,19 @@
 """Celery on RabbitMQ, acks_late (crash-safe in the same sense as jobq):
-    python peer_celery.py fill N | worker [solo|prefork]
+    python peer_celery.py fill N | produce N CONCURRENCY | worker [solo|prefork]
+
+produce: CONCURRENCY threads, each with its own producer, publish one task
+per call with publisher confirms (kombu's confirm_publish), as a web app
+enqueueing a task per request; prints {"t0", "t1", "cpu_s"} as JSON. With
+PING_PORT set, each task reports its completion by UDP (bench/pingcount.py).
 
 solo runs tasks in the worker process itself (Celery's fastest pool for
 no-op tasks); prefork is Celery's default (children = CPU count)."""
+import json
 import os
+import socket
 import sys
+import threading
+import time
 
 from celery import Celery
 
@@ -13,16 +22,45 @@ app.conf.update(task_acks_late=True, task_reject_on_worker_lost=True,
                 worker_prefetch_multiplier=4, task_ignore_result=True,
                 task_default_queue=os.environ["PEER_QUEUE"],
                 broker_connection_retry_on_startup=True,
-                worker_hijack_root_logger=False)
+                worker_hijack_root_logger=False, broker_pool_limit=64,
+                broker_transport_options={"confirm_publish": True})
+_sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+_port = int(os.environ.get("PING_PORT", "0"))
 
 
 @app.task(name="noop")
 def noop() -> None:
-    return None
+    if _port:
+        _sock.sendto(b"1", ("127.0.0.1", _port))
+
+
+def produce(n: int, concurrency: int) -> None:
+    left = [n]
+    lock = threading.Lock()
+
+    def one() -> None:
+        with app.producer_or_acquire() as producer:
+            while True:
+                with lock:
+                    if left[0] <= 0:
+                        return
+                    left[0] -= 1
+                noop.apply_async(producer=producer)
+
+    threads = [threading.Thread(target=one) for _ in range(concurrency)]
+    c0, t0 = os.times(), time.time()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    t1, c1 = time.time(), os.times()
+    print(json.dumps({"t0": t0, "t1": t1, "cpu_s": c1.user + c1.system - c0.user - c0.system}))
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "fill":
+    if sys.argv[1] == "produce":
+        produce(int(sys.argv[2]), int(sys.argv[3]))
+    elif sys.argv[1] == "fill":
         with app.producer_or_acquire() as producer:
             for _ in range(int(sys.argv[2])):
                 noop.apply_async(producer=producer)

@@ -1,8 +1,11 @@
-"""pgqueuer: python peer_pgqueuer.py fill N | produce N | worker   (the worker runs PgQueuer.run
+"""pgqueuer: python peer_pgqueuer.py fill N | produce N | single N CONCURRENCY | worker   (the worker runs PgQueuer.run
 directly: pgqueuer 1.6.0's `pgq run --log-level` fails on its own log setup)"""
 import asyncio
+import json
 import os
+import socket
 import sys
+import time
 
 import asyncpg
 from pgqueuer import PgQueuer, Queries
@@ -13,9 +16,13 @@ async def create() -> PgQueuer:
     conn = await asyncpg.connect(os.environ["PEER_DATABASE_URL"])
     pgq = PgQueuer(AsyncpgDriver(conn))
 
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    port = int(os.environ.get("PING_PORT", "0"))
+
     @pgq.entrypoint("noop")
     async def noop(job) -> None:  # type: ignore[no-untyped-def]
-        return None
+        if port:  # completion reported by UDP (bench/pingcount.py)
+            sock.sendto(b"1", ("127.0.0.1", port))
 
     return pgq
 
@@ -32,13 +39,35 @@ async def enqueue(n: int, batch: int) -> None:
     await conn.close()
 
 
+async def single(n: int, concurrency: int) -> None:
+    """CONCURRENCY connections, each enqueuing one job per call (the shape of
+    jobq's single publishes); prints {"t0", "t1", "cpu_s"}."""
+    conns = [await asyncpg.connect(os.environ["PEER_DATABASE_URL"]) for _ in range(concurrency)]
+    qs = [Queries(AsyncpgDriver(c)) for c in conns]
+    left = [n]
+
+    async def one(q: Queries) -> None:
+        while left[0] > 0:
+            left[0] -= 1
+            await q.enqueue("noop", None, 0)
+
+    c0, t0 = os.times(), time.time()
+    await asyncio.gather(*(one(q) for q in qs))
+    t1, c1 = time.time(), os.times()
+    print(json.dumps({"t0": t0, "t1": t1, "cpu_s": c1.user + c1.system - c0.user - c0.system}))
+    for c in conns:
+        await c.close()
+
+
 async def worker() -> None:
     pgq = await create()
     await pgq.run(batch_size=10)
 
 
 if __name__ == "__main__":
-    if sys.argv[1] in ("fill", "produce"):
+    if sys.argv[1] == "single":
+        asyncio.run(single(int(sys.argv[2]), int(sys.argv[3])))
+    elif sys.argv[1] in ("fill", "produce"):
         asyncio.run(enqueue(int(sys.argv[2]), 1000 if sys.argv[1] == "fill" else 100))
     else:
         asyncio.run(worker())

@@ -4,7 +4,8 @@ While one batch is in flight, new requests wait in line; when it returns,
 everything that queued up meanwhile goes out as the next batch. At low load a
 request goes out alone at once (no added latency); under load the per-job
 database round trips shrink to one per batch. Semantics are those of the
-batched statement: each item gets its own answer.
+batched statement: each item gets its own answer (an exception in the
+results is raised to that item's caller alone).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ R = TypeVar("R")
 
 
 class Coalescer(Generic[T, R]):
-    def __init__(self, run: Callable[[list[T]], Awaitable[Sequence[R]]], max_batch: int = 256):
+    def __init__(self, run: Callable[[list[T]], Awaitable[Sequence[R | BaseException]]],
+                 max_batch: int = 256):
         self._run = run
         self._max = max_batch
         self._pending: list[tuple[T, asyncio.Future[R]]] = []
@@ -44,5 +46,9 @@ class Coalescer(Generic[T, R]):
                     raise
                 continue
             for (_, fut), res in zip(batch, results):
-                if not fut.done():
+                if fut.done():
+                    continue
+                if isinstance(res, BaseException):  # this item's own refusal
+                    fut.set_exception(res)
+                else:
                     fut.set_result(res)

@@ -27,6 +27,7 @@ from jobq.app import check_queue_name
 from jobq.broker import Broker
 from jobq.db import fetch, open_pool, translated
 from jobq.errors import InvalidPayload
+from jobq.publisher import Marks, Rows, publish
 from jobq.queues import BY_COLUMN
 from jobq.relay import publish_and_mark
 from jobq.settings import Settings
@@ -83,6 +84,8 @@ class Client:
     def __init__(self, settings: Settings | None = None) -> None:
         self.settings = settings or Settings()
         self.pool: asyncpg.Pool | None = None
+        self._rows: Rows | None = None
+        self._marks: Marks | None = None
         self._limits: dict[str, tuple[int, float]] = {}  # queue -> (max_payload_bytes, read at)
         self.broker = Broker(self.settings.amqp_url, self.settings.namespace,
                              self.settings.amqp_heartbeat_s)
@@ -94,8 +97,12 @@ class Client:
         except BaseException:
             await self.pool.close()
             raise
+        self._rows = Rows(self.pool, self.settings.producer.relay_grace_s)
+        self._marks = Marks(self.pool)
 
     async def close(self) -> None:
+        if self._marks is not None:
+            await self._marks.close()
         await self.broker.close()
         if self.pool is not None:
             await self.pool.close()
@@ -114,21 +121,19 @@ class Client:
         return job_id
 
     async def publish_many(self, jobs: Iterable[NewJob]) -> list[uuid.UUID]:
-        """Enqueue many jobs in one round trip, then publish their ids."""
+        """Enqueue many jobs in one transaction (shared with concurrent
+        publishes of this client), then publish their ids."""
         jobs = list(jobs)
         payloads = [validate(j) for j in jobs]
         assert self.pool is not None, "call connect() first"
         await self._check_sizes(jobs, payloads)
-        with translated():
-            rows = await self.pool.fetch(
-                Q["enqueue_many"], [j.queue for j in jobs], payloads,
-                [max(0.0, float(j.delay_s)) for j in jobs], [j.idempotency_key for j in jobs],
-                self.settings.producer.relay_grace_s,
-            )
-        ids: list[uuid.UUID] = [r["id"] for r in rows]
+        assert self._rows is not None and self._marks is not None
+        ids = await self._rows.insert([
+            (j.queue, text, max(0.0, float(j.delay_s)), j.idempotency_key)
+            for j, text in zip(jobs, payloads)])
         crash.point("producer.after_commit")
-        due = [(i, j.queue) for i, j in zip(ids, jobs) if j.delay_s <= 0]
-        await self._publish(due)
+        await publish(self.broker, self._marks,
+                      [(i, j.queue) for i, j in zip(ids, jobs) if j.delay_s <= 0])
         return ids
 
     async def _check_sizes(self, jobs: Sequence[NewJob], payloads: Sequence[str]) -> None:
@@ -158,10 +163,6 @@ class Client:
                 raise InvalidPayload(f"payload is {size} bytes, over the {limit} byte limit of "
                                      f"queue {job.queue}; store large data elsewhere and pass a "
                                      "reference, or raise jobq.queue.max_payload_bytes")
-
-    async def _publish(self, items: Sequence[tuple[uuid.UUID, str]]) -> None:
-        assert self.pool is not None
-        await publish_and_mark(self.broker, self.pool, [(i, q, None) for i, q in items])
 
     async def republish(self, rows: Sequence[tuple[uuid.UUID, str, uuid.UUID | None]]) -> None:
         """Publish ids of rows put back in line (id, queue, lock token)."""

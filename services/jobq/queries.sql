@@ -33,10 +33,10 @@
 
 -- name: enqueue_many
 -- One round trip for any number of jobs; ids come back in input order.
-SELECT jobq.enqueue(t.queue, t.payload, t.delay_s, t.idempotency_key, $5::float8) AS id
-FROM unnest($1::text[], $2::jsonb[], $3::float8[], $4::text[])
-     WITH ORDINALITY AS t(queue, payload, delay_s, idempotency_key, n)
-ORDER BY t.n;
+-- jobq.enqueue_many (schema 0009) inserts a batch of plain rows in one
+-- statement, and anything else row by row through jobq.enqueue.
+SELECT id FROM jobq.enqueue_many($1::text[], $2::jsonb[], $3::float8[], $4::text[], $5::float8)
+ORDER BY n;
 
 -- name: queue_limits
 -- The producer checks payload sizes before sending them (cached per queue).
@@ -44,10 +44,13 @@ SELECT name, max_payload_bytes FROM jobq.queue WHERE name = ANY($1::text[]);
 
 -- name: mark_published
 -- grant: jobq_producer, jobq_consumer, jobq_reaper
--- After the broker confirmed the ids. Only the queued spell that was
--- published (same lock token as read) is marked. SKIP LOCKED: a row someone
--- holds is being claimed (then it needs no mark) or relayed (the relay marks
--- it); never waiting here means never deadlocking with batched claims.
+-- After the broker confirmed the ids (the producer defers it, one statement
+-- for many publishes). Only the queued spell that was published (same lock
+-- token as read) is marked; a row claimed meanwhile needs no mark and costs
+-- no write. SKIP LOCKED: a row someone holds is being claimed (then it needs
+-- no mark) or relayed (the relay marks it); never waiting here means never
+-- deadlocking with batched claims. No history row: published_at says it
+-- (the relay's publishes, the unusual ones, do write one).
 WITH target AS (
     SELECT j.id
     FROM jobq.job j
@@ -56,15 +59,11 @@ WITH target AS (
       AND j.status COLLATE "C" = 'queued'
       AND j.published_at IS NULL
     FOR UPDATE OF j SKIP LOCKED
-), marked AS (
-    UPDATE jobq.job j
-    SET published_at = now()
-    FROM target, jobq.queue q
-    WHERE j.id = target.id AND q.name = j.queue
-    RETURNING j.id, q.history
 )
-INSERT INTO jobq.job_event (job_id, event)
-SELECT id, 'published' FROM marked WHERE history;
+UPDATE jobq.job j
+SET published_at = now()
+FROM target
+WHERE j.id = target.id;
 
 -- name: relay_take
 -- Reaper relay, inside a transaction that stays open until the broker

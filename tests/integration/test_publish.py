@@ -40,12 +40,15 @@ def test_publish_commits_the_row_then_publishes_the_id(settings: Settings) -> No
         async with Client(settings) as client:
             jid = await client.publish("mail", {"to": "a@b.c"})
             ids = await client.publish_many([NewJob("mail", {"n": i}) for i in range(5)])
-            row = await client.pool.fetchrow("SELECT * FROM jobq.job WHERE id = $1", jid)
-            assert row["status"] == "queued" and row["published_at"] is not None
-            assert json.loads(row["payload"]) == {"to": "a@b.c"}
-            payloads = [json.loads(await client.pool.fetchval(
-                "SELECT payload FROM jobq.job WHERE id = $1", i)) for i in ids]
-            assert payloads == [{"n": i} for i in range(5)]  # ids in input order
+        # The marks are deferred (off the caller's path); close() writes them.
+        conn = await asyncpg.connect(settings.database_url)
+        row = await conn.fetchrow("SELECT * FROM jobq.job WHERE id = $1", jid)
+        assert row["status"] == "queued" and row["published_at"] is not None
+        assert json.loads(row["payload"]) == {"to": "a@b.c"}
+        payloads = [json.loads(await conn.fetchval(
+            "SELECT payload FROM jobq.job WHERE id = $1", i)) for i in ids]
+        assert payloads == [{"n": i} for i in range(5)]  # ids in input order
+        await conn.close()
         assert await broker_ids(settings, "mail") == [str(jid), *map(str, ids)]
 
     asyncio.run(go())

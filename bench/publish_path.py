@@ -1,0 +1,343 @@
+"""The publish path against its peers (issue #16), in one sitting:
+
+    .venv/bin/python bench/publish_path.py [--jobs 20000] [--runs 3] [--concurrency 16]
+
+Per run, interleaved: jobq, Celery 5.7 (RabbitMQ, acks_late, publisher
+confirms, solo pool) and pgqueuer 1.6, each with 2 worker processes and a
+producer process of --concurrency concurrent single-job publishes (the shape
+of a web app enqueueing one job per request). Every system's handler sends
+one UDP datagram when it finishes (bench/pingcount.py counts them), so all
+are timed alike: steady end to end = jobs / (last completion - producer
+start). Also: the producer alone (enqueue rate; PostgreSQL, RabbitMQ and
+producer CPU per job from /proc), batches of 100, the broker's own limit
+(raw aio-pika, confirmed persistent messages to a quorum queue, 100 in
+flight), publish latency on an idle system (one caller), drains of a
+backlog with 1 and 2 consumers. Medians over runs; ratios taken within each
+run, then their median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+from benchenv import AMQP_URL, scratch, service_env, world  # noqa: E402
+from peers import PY, VENV, ensure_venv  # noqa: E402
+
+from harness.helpers import wait_until  # noqa: E402
+from jobq.producer import Client, NewJob  # noqa: E402
+
+WORKERS = 2
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_of(match: Callable[[str, int], bool]) -> float:
+    """CPU seconds used so far by the processes ``match(comm, pid)`` picks."""
+    total = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                head, rest = f.read().rsplit(")", 1)
+            if match(head.split("(", 1)[1], int(pid)):
+                fields = rest.split()
+                total += int(fields[11]) + int(fields[12])
+        except OSError:
+            continue
+    return total / TICK
+
+
+def snapshot(pids: set[int]) -> dict[str, float]:
+    return {"pg": cpu_of(lambda c, _: c == "postgres"),
+            "mq": cpu_of(lambda c, _: c.startswith("beam")),
+            "workers": cpu_of(lambda _, p: p in pids)}
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def pings(n: int) -> Iterator[tuple[int, Callable[[], None], Callable[[], dict[str, float]]]]:
+    """(port, wait for the first ping, wait for all n) of a pingcount process."""
+    port = free_port()
+    p = subprocess.Popen([sys.executable, str(HERE / "pingcount.py"), str(port), str(n), "60"],
+                         stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+
+    def first() -> None:
+        assert p.stdout is not None and p.stdout.readline().strip() == "first", "no probe ping"
+
+    def done() -> dict[str, float]:
+        assert p.stdout is not None
+        out: dict[str, float] = json.loads(p.stdout.readline())
+        if out["count"] < n:
+            raise RuntimeError(f"only {out['count']} of {n} completions reported")
+        return out
+
+    try:
+        yield port, first, done
+    finally:
+        p.kill()
+        p.wait()
+
+
+def run_json(cmd: list[str], env: dict[str, str]) -> dict[str, float]:
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=HERE)
+    if out.returncode:
+        raise RuntimeError(f"{cmd[1]} failed: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def measure(n: int, start_producer: Callable[[], dict[str, float]], pids: set[int],
+            done: Callable[[], dict[str, float]] | None) -> dict[str, float]:
+    """Run the producer (and wait for all completions if ``done``): rates
+    and CPU per job over the window."""
+    before = snapshot(pids)
+    prod = start_producer()
+    end = done()["last"] if done else prod["t1"]
+    after = snapshot(pids)
+    per = {k: (after[k] - before[k]) / n * 1000 for k in before}
+    out = {"rate": n / (end - prod["t0"]), "enqueue_rate": n / (prod["t1"] - prod["t0"]),
+           "pg_ms": per["pg"], "mq_ms": per["mq"], "producer_ms": prod["cpu_s"] / n * 1000}
+    if pids:
+        out["workers_ms"] = per["workers"]
+    for k in ("lat_p50_ms", "lat_p99_ms"):
+        if k in prod:
+            out[k] = prod[k]
+    return out
+
+
+# ─────────────────────────────── jobq ───────────────────────────────
+
+def jobq(n: int, concurrency: int) -> dict[str, float]:
+    res: dict[str, float] = {}
+    with world(("noop",), "publish", JOBQ_LOG_LEVEL="WARNING",
+               PYTHONPATH=f"{HERE}{os.pathsep}{HERE.parent}") as w:
+        w.db.execute("INSERT INTO jobq.queue (name, lease_s) VALUES ('noop', 30)")
+        env = service_env(w.db_url, w.amqp_url, w.settings.namespace, JOBQ_LOG_LEVEL="WARNING")
+        producer = [sys.executable, str(HERE / "producer_jobq.py")]
+
+        def produce(k: int, c: int, batch: int = 1) -> Callable[[], dict[str, float]]:
+            return lambda: run_json([*producer, str(k), str(c), str(batch)], env)
+
+        def reset() -> None:
+            w.db.execute("TRUNCATE jobq.job, jobq.job_event")
+
+        # The producer alone: enqueue rate and its cost per job.
+        for key, c, batch in (("jobq_enqueue_single", concurrency, 1),
+                              ("jobq_enqueue_batch100", 1, 100)):
+            for k, v in measure(n, produce(n, c, batch), set(), None).items():
+                res[f"{key}_{k}"] = v
+            reset()
+        lat = measure(1000, produce(1000, 1), set(), None)
+        res["jobq_publish_idle_p50_ms"] = lat["lat_p50_ms"]
+        res["jobq_publish_idle_p99_ms"] = lat["lat_p99_ms"]
+        reset()
+        # Steady end to end, then drains of a backlog.
+        with pings(n + 1) as (port, first, done):
+            cons = [w.procs.start("consume", "ping_app:app", "--concurrency", str(concurrency),
+                                  PING_PORT=str(port)) for _ in range(WORKERS)]
+            asyncio.run(_publish(w.settings, 1))
+            first()
+            for k, v in measure(n, produce(n, concurrency), {c.popen.pid for c in cons},
+                                done).items():
+                res[f"jobq_steady_{k}"] = v
+            for c in cons:
+                c.kill()
+        for k in (1, 2):
+            reset()
+            asyncio.run(_publish(w.settings, n, batch=1000))
+            with pings(n) as (port, _first, done):
+                cons = [w.procs.start("consume", "ping_app:app", "--concurrency",
+                                      str(concurrency), PING_PORT=str(port)) for _ in range(k)]
+                out = done()
+                res[f"jobq_drain_{k}c"] = n / (out["last"] - out["first"])
+                for c in cons:
+                    c.kill()
+    return res
+
+
+async def _publish(settings: Any, n: int, batch: int = 1) -> None:
+    async with Client(settings) as c:
+        for i in range(0, n, batch):
+            await c.publish_many([NewJob("noop", {}) for _ in range(min(batch, n - i))])
+
+
+# ─────────────────────────────── peers ───────────────────────────────
+
+def celery(n: int, concurrency: int) -> dict[str, float]:
+    res: dict[str, float] = {}
+    queue = f"celery-bench-{uuid.uuid4().hex[:6]}"
+    env = {**os.environ, "PEER_AMQP_URL": AMQP_URL, "PEER_QUEUE": queue}
+    script = str(HERE / "peer_celery.py")
+    for k, v in measure(n, lambda: run_json([str(PY), script, "produce", str(n),
+                                             str(concurrency)], env), set(), None).items():
+        res[f"celery_enqueue_single_{k}"] = v
+    with pings(2 * n + 1) as (port, first, done):  # the backlog above, a probe, then n
+        wenv = {**env, "PING_PORT": str(port)}
+        workers = [subprocess.Popen([str(PY), script, "worker", "solo"], env=wenv, cwd=HERE,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                   for _ in range(WORKERS)]
+        try:
+            first()  # the backlog drains first
+            _celery_empty(queue)
+            for k, v in measure(n, lambda: run_json([str(PY), script, "produce", str(n),
+                                                     str(concurrency)], env),
+                                {w.pid for w in workers}, done).items():
+                res[f"celery_steady_{k}"] = v
+        finally:
+            for w in workers:
+                w.kill()
+                w.wait()
+            asyncio.run(_delete_queue(queue))
+    return res
+
+
+def _celery_empty(queue: str) -> None:
+    import aio_pika
+
+    async def ready() -> int:
+        conn = await aio_pika.connect(AMQP_URL)
+        try:
+            q = await (await conn.channel()).declare_queue(queue, passive=True)
+            return int(q.declaration_result.message_count or 0)
+        finally:
+            await conn.close()
+
+    wait_until(lambda: asyncio.run(ready()) == 0, 120, "celery backlog drained", interval=0.2)
+    time.sleep(0.5)  # the prefetched ones finish
+
+
+async def _delete_queue(queue: str) -> None:
+    import aio_pika
+
+    conn = await aio_pika.connect(AMQP_URL)
+    try:
+        await (await conn.channel()).queue_delete(queue)
+    finally:
+        await conn.close()
+
+
+def pgqueuer(n: int, concurrency: int) -> dict[str, float]:
+    res: dict[str, float] = {}
+    script = str(HERE / "peer_pgqueuer.py")
+    with scratch(queues=()) as (db_url, _amqp, _ns):
+        env = {**os.environ, "PEER_DATABASE_URL": db_url, "PGDSN": db_url}
+        subprocess.run([str(VENV / "bin" / "pgq"), "install"], env=env, check=True, cwd=HERE,
+                       stdout=subprocess.DEVNULL)
+        for k, v in measure(n, lambda: run_json([str(PY), script, "single", str(n),
+                                                 str(concurrency)], env), set(), None).items():
+            res[f"pgqueuer_enqueue_single_{k}"] = v
+        with pings(2 * n + 1) as (port, first, done):
+            wenv = {**env, "PING_PORT": str(port), "PYTHONPATH": str(HERE)}
+            workers = [subprocess.Popen([str(PY), script, "worker"], env=wenv, cwd=HERE,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                       for _ in range(WORKERS)]
+            try:
+                first()
+                t0 = time.time()
+                # The backlog above is the drain: wait for it, then steady.
+                from harness.helpers import SyncDB
+
+                db = SyncDB(db_url)
+                wait_until(lambda: db.val("SELECT count(*) FROM pgqueuer") == 0, 120,
+                           "pgqueuer backlog drained", interval=0.05)
+                res["pgqueuer_drain_2c"] = (n - 1) / (time.time() - t0)  # polled every 50 ms
+                db.close()
+                for k, v in measure(n, lambda: run_json([str(PY), script, "single", str(n),
+                                                         str(concurrency)], env),
+                                    {w.pid for w in workers}, done).items():
+                    res[f"pgqueuer_steady_{k}"] = v
+            finally:
+                for w in workers:
+                    w.kill()
+                    w.wait()
+    return res
+
+
+def broker_limit(n: int) -> dict[str, float]:
+    """Raw aio-pika: confirmed persistent messages to a quorum queue, 100 in flight."""
+    import aio_pika
+
+    async def go() -> float:
+        conn = await aio_pika.connect(AMQP_URL)
+        ch = await conn.channel(publisher_confirms=True)
+        name = f"raw-bench-{uuid.uuid4().hex[:6]}"
+        await ch.declare_queue(name, durable=True, arguments={"x-queue-type": "quorum"})
+        body = str(uuid.uuid4()).encode()
+        t0 = time.perf_counter()
+        for i in range(0, n, 100):
+            await asyncio.gather(*(ch.default_exchange.publish(
+                aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
+                routing_key=name) for _ in range(min(100, n - i))))
+        rate = n / (time.perf_counter() - t0)
+        await ch.queue_delete(name)
+        await conn.close()
+        return rate
+
+    return {"broker_raw_confirmed_per_s": asyncio.run(go())}
+
+
+def one_run(n: int, concurrency: int) -> dict[str, float]:
+    r: dict[str, float] = {}
+    for part in (jobq, celery, pgqueuer):
+        try:
+            r.update(part(n, concurrency))
+        except Exception as exc:  # one system failing must not hide the others
+            print(f"{part.__name__} failed: {exc!r}", file=sys.stderr)
+    r.update(broker_limit(n))
+    for a, b in (("jobq_steady_rate", "celery_steady_rate"),
+                 ("jobq_steady_rate", "pgqueuer_steady_rate"),
+                 ("jobq_enqueue_batch100_enqueue_rate", "broker_raw_confirmed_per_s"),
+                 ("jobq_drain_2c", "pgqueuer_drain_2c")):
+        if a in r and b in r:
+            r[f"ratio_{a}_vs_{b}"] = r[a] / r[b]
+    return r
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--jobs", type=int, default=20000)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--json", default=str(HERE / "results" / "publish_path.json"))
+    a = p.parse_args()
+    ensure_venv()
+    runs = []
+    for i in range(a.runs):
+        runs.append(one_run(a.jobs, a.concurrency))
+        print(f"run {i + 1}: " + json.dumps({k: round(v, 3) for k, v in runs[-1].items()}),
+              file=sys.stderr, flush=True)
+    keys = sorted({k for r in runs for k in r})
+    median = {k: statistics.median(r[k] for r in runs if k in r) for k in keys}
+    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.json).write_text(json.dumps({"jobs": a.jobs, "concurrency": a.concurrency,
+                                        "runs": runs, "median": median}, indent=2))
+    print(f"jobs {a.jobs}, concurrency {a.concurrency}, {len(runs)} runs (medians)")
+    print("| figure | value |\n|---|---:|")
+    for k in keys:
+        print(f"| {k} | {median[k]:,.3f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""The producer's path, shared by every concurrent publish of one client.
+
+A publish waits for two things and nothing else: its row's commit and the
+broker's confirm of its id. Everything else is shared or moved off the path:
+
+- **Rows, group-committed.** Concurrent publishes of one client go to the
+  database as one ``enqueue_many`` statement (:class:`~jobq.batch.Coalescer`:
+  while one batch is in flight the next fills up; alone, a publish goes out
+  at once). One transaction and one WAL flush for many jobs. A batch refused
+  for one caller's bad input is retried caller by caller, so the error
+  reaches that caller only and the others' jobs are unaffected.
+- **Marks, deferred.** After the confirm, the ids are handed to
+  :class:`Marks`, which writes ``published_at`` in one statement for what
+  accumulated, off the caller's path; most rows are claimed by then and the
+  statement writes nothing for them. A mark that never happens (the process
+  died, the database was away) only lets the relay publish the id once more
+  after ``relay_grace_s``: a duplicate message, which consumers drop, never a
+  lost job. ``close()`` writes the marks still pending.
+
+The row is still committed before its id is on the wire (the id comes back
+from the commit), so a consumer never receives an id whose row it cannot see.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Sequence
+
+import asyncpg
+
+from jobq.batch import Coalescer
+from jobq.broker import Broker
+from jobq.db import translated
+from jobq.errors import BadInput
+from jobq.sql import Q
+
+log = logging.getLogger("jobq.producer")
+
+# (queue, payload JSON, delay seconds, idempotency key)
+Row = tuple[str, str, float, str | None]
+
+
+class Rows:
+    """Group commit of the rows of concurrent publishes."""
+
+    def __init__(self, pool: asyncpg.Pool, relay_grace_s: float, max_batch: int = 500) -> None:
+        self._pool = pool
+        self._grace = relay_grace_s
+        self._coalescer: Coalescer[list[Row], list[uuid.UUID]] = Coalescer(
+            self._commit_each_on_bad_input, max_batch=max_batch)
+
+    async def insert(self, rows: list[Row]) -> list[uuid.UUID]:
+        """Commit the rows; their ids in input order."""
+        return await self._coalescer.submit(rows)
+
+    async def _commit(self, rows: list[Row]) -> list[uuid.UUID]:
+        with translated():
+            got = await self._pool.fetch(
+                Q["enqueue_many"], [r[0] for r in rows], [r[1] for r in rows],
+                [r[2] for r in rows], [r[3] for r in rows], self._grace)
+        return [r["id"] for r in got]
+
+    async def _commit_each_on_bad_input(
+            self, calls: list[list[Row]]) -> list[list[uuid.UUID] | BaseException]:
+        flat = [row for call in calls for row in call]
+        try:
+            ids = await self._commit(flat)
+        except BadInput:
+            if len(calls) == 1:
+                raise
+            # The statement was refused (rolled back): commit caller by
+            # caller, so that the refusal reaches its own caller only.
+            out: list[list[uuid.UUID] | BaseException] = []
+            for call in calls:
+                try:
+                    out.append(await self._commit(call))
+                except BadInput as exc:
+                    out.append(exc)
+            return out
+        split: list[list[uuid.UUID] | BaseException] = []
+        k = 0
+        for call in calls:
+            split.append(ids[k:k + len(call)])
+            k += len(call)
+        return split
+
+
+class Marks:
+    """Deferred ``published_at`` writes: one statement for what accumulated
+    while the previous one ran; never on a caller's path, never raising."""
+
+    def __init__(self, pool: asyncpg.Pool, max_batch: int = 2000) -> None:
+        self._pool = pool
+        self._max = max_batch
+        self._pending: list[tuple[uuid.UUID, uuid.UUID | None]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def add(self, rows: Sequence[tuple[uuid.UUID, uuid.UUID | None]]) -> None:
+        self._pending.extend(rows)
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._drain())
+
+    async def _drain(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending[:self._max], self._pending[self._max:]
+            try:
+                await self._pool.execute(Q["mark_published"], [i for i, _ in batch],
+                                         [lk for _, lk in batch])
+            except Exception as exc:  # the relay republishes them: a harmless duplicate
+                log.warning("published %d id(s), but could not mark them published (%s); the "
+                            "reaper will publish them again (a harmless duplicate)",
+                            len(batch), exc)
+
+    async def close(self) -> None:
+        """Write what is pending (called before the pool closes)."""
+        while self._task is not None and not self._task.done():
+            await asyncio.shield(self._task)
+
+
+async def publish(broker: Broker, marks: Marks,
+                  items: Sequence[tuple[uuid.UUID, str]]) -> None:
+    """Publish committed rows' ids and defer their marks; never raises (what
+    the broker did not confirm stays unmarked, for the relay)."""
+    if not items:
+        return
+    try:
+        confirmed = await broker.publish(items)
+    except Exception as exc:
+        log.warning("could not publish %d id(s) now (%s); the reaper will publish them",
+                    len(items), exc)
+        return
+    marks.add([(i, None) for i in confirmed])

@@ -1,0 +1,103 @@
+"""The producer's shared path (issue #16): concurrent publishes of one client
+share a transaction, a refusal reaches its own caller only, marks are
+deferred and written by close(), and jobq.enqueue_many's one-statement path
+means what jobq.enqueue means row by row."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import asyncpg
+import pytest
+
+from jobq.errors import InvalidPayload
+from jobq.producer import Client, NewJob
+from jobq.settings import Settings
+
+
+def test_concurrent_publishes_share_a_commit_and_a_refusal_stays_with_its_caller(
+        settings: Settings) -> None:
+    async def go() -> tuple[list[Any], int]:
+        conn = await asyncpg.connect(settings.database_url)
+        await conn.execute("INSERT INTO jobq.queue (name, max_payload_bytes) VALUES ('mail', 200)")
+        async with Client(settings) as client:
+            payloads: list[Any] = [{"n": i} for i in range(60)]
+            payloads[17] = {"blob": "x" * 500}  # over the queue's 200 bytes
+            got = await asyncio.gather(*(client.publish("mail", p) for p in payloads),
+                                       return_exceptions=True)
+        rows = await conn.fetch("SELECT payload, xmin::text AS tx FROM jobq.job")
+        await conn.close()
+        assert sorted(json.loads(r["payload"])["n"] for r in rows) == [
+            i for i in range(60) if i != 17]
+        return got, len({r["tx"] for r in rows})
+
+    got, transactions = asyncio.run(go())
+    assert isinstance(got[17], InvalidPayload), got[17]
+    assert all(not isinstance(g, BaseException) for i, g in enumerate(got) if i != 17)
+    print(f"59 concurrent publishes committed in {transactions} transaction(s)")
+    assert transactions < 59 / 2  # group-committed, not one by one
+
+
+def test_marks_are_deferred_and_close_writes_them(settings: Settings) -> None:
+    async def go() -> tuple[int, int]:
+        async with Client(settings) as client:
+            await asyncio.gather(*(client.publish("mail", {"n": i}) for i in range(40)))
+        conn = await asyncpg.connect(settings.database_url)
+        marked = await conn.fetchval("SELECT count(*) FROM jobq.job WHERE published_at IS NOT NULL")
+        events = await conn.fetchval("SELECT count(*) FROM jobq.job_event WHERE event = 'published'")
+        await conn.close()
+        return marked, events
+
+    marked, events = asyncio.run(go())
+    assert marked == 40  # the relay will not publish them again
+    assert events == 0   # published_at says it; history keeps the relay's publishes only
+
+
+@pytest.mark.parametrize("key", [None, "k-1"])
+def test_the_batch_path_and_the_row_path_write_the_same_rows(settings: Settings,
+                                                              key: str | None) -> None:
+    """key=None: every row plain (one INSERT); key set: the batch takes the
+    row-by-row path. Both must leave the same rows, events and timings."""
+    async def go() -> list[asyncpg.Record]:
+        conn = await asyncpg.connect(settings.database_url)
+        await conn.execute("INSERT INTO jobq.queue (name) VALUES ('mail')")
+        async with Client(settings) as client:
+            ids = await client.publish_many([
+                NewJob("mail", {"a": 1}, idempotency_key=key),
+                NewJob("mail", None, delay_s=30),
+                NewJob("mail", {"b": 2})])
+        rows = await conn.fetch("""
+            SELECT j.id, j.payload, j.status, j.idempotency_key,
+                   extract(epoch FROM j.run_at - j.created_at)::int AS run_in,
+                   extract(epoch FROM j.relay_after - j.created_at)::int AS relay_in,
+                   (SELECT array_agg(e.event || coalesce(':' || e.detail, '') ORDER BY e.n)
+                    FROM jobq.job_event e WHERE e.job_id = j.id) AS events
+            FROM jobq.job j JOIN unnest($1::uuid[]) WITH ORDINALITY AS t(id, n) ON t.id = j.id
+            ORDER BY t.n""", ids)
+        await conn.close()
+        return rows
+
+    rows = asyncio.run(go())
+    assert [json.loads(r["payload"]) for r in rows] == [{"a": 1}, {}, {"b": 2}]
+    assert [r["idempotency_key"] for r in rows] == [key, None, None]
+    assert [r["run_in"] for r in rows] == [0, 30, 0]
+    grace = round(settings.producer.relay_grace_s)
+    assert [r["relay_in"] for r in rows] == [grace, 30, grace]
+    assert [r["events"] for r in rows] == [["enqueued"], ["enqueued:run in 30s"], ["enqueued"]]
+
+
+def test_a_batch_with_a_new_queue_or_a_repeated_key_goes_row_by_row(settings: Settings) -> None:
+    async def go() -> tuple[list[Any], int]:
+        async with Client(settings) as client:
+            ids = await client.publish_many([
+                NewJob("fresh", {"n": 1}), NewJob("fresh", {"n": 2}, idempotency_key="same"),
+                NewJob("fresh", {"n": 3}, idempotency_key="same")])
+            queues = await client.pool.fetchval(
+                "SELECT count(*) FROM jobq.queue WHERE name = 'fresh'")
+        return ids, queues
+
+    ids, queues = asyncio.run(go())
+    assert queues == 1  # created on first use, as by jobq.enqueue
+    assert ids[1] == ids[2] != ids[0]
