@@ -1,5 +1,6 @@
-"""pgqueuer: python peer_pgqueuer.py fill N | produce N | single N CONCURRENCY | worker   (the worker runs PgQueuer.run
-directly: pgqueuer 1.6.0's `pgq run --log-level` fails on its own log setup)"""
+"""pgqueuer: python peer_pgqueuer.py fill N | produce N | single N CONCURRENCY | worker
+(the worker runs PgQueuer.run directly: pgqueuer 1.6.0's `pgq run --log-level` fails on
+its own log setup)"""
 import asyncio
 import json
 import os

@@ -37,11 +37,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from benchenv import AMQP_URL, scratch, service_env, world  # noqa: E402
-from peers import PY, VENV, ensure_venv  # noqa: E402
+from benchenv import AMQP_URL, scratch, service_env, world
+from peers import PY, VENV, ensure_venv
 
-from harness.helpers import wait_until  # noqa: E402
-from jobq.producer import Client, NewJob  # noqa: E402
+from harness.helpers import wait_until
+from jobq.producer import Client, NewJob
 
 WORKERS = 2
 TICK = os.sysconf("SC_CLK_TCK")

@@ -46,7 +46,8 @@ def test_marks_are_deferred_and_close_writes_them(settings: Settings) -> None:
             await asyncio.gather(*(client.publish("mail", {"n": i}) for i in range(40)))
         conn = await asyncpg.connect(settings.database_url)
         marked = await conn.fetchval("SELECT count(*) FROM jobq.job WHERE published_at IS NOT NULL")
-        events = await conn.fetchval("SELECT count(*) FROM jobq.job_event WHERE event = 'published'")
+        events = await conn.fetchval(
+            "SELECT count(*) FROM jobq.job_event WHERE event = 'published'")
         await conn.close()
         return marked, events
 
