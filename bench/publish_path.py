@@ -48,7 +48,9 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 
 def cpu_of(match: Callable[[str, int], bool]) -> float:
-    """CPU seconds used so far by the processes ``match(comm, pid)`` picks."""
+    """CPU seconds used so far by the processes ``match(comm, pid)`` picks,
+    and by their children that ended (a PostgreSQL backend's CPU moves to
+    the postmaster's cutime when its client disconnects)."""
     total = 0
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -58,7 +60,7 @@ def cpu_of(match: Callable[[str, int], bool]) -> float:
                 head, rest = f.read().rsplit(")", 1)
             if match(head.split("(", 1)[1], int(pid)):
                 fields = rest.split()
-                total += int(fields[11]) + int(fields[12])
+                total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
         except OSError:
             continue
     return total / TICK
@@ -84,11 +86,16 @@ def pings(n: int) -> Iterator[tuple[int, Callable[[], None], Callable[[], dict[s
                          stdout=subprocess.PIPE, text=True)
     assert p.stdout is not None and p.stdout.readline().strip() == "ready"
 
+    seen = [False]
+
     def first() -> None:
         assert p.stdout is not None and p.stdout.readline().strip() == "first", "no probe ping"
+        seen[0] = True
 
     def done() -> dict[str, float]:
         assert p.stdout is not None
+        if not seen[0]:
+            first()
         out: dict[str, float] = json.loads(p.stdout.readline())
         if out["count"] < n:
             raise RuntimeError(f"only {out['count']} of {n} completions reported")
@@ -193,7 +200,7 @@ def celery(n: int, concurrency: int) -> dict[str, float]:
     for k, v in measure(n, lambda: run_json([str(PY), script, "produce", str(n),
                                              str(concurrency)], env), set(), None).items():
         res[f"celery_enqueue_single_{k}"] = v
-    with pings(2 * n + 1) as (port, first, done):  # the backlog above, a probe, then n
+    with pings(2 * n) as (port, first, done):  # the backlog above (its first is the probe), then n
         wenv = {**env, "PING_PORT": str(port)}
         workers = [subprocess.Popen([str(PY), script, "worker", "solo"], env=wenv, cwd=HERE,
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -248,7 +255,7 @@ def pgqueuer(n: int, concurrency: int) -> dict[str, float]:
         for k, v in measure(n, lambda: run_json([str(PY), script, "single", str(n),
                                                  str(concurrency)], env), set(), None).items():
             res[f"pgqueuer_enqueue_single_{k}"] = v
-        with pings(2 * n + 1) as (port, first, done):
+        with pings(2 * n) as (port, first, done):  # the backlog above, then n
             wenv = {**env, "PING_PORT": str(port), "PYTHONPATH": str(HERE)}
             workers = [subprocess.Popen([str(PY), script, "worker"], env=wenv, cwd=HERE,
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

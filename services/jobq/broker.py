@@ -31,7 +31,8 @@ from aio_pika.abc import (
 )
 
 from jobq.backoff import Backoff
-from jobq.db import certificate_refused, redact
+from jobq.db import certificate_refused
+from jobq.endpoints import FailoverConnection, redact, split_amqp
 from jobq.errors import BrokerUnavailable, ConfigError
 
 log = logging.getLogger("jobq.broker")
@@ -61,14 +62,18 @@ def queue_arguments(namespace: str) -> dict[str, str]:
     return {"x-queue-type": "quorum", "x-dead-letter-exchange": f"{namespace}.dlx"}
 
 
+def _with_heartbeat(url: str, heartbeat_s: int) -> str:
+    parts = urlsplit(url)
+    if "heartbeat=" in parts.query:
+        return url
+    hb = f"heartbeat={heartbeat_s}"
+    return urlunsplit(parts._replace(query=f"{parts.query}&{hb}" if parts.query else hb))
+
+
 class Broker:
     def __init__(self, url: str, namespace: str, heartbeat_s: int = 5) -> None:
-        parts = urlsplit(url)
-        if "heartbeat=" not in parts.query:
-            hb = f"heartbeat={heartbeat_s}"
-            query = f"{parts.query}&{hb}" if parts.query else hb
-            url = urlunsplit(parts._replace(query=query))
-        self.url = url
+        self.urls = [_with_heartbeat(u, heartbeat_s) for u in split_amqp(url)]
+        self.url = ",".join(self.urls)  # for messages, always through redact()
         self.namespace = namespace
         self._conn: AbstractRobustConnection | None = None
         self._pub: AbstractChannel | None = None
@@ -88,7 +93,9 @@ class Broker:
         backoff = Backoff(0.5, 5.0)
         while True:
             try:
-                self._conn = await aio_pika.connect_robust(self.url, timeout=10)
+                conn = FailoverConnection(self.urls)
+                await conn.connect(timeout=10)
+                self._conn = conn
                 break
             except aiormq.exceptions.ProbableAuthenticationError as exc:
                 raise ConfigError(
@@ -156,8 +163,8 @@ class Broker:
         if exc is not None and not isinstance(exc, asyncio.CancelledError) and not self._closing:
             log.warning("broker connection lost (%r); reconnecting", exc)
 
-    def _on_reconnect(self, _conn: object) -> None:
-        log.info("broker connection re-established at %s", redact(self.url))
+    def _on_reconnect(self, conn: object) -> None:
+        log.info("broker connection re-established at %s", redact(str(getattr(conn, "url", ""))))
 
     @property
     def connected(self) -> bool:

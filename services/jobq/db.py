@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 import asyncpg
 
 from jobq.backoff import Backoff
+from jobq.endpoints import redact
 from jobq.errors import (
     BadInput,
     ConfigError,
@@ -110,14 +111,6 @@ else:
 # it (the dashboard's queue counts: 350 ms of JIT for 30 ms of work on a
 # 1 M-row table, bench/dashboard.py).
 SESSION_SETTINGS = {"plan_cache_mode": "force_custom_plan", "jit": "off"}
-
-
-def redact(url: str) -> str:
-    """host:port/db of a URL, without credentials, for log lines."""
-    parts = urlsplit(url)
-    host = parts.hostname or "localhost"
-    port = f":{parts.port}" if parts.port else ""
-    return f"{host}{port}{parts.path}"
 
 
 @contextlib.contextmanager

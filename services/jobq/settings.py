@@ -19,6 +19,8 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from jobq.endpoints import hosts, split_amqp
+
 # JOBQ_ variables that are not settings: test and demo harnesses read them.
 _NOT_SETTINGS = ("JOBQ_TEST_", "JOBQ_DEMO_")
 
@@ -34,7 +36,7 @@ def _redacted(url: str) -> str:
 
 def _check_port(url: str, what: str) -> None:
     try:
-        urlsplit(url).port  # noqa: B018 - raises for "notaport" and 99999
+        hosts(url)  # raises for "notaport" and 99999, host by host
     except ValueError:
         raise ValueError(f"{what} has a bad port (0-65535): {_redacted(url)}") from None
 
@@ -164,10 +166,13 @@ class Settings(BaseSettings):
     @field_validator("amqp_url")
     @classmethod
     def _check_amqp_url(cls, v: str) -> str:
-        if urlsplit(v).scheme not in ("amqp", "amqps"):
-            raise ValueError("JOBQ_AMQP_URL must look like amqp://user:pass@host:5672/vhost, "
-                             f"got {_redacted(v)!r}")
-        _check_port(v, "JOBQ_AMQP_URL")
+        urls = split_amqp(v)
+        for url in urls or [v]:  # one URL, or several comma-separated (a cluster's nodes)
+            _check_port(url, "JOBQ_AMQP_URL")
+            if urlsplit(url).scheme not in ("amqp", "amqps") or len(hosts(url)) != 1:
+                raise ValueError("JOBQ_AMQP_URL must look like amqp://user:pass@host:5672/vhost "
+                                 "(several separated by commas), got "
+                                 f"{', '.join(_redacted(u) for u in urls)!r}")
         return v
 
     @field_validator("namespace")
