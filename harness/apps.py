@@ -27,8 +27,10 @@ async def _db() -> asyncpg.Pool:
     if _pool is not None:
         return _pool
     if _creating is None or _creating.get_loop() is not asyncio.get_running_loop():
-        _creating = asyncio.ensure_future(
-            asyncpg.create_pool(os.environ["JOBQ_DATABASE_URL"], min_size=1, max_size=8))
+        pooled = os.environ.get("JOBQ_DATABASE_POOLED", "").lower() in ("1", "true")
+        _creating = asyncio.ensure_future(  # behind PgBouncer: no kept prepared statements
+            asyncpg.create_pool(os.environ["JOBQ_DATABASE_URL"], min_size=1, max_size=8,
+                                statement_cache_size=0 if pooled else 100))
     _pool = await asyncio.shield(_creating)
     return _pool
 

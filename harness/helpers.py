@@ -49,6 +49,7 @@ class SyncDB:
                     self.conn = self.loop.run_until_complete(asyncpg.connect(self.url))
                 return self.loop.run_until_complete(getattr(self.conn, method)(sql, *args))
             except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
+                    asyncpg.InternalClientError,  # e.g. no host is read-write yet (failover)
                     asyncpg.exceptions.CannotConnectNowError,
                     asyncpg.exceptions.AdminShutdownError):
                 if time.monotonic() > deadline:

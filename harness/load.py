@@ -13,10 +13,12 @@ from harness.helpers import SyncDB
 
 
 def produce(settings: Any, rate: float, for_s: float, out: list[Any],
-            queue: str = "work", payload: Any = None) -> float:
+            queue: str = "work", payload: Any = None, refused: list[Any] | None = None) -> float:
     """Publish single jobs at ``rate`` a second for ``for_s`` (each tick's
     publishes concurrent, as a web app's requests are); appends the ids to
-    ``out`` and returns the rate actually reached."""
+    ``out`` and returns the rate actually reached. With ``refused``, a
+    publish that raises (the database away: the caller is told, nothing was
+    promised) is appended there instead of failing the run."""
     from jobq.producer import Client
 
     async def go() -> float:
@@ -25,9 +27,15 @@ def produce(settings: Any, rate: float, for_s: float, out: list[Any],
             deadline = started + for_s
             while time.monotonic() < deadline:
                 tick = time.monotonic()
-                out.extend(await asyncio.gather(*(
+                got = await asyncio.gather(*(
                     client.publish(queue, {"sleep": 0.001} if payload is None else payload)
-                    for _ in range(int(rate / 10)))))
+                    for _ in range(int(rate / 10))), return_exceptions=refused is not None)
+                for g in got:
+                    if isinstance(g, BaseException):
+                        assert refused is not None
+                        refused.append(g)
+                    else:
+                        out.append(g)
                 await asyncio.sleep(max(0.0, 0.1 - (time.monotonic() - tick)))
             return len(out) / (time.monotonic() - started)
 

@@ -135,6 +135,19 @@ class Cluster:
                 return next(i for i, n in enumerate(self.nodes) if n.name == parts[1])
         raise LookupError(f"queue {queue} not found on the cluster: {out!r}")
 
+    def node_of(self, pid: int) -> int:
+        """Index of the node process ``pid`` has a connection to."""
+        out = subprocess.run(["ss", "-Htnp", "state", "established"], capture_output=True,
+                             text=True, check=True).stdout
+        for line in out.splitlines():
+            if f"pid={pid}," not in line:
+                continue
+            peer = line.split()[3]  # Recv-Q Send-Q Local Peer Process
+            for i, node in enumerate(self.nodes):
+                if peer.endswith(f":{node.port}"):
+                    return i
+        raise LookupError(f"process {pid} has no connection to the cluster")
+
     def stop(self, i: int) -> None:
         self.nodes[i].stop()
         self.up[i] = False

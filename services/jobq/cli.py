@@ -39,14 +39,16 @@ def _uuid(text: str) -> uuid.UUID:
 async def _pool(settings: Settings) -> Any:
     from jobq.db import open_pool
 
-    return await open_pool(settings.database_url, wait=False, app_name="jobq-cli")
+    return await open_pool(settings.database_url, wait=False, app_name="jobq-cli",
+                           pooled=settings.database_pooled)
 
 
 async def _migrate(settings: Settings) -> None:
     from jobq import migrate
     from jobq.db import open_pool, translated
 
-    pool = await open_pool(settings.database_url, wait=False, app_name="jobq-migrate",
+    # A direct session: the migration lock is a session advisory lock.
+    pool = await open_pool(settings.session_url, wait=False, app_name="jobq-migrate",
                            check_schema=False)
     try:
         with translated():

@@ -52,7 +52,8 @@ def _schedule(args: argparse.Namespace) -> Schedule:
 async def run(settings: Settings, args: argparse.Namespace) -> list[dict[str, Any]]:
     """Do the verb; returns rows to print."""
     s = _schedule(args) if args.verb == "set" else None  # checked before connecting
-    pool = await open_pool(settings.database_url, wait=False, app_name="jobq-cli")
+    pool = await open_pool(settings.database_url, wait=False, app_name="jobq-cli",
+                           pooled=settings.database_pooled)
     try:
         if s is not None:
             async with connection(pool) as conn:

@@ -142,6 +142,11 @@ def translated() -> Any:
                              "(\\u0000) in a payload") from exc
     except asyncpg.exceptions.CheckViolationError as exc:
         raise BadInput(_message(exc)) from exc
+    except asyncpg.exceptions.ProtocolViolationError as exc:  # before TRANSIENT: a subclass
+        if "unsupported startup parameter" not in str(exc):
+            raise DatabaseUnavailable(f"database unavailable: {exc}") from exc
+        raise ConfigError(f"{exc}: JOBQ_DATABASE_URL looks like a connection pooler "
+                          "(PgBouncer); set JOBQ_DATABASE_POOLED=true") from exc
     except ssl.SSLCertVerificationError as exc:  # before TRANSIENT: an OSError
         raise ConfigError(
             f"PostgreSQL's TLS certificate was refused ({certificate_refused(exc)}): check "
@@ -204,6 +209,7 @@ async def _check_schema(conn: asyncpg.Connection | PooledConnection) -> None:
 async def connect_once(
     url: str, *, min_size: int = 1, max_size: int = 4, app_name: str = "jobq",
     idle_in_tx_s: float | None = None, check_schema: bool = True, role: str | None = None,
+    pooled: bool = False,
 ) -> asyncpg.Pool:
     settings = {"application_name": app_name, **SESSION_SETTINGS}
     if role:  # every session of the pool runs as this (group) role: SET ROLE at login
@@ -212,11 +218,19 @@ async def connect_once(
     if idle_in_tx_s:
         # A frozen process must not keep row locks for long (reaper relay).
         settings["idle_in_transaction_session_timeout"] = str(int(idle_in_tx_s * 1000))
+    if pooled:
+        # Behind PgBouncer in transaction mode, consecutive transactions may
+        # run on different server sessions: a prepared statement kept by
+        # name would be missing on the next one (asyncpg then prepares
+        # unnamed statements each time), and PgBouncer refuses startup
+        # parameters it does not know (set jit, timeouts on the role).
+        settings = {"application_name": app_name}
     try:
         with translated():
             pool = await asyncpg.create_pool(
                 url, min_size=min_size, max_size=max_size, reset=_light_reset,
                 server_settings=settings, timeout=10, command_timeout=60,
+                statement_cache_size=0 if pooled else 100,
             )
     except asyncpg.exceptions.UndefinedObjectError as exc:  # e.g. ?foo=bar in the URL
         raise ConfigError(f"{_message(exc)}: remove it from JOBQ_DATABASE_URL") from exc
@@ -236,6 +250,7 @@ async def connect_once(
 async def open_pool(
     url: str, *, wait: bool, min_size: int = 1, max_size: int = 4, app_name: str = "jobq",
     idle_in_tx_s: float | None = None, check_schema: bool = True, role: str | None = None,
+    pooled: bool = False,
 ) -> asyncpg.Pool:
     """A connected pool. With ``wait``, retry what can heal by itself (the
     database is down or not migrated yet) forever, one line per attempt; a
@@ -246,7 +261,7 @@ async def open_pool(
         try:
             return await connect_once(
                 url, min_size=min_size, max_size=max_size, app_name=app_name,
-                idle_in_tx_s=idle_in_tx_s, check_schema=check_schema, role=role,
+                idle_in_tx_s=idle_in_tx_s, check_schema=check_schema, role=role, pooled=pooled,
             )
         except (DatabaseUnavailable, SchemaMissing) as exc:
             if not wait:

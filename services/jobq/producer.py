@@ -91,7 +91,8 @@ class Client:
                              self.settings.amqp_heartbeat_s)
 
     async def connect(self, *, wait: bool = False) -> None:
-        self.pool = await open_pool(self.settings.database_url, wait=wait, app_name="jobq-producer")
+        self.pool = await open_pool(self.settings.database_url, wait=wait, app_name="jobq-producer",
+                                    pooled=self.settings.database_pooled)
         try:
             await self.broker.connect(wait=wait)
         except BaseException:

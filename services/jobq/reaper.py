@@ -89,7 +89,8 @@ class Reaper:
     async def connect(self, *, wait: bool = True) -> None:
         crash.configure(self.settings.crash_at)
         self.pool = await open_pool(self.settings.database_url, wait=wait, max_size=4,
-                                    app_name="jobq-reaper", idle_in_tx_s=IDLE_IN_TX_S)
+                                    app_name="jobq-reaper", idle_in_tx_s=IDLE_IN_TX_S,
+                                    pooled=self.settings.database_pooled)
         await self.broker.connect(wait=wait)
 
     async def close(self) -> None:
@@ -233,7 +234,7 @@ class Reaper:
         if self._listener is not None and not self._listener.is_closed():
             return
         try:
-            self._listener = await asyncpg.connect(self.settings.database_url, timeout=5)
+            self._listener = await asyncpg.connect(self.settings.session_url, timeout=5)
             await self._listener.add_listener("jobq_relay", lambda *_: self._wake.set())
         except Exception as exc:  # polling still works; try again next loop
             self._listener = None

@@ -112,6 +112,14 @@ class Settings(BaseSettings):
     )
 
     database_url: str = "postgresql://postgres@127.0.0.1:5432/postgres"
+    # JOBQ_DATABASE_URL goes through a transaction-pooling proxy (PgBouncer
+    # pool_mode=transaction): no prepared statement is kept between
+    # transactions and no setting is sent at login (set them on the role).
+    database_pooled: bool = False
+    # A direct session to PostgreSQL (not through such a proxy) for what
+    # needs one: the consumer's registry lock and renewals, LISTEN (reaper
+    # wake-ups, client.result), migrate's lock. Unset: JOBQ_DATABASE_URL.
+    direct_database_url: str | None = None
     amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/"
     # AMQP heartbeat (unless the URL sets ?heartbeat=). Short on purpose: a
     # frozen consumer keeps the messages it prefetched until the broker
@@ -154,9 +162,16 @@ class Settings(BaseSettings):
                 raise ValueError(f"unknown setting {var}{hint}")
         return data
 
-    @field_validator("database_url")
+    @property
+    def session_url(self) -> str:
+        """Where a session-level feature connects (see direct_database_url)."""
+        return self.direct_database_url or self.database_url
+
+    @field_validator("database_url", "direct_database_url")
     @classmethod
-    def _check_database_url(cls, v: str) -> str:
+    def _check_database_url(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
         if urlsplit(v).scheme not in ("postgres", "postgresql"):
             raise ValueError("JOBQ_DATABASE_URL must look like postgresql://user@host:5432/db, "
                              f"got {_redacted(v)!r}")

@@ -23,7 +23,8 @@ from jobq.sql import Q
 
 async def declare(settings: Settings, extra: Sequence[str] = ()) -> list[str]:
     """Declare everything; returns the job queues declared."""
-    pool = await open_pool(settings.database_url, wait=False, app_name="jobq-declare")
+    pool = await open_pool(settings.database_url, wait=False, app_name="jobq-declare",
+                           pooled=settings.database_pooled)
     try:
         names = [r["name"] for r in await fetch(pool, Q["queue_list"])]
     finally:

@@ -39,10 +39,11 @@ async def serve(settings: Settings, host: str, port: int, allow_actions: bool,
     if allow_actions and not token:
         raise ConfigError("--allow-actions needs JOBQ_DASHBOARD_TOKEN: operators sign in with it")
     role = await _reader_role(settings.database_url)
+    pooled = settings.database_pooled
     read = await open_pool(settings.database_url, wait=False, app_name="jobq-dashboard",
-                           role=role, max_size=4)
+                           role=role, max_size=4, pooled=pooled)
     act = (await open_pool(settings.database_url, wait=False, app_name="jobq-dashboard-actions",
-                           max_size=2)) if allow_actions else None
+                           max_size=2, pooled=pooled)) if allow_actions else None
     try:
         app = make_app(Dashboard(read, act, token, refresh_s=max(0, refresh_s)))
         log.info("dashboard on http://%s:%d/ (%s%s)", host, port,

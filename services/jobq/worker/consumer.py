@@ -123,7 +123,8 @@ class Consumer:
     async def _connect(self) -> None:
         pool = self.pool = await open_pool(
             self.settings.database_url, wait=True, min_size=1,
-            max_size=min(20, 4 + self.concurrency // 4), app_name="jobq-consumer")
+            max_size=min(20, 4 + self.concurrency // 4), app_name="jobq-consumer",
+            pooled=self.settings.database_pooled)
         await self.broker.connect(wait=True)
         for q in self.queues:
             await execute(pool, Q["queue_ensure"], q)
@@ -138,7 +139,7 @@ class Consumer:
                 kill_grace_s=self.cfg.child_kill_grace_s)
             await self.processes.start()
         hb = self._heartbeat = Heartbeat(self.runs, self.cfg, self.worker_id, self.tally, pool)
-        self.registry = Registry(self.settings.database_url, self.worker_id,
+        self.registry = Registry(self.settings.session_url, self.worker_id,
                                  on_lost=hb.session_lost, on_registered=hb.renew_now)
         hb.registry = self.registry
         completer = Completer(pool, self.broker, hb, self.tally, self.worker_id)

@@ -1,0 +1,118 @@
+"""A 3-node RabbitMQ cluster with quorum queues (issue #15): services list
+every node in JOBQ_AMQP_URL and fail over by themselves. Under load
+(producer + 2 consumers + 2 reapers): the node leading the job queue stops,
+then a consumer is SIGKILLed; the node a consumer is connected to stops; a
+majority stops for a few seconds. Nothing lost, nothing completed twice,
+throughput back within 10 s. The long versions: bench/clusters.py."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from harness.helpers import set_queue
+from harness.load import rerun_latencies
+from harness.rabbit_cluster import Cluster
+from harness.under_load import Run, under_load
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+LEASE_S = 2.0
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    c = Cluster(3)
+    try:
+        c.start()
+    except Exception:
+        c.close()
+        raise
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def on_cluster(cluster: Cluster, namespace: str, settings: Any, db: Any) -> dict[str, Any]:
+    for i, up in enumerate(cluster.up):  # a scenario before may have left one down
+        if not up:
+            cluster.start_again(i)
+    cluster.add_vhost(namespace)
+    set_queue(db, "work", lease_s=LEASE_S)
+    url = cluster.urls(namespace)
+    return {"env": {"JOBQ_AMQP_URL": url},
+            "settings": settings.model_copy(update={"amqp_url": url})}
+
+
+def check(result: dict[str, Any], name: str, report: Any) -> None:
+    print(f"{name}: {result}")
+    report(name, result["jobs"], result["lost"], result["reruns"], [result["recovered_s"]])
+    assert result["jobs"] > 400, result
+    assert result["lost"] == 0, result
+    assert result["completed_twice"] == 0, result
+    assert result["recovered_s"] <= 10, result
+
+
+def test_the_job_queues_leader_stops_then_a_consumer_is_killed(cluster, on_cluster, db, procs,
+                                                               namespace, report):
+    detect: list[float] = []
+
+    def fault(run: Run) -> None:
+        leader = cluster.leader_of(namespace, f"{namespace}.work")
+        run.mark()
+        cluster.stop(leader)
+        time.sleep(3)
+        # The consumer holding the most jobs right now (each runs 0.2 s).
+        busy = {c.worker_id(): c for c in run.consumers}
+        wid = db.val("SELECT worker_id FROM jobq.job WHERE status = 'active' AND "
+                     "worker_id = ANY($1) GROUP BY worker_id ORDER BY count(*) DESC LIMIT 1",
+                     list(busy))
+        held = [r["id"] for r in db.fetch("SELECT id FROM jobq.job WHERE status = 'active' "
+                                          "AND worker_id = $1", wid)]
+        killed_at = db.val("SELECT now()")
+        busy[wid].kill()
+        assert held, "the killed consumer held jobs"
+        time.sleep(LEASE_S + 4)
+        detect.extend(rerun_latencies(db, held, killed_at))
+        assert len(detect) == len(held), "every job of the killed consumer ran again"
+        cluster.start_again(leader)
+
+    result = under_load(db, procs, on_cluster["settings"], fault, env=on_cluster["env"],
+                        rate=60, sleep_s=0.2)
+    check(result, "cluster: queue leader stopped, then a consumer SIGKILLed", report)
+    print(f"re-run after the SIGKILL: max {max(detect, default=0):.2f} s over {len(detect)} jobs")
+    assert max(detect, default=0) < LEASE_S + 3
+
+
+def test_the_node_a_consumer_is_connected_to_stops(cluster, on_cluster, db, procs, report):
+    def fault(run: Run) -> None:
+        node = cluster.node_of(run.consumers[0].pid)
+        run.mark()
+        cluster.stop(node)
+        run.consumers[0].wait_log(r"connected to broker node", timeout=20)
+        time.sleep(2)
+        cluster.start_again(node)
+
+    result = under_load(db, procs, on_cluster["settings"], fault, env=on_cluster["env"])
+    check(result, "cluster: a consumer's node stopped", report)
+
+
+def test_a_majority_stops_for_a_few_seconds(cluster, on_cluster, db, procs, report):
+    def fault(run: Run) -> None:
+        run.mark()
+        cluster.stop(1)
+        cluster.stop(2)
+        time.sleep(4)
+        cluster.start_again(1)  # the majority is back with this one
+        run.healed()
+        cluster.start_again(2)
+
+    result = under_load(db, procs, on_cluster["settings"], fault, env=on_cluster["env"],
+                        timeout_s=120)
+    # No majority, no broker (pause_minority): throughput is back within 10 s
+    # of the majority's return, not of its loss.
+    result["recovered_s"] = result["back_after_heal_s"]
+    check(result, "cluster: 2 of 3 nodes stopped for 4 s", report)

@@ -1,0 +1,57 @@
+"""PostgreSQL primary + hot standby (issue #15): the services' DSN lists both
+hosts with target_session_attrs=read-write. Under load (producer + 2
+consumers + 2 reapers) the primary crashes and the standby is promoted: the
+services find the new primary by themselves, leases are renewed or
+recovered. Synchronous replication: nothing lost, nothing completed twice.
+Asynchronous: measured; what it can lose is stated in the README."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from harness.helpers import SyncDB, set_queue
+from harness.pg_pair import Pair
+from harness.under_load import Run, under_load
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+@pytest.mark.parametrize("synchronous", [True, False], ids=["sync", "async"])
+def test_primary_crash_then_promotion_under_load(synchronous: bool, procs: Any, settings: Any,
+                                                 report: Any) -> None:
+    pair = Pair(synchronous)
+    try:
+        pair.start()
+        url = pair.create_db()
+        db = SyncDB(url)
+        set_queue(db, "work", lease_s=2.0)
+
+        def fault(run: Run) -> None:
+            run.mark()
+            pair.crash_primary()
+            time.sleep(1.0)  # an operator's (or a manager's) reaction time
+            pair.promote()
+
+        # Jobs of 0.3 s, so that leases are held across the outage.
+        result = under_load(db, procs, settings.model_copy(update={"database_url": url}),
+                            fault, env={"JOBQ_DATABASE_URL": url}, timeout_s=90,
+                            rate=40, sleep_s=0.3, tolerate_refusals=True)
+        logs = "".join(p.log() for p in procs.procs)
+        db.close()
+    finally:
+        pair.close()
+    kind = "synchronous" if synchronous else "asynchronous"
+    print(f"failover ({kind} standby): {result}")
+    back = result["recovered_s"]
+    report(f"PostgreSQL failover, {kind} standby", result["jobs"], result["lost"],
+           result["reruns"], [back])
+    assert "Traceback" not in logs
+    assert result["jobs"] > 300, result
+    assert result["lost"] == result["vanished"], "every row that survived completed"
+    assert result["completed_twice"] == 0, result
+    if synchronous:
+        assert result["lost"] == 0, result
+    assert back <= 15, result

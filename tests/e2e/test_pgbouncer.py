@@ -1,0 +1,88 @@
+"""PgBouncer in transaction pooling mode between the services and PostgreSQL
+(issue #15). With JOBQ_DATABASE_POOLED=true (no kept prepared statements, no
+settings at login) and JOBQ_DIRECT_DATABASE_URL for what needs a session
+(the registry lock and renewals, LISTEN, migrate), the core flow and a
+SIGKILL recovery pass through it; without the flag, the service says what
+to set and exits instead of retrying forever."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from harness.helpers import runs, set_queue, wait_until
+from harness.pgbouncer import PgBouncer
+from jobq.producer import Client, NewJob
+
+pytestmark = [pytest.mark.e2e]
+
+
+@pytest.fixture
+def bouncer(pg_admin_url: str) -> Iterator[PgBouncer]:
+    b = PgBouncer(pg_admin_url)
+    b.start()
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def pooled(bouncer: PgBouncer, db_url: str, settings: Any) -> dict[str, Any]:
+    url = bouncer.url(db_url)
+    env = {"JOBQ_DATABASE_URL": url, "JOBQ_DATABASE_POOLED": "true",
+           "JOBQ_DIRECT_DATABASE_URL": db_url}
+    return {"env": env, "settings": settings.model_copy(update={
+        "database_url": url, "database_pooled": True, "direct_database_url": db_url})}
+
+
+def publish(settings: Any, payloads: list[Any]) -> list[Any]:
+    async def go() -> list[Any]:
+        async with Client(settings) as c:
+            ids = await asyncio.gather(*(c.publish("work", p) for p in payloads[:50]))
+            return [*ids, *await c.publish_many([NewJob("work", p) for p in payloads[50:]])]
+
+    return asyncio.run(go())
+
+
+def test_core_flow_and_sigkill_recovery_through_pgbouncer(db, procs, pooled, bouncer, db_url):
+    set_queue(db, "work", lease_s=2.0)
+    consumer = procs.consumer("--concurrency", "8", **pooled["env"])
+    procs.reaper(**pooled["env"])
+    procs.reaper(**pooled["env"])
+    consumer.worker_id()
+    ids = publish(pooled["settings"], [{"sleep": 0.01} for _ in range(200)])
+    wait_until(lambda: db.val("SELECT count(*) FROM jobq.job WHERE status = 'completed'")
+               == 200, 30, "200 jobs through PgBouncer")
+    # The pooled sessions really went through PgBouncer.
+    assert db.val("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                  "AND application_name = 'jobq-consumer' AND client_port IS NOT NULL") >= 1
+    assert f"{db_url.rsplit('/', 1)[1]}/postgres@" in bouncer.log()
+
+    slow = publish(pooled["settings"], [{"sleep": 4} for _ in range(8)])
+    wait_until(lambda: db.val("SELECT count(*) FROM jobq.job WHERE id = ANY($1) "
+                              "AND status = 'active'", slow) == 8, 10, "8 slow jobs running")
+    killed_at = db.val("SELECT now()")
+    consumer.kill()
+    procs.consumer("--concurrency", "8", **pooled["env"])
+    wait_until(lambda: db.val("SELECT count(*) FROM jobq.job WHERE id = ANY($1) "
+                              "AND status = 'completed'", slow) == 8, 30, "the 8 re-ran")
+    reruns = [runs(db, j) for j in slow]
+    assert all(len(r) == 2 for r in reruns), "each killed job ran once more, no more"
+    back = max((r[1]["started_at"] - killed_at).total_seconds() for r in reruns)
+    print(f"PgBouncer: 200 jobs, then 8 of a SIGKILLed consumer back in {back:.2f} s")
+    assert back < 2.0 + 3
+    assert db.val("SELECT count(*) FROM jobq.job WHERE id = ANY($1)", ids + slow) == 208
+    logs = "".join(p.log() for p in procs.procs)
+    assert "Traceback" not in logs and "prepared statement" not in logs
+
+
+def test_without_the_pooled_setting_the_service_says_what_to_set(procs, bouncer, db_url):
+    consumer = procs.consumer(JOBQ_DATABASE_URL=bouncer.url(db_url))
+    consumer.wait_log(r"set JOBQ_DATABASE_POOLED=true", timeout=15)
+    deadline = time.monotonic() + 10
+    while consumer.alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not consumer.alive() and consumer.popen.returncode == 2
