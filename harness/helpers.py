@@ -78,12 +78,16 @@ class SyncDB:
 
 class Proc:
     def __init__(self, name: str, args: list[str], env: dict[str, str], logdir: Path,
-                 raw: bool = False) -> None:
-        """Runs ``python -m jobq ARGS`` (or ``python ARGS`` with ``raw``)."""
+                 raw: bool = False, wrap: Callable[[list[str]], list[str]] | None = None,
+                 ) -> None:
+        """Runs ``python -m jobq ARGS`` (or ``python ARGS`` with ``raw``);
+        ``wrap`` rewrites the command line (e.g. to run in a network
+        namespace: harness/netns.py; it must exec, keeping the pid)."""
         self.name = name
         self.log_path = logdir / f"{name}.log"
         self._log = open(self.log_path, "wb")
         argv = [sys.executable, *args] if raw else [sys.executable, "-m", "jobq", *args]
+        argv = wrap(argv) if wrap else argv
         self.popen = subprocess.Popen(
             argv, env=env, stdout=self._log,
             stderr=subprocess.STDOUT, start_new_session=True,
@@ -159,10 +163,11 @@ class Procs:
         self.procs: list[Proc] = []
         self._n = 0
 
-    def start(self, *args: str, name: str | None = None, **env: str) -> Proc:
+    def start(self, *args: str, name: str | None = None,
+              wrap: Callable[[list[str]], list[str]] | None = None, **env: str) -> Proc:
         self._n += 1
         proc = Proc(name or f"{args[0]}{self._n}", list(args),
-                    as_role({**self.env, **env}, args), self.logdir)
+                    as_role({**self.env, **env}, args), self.logdir, wrap=wrap)
         self.procs.append(proc)
         return proc
 
