@@ -7,7 +7,9 @@ names the standby: a commit returns once the standby has flushed it) or
 asynchronous. ``url()`` lists both hosts with
 ``target_session_attrs=read-write``, as the services are told to connect.
 ``crash_primary()`` stops the primary as a crash would (immediate, no
-checkpoint, connections cut); ``promote()`` makes the standby the primary.
+checkpoint, connections cut); ``promote()`` makes the standby the primary;
+``hold_replication()`` and ``drop_held()`` make a standby that lacks the
+last transactions the primary committed (an asynchronous one's risk).
 ``close()`` stops both and removes the directories.
 """
 
@@ -17,6 +19,7 @@ import asyncio
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 
 import asyncpg
@@ -106,6 +109,43 @@ class Pair:
 
         asyncio.run(go())
         return self.url(name)
+
+    def hold_replication(self) -> int:
+        """Freeze the standby's WAL receiver (SIGSTOP): from now on the
+        standby falls behind, as an asynchronous one does under load or on a
+        slow link. Returns its pid, for release_replication()."""
+        async def go() -> int:
+            conn = await asyncpg.connect(self.admin_url(1))
+            try:
+                return int(await conn.fetchval("SELECT pid FROM pg_stat_wal_receiver"))
+            finally:
+                await conn.close()
+
+        pid = asyncio.run(go())
+        os.kill(pid, signal.SIGSTOP)
+        return pid
+
+    def drop_held(self, pid: int) -> None:
+        """End the frozen WAL receiver (SIGKILL) without letting it read what
+        already sits in its socket: the standby keeps only what it had
+        received, as when the primary's host is lost with its network. The
+        standby's postmaster restarts its processes (crash recovery), then
+        accepts connections again."""
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+        async def up() -> bool:
+            try:
+                conn = await asyncpg.connect(self.admin_url(1), timeout=2)
+            except (OSError, asyncpg.PostgresError):
+                return False
+            await conn.close()
+            return True
+
+        wait_until(lambda: asyncio.run(up()), 30, "the standby back after its restart",
+                   interval=0.2)
 
     def crash_primary(self) -> None:
         self._ctl(0, "-m", "immediate", "stop")

@@ -31,9 +31,10 @@ class PgBouncer:
         u = urlsplit(server_url)
         (self.dir / "users.txt").write_text("".join(f'"{name}" ""\n' for name in users))
         self.ini = self.dir / "pgbouncer.ini"
+        login = f" user={u.username} password={u.password}" if u.password else ""
         self.ini.write_text(
-            "[databases]\n"
-            f"* = host={u.hostname or '127.0.0.1'} port={u.port or 5432}\n"
+            "[databases]\n"  # PgBouncer logs in to the server as the server URL says
+            f"* = host={u.hostname or '127.0.0.1'} port={u.port or 5432}{login}\n"
             "[pgbouncer]\n"
             f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\nunix_socket_dir =\n"
             f"auth_type = trust\nauth_file = {self.dir / 'users.txt'}\n"
