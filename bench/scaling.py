@@ -70,7 +70,7 @@ def steady(n: int, batch: int) -> dict[str, Any]:
                 "GROUP BY 1")}
             for c in cons:
                 c.kill()
-        wal = w.db.val("SELECT $2::pg_lsn - $1::pg_lsn", str(c0["lsn"]), str(c1["lsn"]))
+        wal = int(c1["lsn"]) - int(c0["lsn"])  # asyncpg reads pg_lsn as an integer
     return {
         "shape": "single-job publishes, 16 concurrent" if batch == 1
         else f"publish_many batches of {batch}",
