@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/run.py --all          # everything below, ~30 min
     .venv/bin/python bench/run.py [--jobs 20000] [--runs 3] [--peers]
-                                  [--history-off] [--detection] [--scale]
+                                  [--history-off] [--detection] [--scale] [--publish]
 
 Measured on this machine's PostgreSQL and RabbitMQ, all processes on the same
 cores. No-op handlers; figures from the database clock (created_at,
@@ -42,7 +42,7 @@ from harness.helpers import Procs, SyncDB, wait_until
 from jobq.producer import Client, NewJob
 from jobq.settings import Settings
 
-CONCURRENCY = 32
+CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "32"))
 
 
 def purge(settings: Settings) -> None:
@@ -214,12 +214,16 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=20,
                    help="SIGSTOPs (detection; SIGKILLs: 3 per N = 1, 8, 32)")
     p.add_argument("--scale", action="store_true", help="also bench/scale.py")
+    p.add_argument("--publish", action="store_true",
+                   help="also bench/publish_path.py's run (the publish path with its peers: "
+                        "16 concurrent single-job publishes, CPU per job, latency, the "
+                        "broker's own limit), in the same runs")
     p.add_argument("--all", action="store_true",
-                   help="--peers --history-off --detection --scale")
+                   help="--peers --history-off --detection --scale --publish")
     p.add_argument("--json", default=str(HERE / "results" / "latest.json"))
     a = p.parse_args()
     if a.all:
-        a.peers = a.history_off = a.detection = a.scale = True
+        a.peers = a.history_off = a.detection = a.scale = a.publish = True
     runs = []
     for i in range(a.runs):
         r = one_run(a.jobs)
@@ -233,6 +237,11 @@ def main() -> None:
             if r.get("pgqueuer_steady_per_s"):
                 r["jobq_steady_2c_vs_pgqueuer_steady"] = (r["steady_2c_per_s"]
                                                           / r["pgqueuer_steady_per_s"])
+        if a.publish:
+            import publish_path
+
+            r.update({f"publish_path.{k}": v
+                      for k, v in publish_path.one_run(min(a.jobs, 10000), 16).items()})
         if a.history_off:
             off = one_run(a.jobs, history=False)
             r["history_off_drain_2c_per_s"] = off["drain_2c_per_s"]
