@@ -27,6 +27,8 @@ from yarl import URL
 
 log = logging.getLogger("jobq.broker")
 
+RECONNECT_INTERVAL_S = 1.0
+
 
 def split_amqp(text: str) -> list[str]:
     """The broker URLs of JOBQ_AMQP_URL (one or several, comma-separated)."""
@@ -82,11 +84,17 @@ class FailoverConnection(aio_pika.RobustConnection):
         start = random.randrange(len(urls))
         self.urls = [URL(u) for u in [*urls[start:], *urls[:start]]]
         self._at = 0
+        if "reconnect_interval" not in self.urls[0].query:
+            # aio-pika waits 5 s before each attempt: with another node up,
+            # that was the whole cost of a failover (a republished id sat
+            # unpublished for it). ?reconnect_interval= in the URL still wins.
+            kwargs.setdefault("reconnect_interval", RECONNECT_INTERVAL_S)
         super().__init__(self.urls[0], **kwargs)
 
     async def _RobustConnection__connect_transport(self) -> None:
         """Called by aio-pika's reconnection loop for every attempt."""
         connect = super()._RobustConnection__connect_transport  # type: ignore[misc]
+        again = self.connection_attempt > 0  # a reconnection (the first is not logged)
         last: BaseException | None = None
         refused: BaseException | None = None  # credentials or vhost: say that, not "unreachable"
         for k in range(len(self.urls)):
@@ -103,7 +111,7 @@ class FailoverConnection(aio_pika.RobustConnection):
                     log.warning("broker node %s unreachable (%s: %s); trying the next one",
                                 redact(str(self.url)), type(exc).__name__, exc)
                 continue
-            if i != self._at or self.connection_attempt:
+            if again or i != self._at:
                 log.info("connected to broker node %s", redact(str(self.url)))
             self._at = i
             return

@@ -62,9 +62,9 @@ def test_a_consumer_cut_off_fences_itself_and_cannot_finish_after_healing(db, pr
     a_id = a.worker_id()
     reaper = procs.reaper()
     ids = publish(settings, "work", [{"sleep_first": 30} for _ in range(6)])
-    wait_until(lambda: db.val("SELECT count(*) FROM jobq.job WHERE id = ANY($1) AND "
-                              "status = 'active' AND worker_id = $2", ids, a_id) == 6,
-               10, "A running the 6 jobs")
+    # Running, not only claimed: each handler has logged its start (through A's link).
+    wait_until(lambda: db.val("SELECT count(*) FROM test_run WHERE job_id = ANY($1) AND "
+                              "worker = $2", ids, a_id) == 6, 10, "A running the 6 jobs")
     cut_at = db.val("SELECT now()")
     host.cut()
     b = procs.consumer("--concurrency", "8")
