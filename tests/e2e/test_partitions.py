@@ -98,9 +98,8 @@ def test_a_reaper_cut_off_requeues_nothing_twice_after_healing(db, procs, settin
     c = procs.consumer("--concurrency", "8")
     c_id = c.worker_id()
     ids = publish(settings, "work", [{"sleep_first": 30} for _ in range(4)])
-    wait_until(lambda: db.val("SELECT count(*) FROM jobq.job WHERE id = ANY($1) AND "
-                              "status = 'active' AND worker_id = $2", ids, c_id) == 4,
-               10, "C running the 4 jobs")
+    wait_until(lambda: db.val("SELECT count(*) FROM test_run WHERE job_id = ANY($1) AND "
+                              "worker = $2", ids, c_id) == 4, 10, "C running the 4 jobs")
     host.cut()
     c.kill()
     procs.consumer("--concurrency", "8").worker_id()

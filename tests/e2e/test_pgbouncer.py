@@ -62,8 +62,8 @@ def test_core_flow_and_sigkill_recovery_through_pgbouncer(db, procs, pooled, bou
     assert f"{db_url.rsplit('/', 1)[1]}/postgres@" in bouncer.log()
 
     slow = publish(pooled["settings"], [{"sleep": 4} for _ in range(8)])
-    wait_until(lambda: db.val("SELECT count(*) FROM jobq.job WHERE id = ANY($1) "
-                              "AND status = 'active'", slow) == 8, 10, "8 slow jobs running")
+    wait_until(lambda: db.val("SELECT count(*) FROM test_run WHERE job_id = ANY($1)", slow)
+               == 8, 10, "8 slow jobs running (their handlers started)")
     killed_at = db.val("SELECT now()")
     consumer.kill()
     procs.consumer("--concurrency", "8", **pooled["env"])
