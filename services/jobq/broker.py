@@ -18,7 +18,6 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
 import aiormq
@@ -32,7 +31,7 @@ from aio_pika.abc import (
 
 from jobq.backoff import Backoff
 from jobq.db import certificate_refused
-from jobq.endpoints import FailoverConnection, redact, split_amqp
+from jobq.endpoints import FailoverConnection, redact, split_amqp, with_heartbeat
 from jobq.errors import BrokerUnavailable, ConfigError
 
 log = logging.getLogger("jobq.broker")
@@ -62,17 +61,9 @@ def queue_arguments(namespace: str) -> dict[str, str]:
     return {"x-queue-type": "quorum", "x-dead-letter-exchange": f"{namespace}.dlx"}
 
 
-def _with_heartbeat(url: str, heartbeat_s: int) -> str:
-    parts = urlsplit(url)
-    if "heartbeat=" in parts.query:
-        return url
-    hb = f"heartbeat={heartbeat_s}"
-    return urlunsplit(parts._replace(query=f"{parts.query}&{hb}" if parts.query else hb))
-
-
 class Broker:
     def __init__(self, url: str, namespace: str, heartbeat_s: int = 5) -> None:
-        self.urls = [_with_heartbeat(u, heartbeat_s) for u in split_amqp(url)]
+        self.urls = [with_heartbeat(u, heartbeat_s) for u in split_amqp(url)]
         self.url = ",".join(self.urls)  # for messages, always through redact()
         self.namespace = namespace
         self._conn: AbstractRobustConnection | None = None

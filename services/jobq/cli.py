@@ -60,10 +60,12 @@ async def _migrate(settings: Settings) -> None:
 
 
 async def _wait(settings: Settings, args: argparse.Namespace) -> None:
+    from jobq.db import open_pool
     from jobq.results import wait
 
     job_id = _uuid(args.id)
-    pool = await _pool(settings)
+    # LISTEN needs a session of its own: the direct URL behind PgBouncer.
+    pool = await open_pool(settings.session_url, wait=False, app_name="jobq-cli", max_size=1)
     try:
         result = await wait(pool, job_id, args.timeout)
     except TimeoutError:

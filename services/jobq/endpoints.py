@@ -19,7 +19,7 @@ import logging
 import random
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
 import aiormq
@@ -33,6 +33,15 @@ RECONNECT_INTERVAL_S = 1.0
 def split_amqp(text: str) -> list[str]:
     """The broker URLs of JOBQ_AMQP_URL (one or several, comma-separated)."""
     return [u.strip() for u in text.split(",") if u.strip()]
+
+
+def with_heartbeat(url: str, heartbeat_s: int) -> str:
+    """An AMQP URL with ``heartbeat=`` (unless it sets one already)."""
+    parts = urlsplit(url)
+    if "heartbeat=" in parts.query:
+        return url
+    hb = f"heartbeat={heartbeat_s}"
+    return urlunsplit(parts._replace(query=f"{parts.query}&{hb}" if parts.query else hb))
 
 
 def hosts(url: str) -> list[tuple[str, int | None]]:

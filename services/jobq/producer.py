@@ -86,6 +86,7 @@ class Client:
         self.pool: asyncpg.Pool | None = None
         self._rows: Rows | None = None
         self._marks: Marks | None = None
+        self._direct: asyncpg.Pool | None = None  # result waits behind PgBouncer
         self._limits: dict[str, tuple[int, float]] = {}  # queue -> (max_payload_bytes, read at)
         self.broker = Broker(self.settings.amqp_url, self.settings.namespace,
                              self.settings.amqp_heartbeat_s)
@@ -105,6 +106,8 @@ class Client:
         if self._marks is not None:
             await self._marks.close()
         await self.broker.close()
+        if self._direct is not None:
+            await self._direct.close()
         if self.pool is not None:
             await self.pool.close()
 
@@ -178,6 +181,11 @@ class Client:
         from jobq.results import wait
 
         assert self.pool is not None, "call connect() first"
+        if self.settings.database_pooled:  # LISTEN needs a session of its own
+            if self._direct is None:
+                self._direct = await open_pool(self.settings.session_url, wait=False,
+                                               max_size=2, app_name="jobq-producer-results")
+            return await wait(self._direct, job_id, timeout)
         return await wait(self.pool, job_id, timeout)
 
     async def enqueue(self, conn: asyncpg.Connection, queue: str, payload: Any = None, *,

@@ -86,3 +86,15 @@ def test_without_the_pooled_setting_the_service_says_what_to_set(procs, bouncer,
     while consumer.alive() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not consumer.alive() and consumer.popen.returncode == 2
+
+
+def test_a_result_is_awaited_through_pgbouncer(procs, pooled):
+    """client.result() LISTENs on a direct session (JOBQ_DIRECT_DATABASE_URL)."""
+    procs.consumer(**pooled["env"]).worker_id()
+
+    async def go() -> Any:
+        async with Client(pooled["settings"]) as c:
+            jid = await c.publish("results", {"return": {"ok": 42}, "hold": 0.5})
+            return await c.result(jid, timeout=15)
+
+    assert asyncio.run(go()) == {"ok": 42}
