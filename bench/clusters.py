@@ -9,7 +9,9 @@ leader stopped for 10 s; the node a consumer is connected to stopped for
 10 s; 2 of 3 nodes stopped for 5 s) and a PostgreSQL primary + hot standby
 (the primary crashed and the standby promoted 1 s later; synchronous, then
 asynchronous replication, asynchronous again at 4x the rate, and with the
-asynchronous standby held 1 s behind when the primary dies). Prints one
+asynchronous standby held 1 s behind when the primary dies); one consumer on
+a host of its own (a network namespace) cut off for 5 s; everything through
+PgBouncer in transaction mode with a consumer SIGKILLed. Prints one
 table: scenario, jobs, lost (of them: no row at all), completed twice,
 re-runs, time to recover (harness/under_load.py says how each is counted).
 """
@@ -118,11 +120,80 @@ def failover(synchronous: bool, seconds: float, rate: float,
     return {"scenario": f"PostgreSQL failover, {kind} standby{lag}, {rate:.0f} jobs/s", **r}
 
 
+def partition(seconds: float, rate: float, cut_for_s: float = 5) -> dict[str, Any]:
+    """One of the 2 consumers on a host of its own, cut off for ``cut_for_s``
+    under load (its jobs self-fence, run again elsewhere), then healed."""
+    from harness.helpers import as_role
+    from harness.netns import Host
+
+    host = Host()
+    try:
+        with world(("work",), "partition", **ENV) as w:
+            set_queue(w.db, "work", lease_s=2.0)
+            role_env = as_role(w.procs.env, ["consume"])
+            there = {"JOBQ_DATABASE_URL": host.forward("db", role_env["JOBQ_DATABASE_URL"]),
+                     "JOBQ_AMQP_URL": host.forward("mq", role_env["JOBQ_AMQP_URL"])}
+
+            def start(i: int) -> Any:
+                extra = {"wrap": host.argv, **there} if i == 0 else {}
+                return w.procs.consumer("--concurrency", "8", **extra)
+
+            def fault(run: Run) -> None:
+                run.mark()
+                host.cut()
+                time.sleep(cut_for_s)
+                host.heal()
+                run.healed()
+
+            r = under_load(w.db, w.procs, w.settings, fault, rate=rate, seconds=seconds,
+                           warmup_s=5, timeout_s=180, start_consumer=start)
+            w.procs.close()
+    finally:
+        host.close()
+    return {"scenario": f"a consumer's host cut off for {cut_for_s:.0f} s", **r}
+
+
+def pgbouncer(seconds: float, rate: float) -> dict[str, Any]:
+    """Everything through PgBouncer (transaction mode), a consumer SIGKILLed
+    under load."""
+    from benchenv import ADMIN_URL
+
+    from harness.pgbouncer import PgBouncer
+
+    bouncer = PgBouncer(ADMIN_URL)
+    bouncer.start()
+    try:
+        with world(("work",), "pgbouncer", **ENV) as w:
+            set_queue(w.db, "work", lease_s=2.0)
+            url = bouncer.url(w.db_url)
+            env = {"JOBQ_DATABASE_URL": url, "JOBQ_DATABASE_POOLED": "true",
+                   "JOBQ_DIRECT_DATABASE_URL": w.db_url}
+            settings = w.settings.model_copy(update={
+                "database_url": url, "database_pooled": True, "direct_database_url": w.db_url})
+
+            def fault(run: Run) -> None:
+                run.mark()
+                run.consumers[0].kill()
+                run.consumers.append(w.procs.consumer("--concurrency", "8", **env))
+
+            r = under_load(w.db, w.procs, settings, fault, env=env, rate=rate,
+                           seconds=seconds, warmup_s=5, timeout_s=180)
+    finally:
+        bouncer.close()
+    return {"scenario": "through PgBouncer (transaction mode), a consumer SIGKILLed", **r}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--seconds", type=float, default=60)
     p.add_argument("--rate", type=float, default=200)
+    p.add_argument("--only", choices=["partition", "pgbouncer"],
+                   help="run just this scenario")
     a = p.parse_args()
+    if a.only:
+        row = {"partition": partition, "pgbouncer": pgbouncer}[a.only](a.seconds, a.rate)
+        print(json.dumps(row))
+        return
     rows: list[dict[str, Any]] = []
     cluster = Cluster(3)
     try:
@@ -133,6 +204,9 @@ def main() -> None:
     for sync, rate, behind in ((True, a.rate, 0), (False, a.rate, 0), (False, a.rate * 4, 0),
                                (False, a.rate, 1.0)):
         rows.append(failover(sync, a.seconds, rate, behind))
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    for more in (partition, pgbouncer):
+        rows.append(more(a.seconds, a.rate))
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     print(f"{a.seconds:.0f} s of load per scenario, lease 2 s, jobs of 50 ms")
     print("| scenario | jobs | lost (no row) | completed twice | re-runs | recovered |")

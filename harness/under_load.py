@@ -49,10 +49,14 @@ def under_load(db: SyncDB, procs: Procs, settings: Any, fault: Callable[[Run], N
                env: dict[str, str] | None = None, consumers: int = 2, reapers: int = 2,
                rate: float = 100, seconds: float = 12, warmup_s: float = 2,
                concurrency: int = 8, sleep_s: float = 0.05,
-               timeout_s: float = 90, tolerate_refusals: bool = False) -> dict[str, Any]:
+               timeout_s: float = 90, tolerate_refusals: bool = False,
+               start_consumer: Callable[[int], Proc] | None = None) -> dict[str, Any]:
+    """``start_consumer(i)``, if given, starts consumer i (e.g. on a host of
+    its own); otherwise each is ``consume harness.apps:app`` with ``env``."""
     env = env or {}
-    run = Run(db, procs,
-              [procs.consumer("--concurrency", str(concurrency), **env) for _ in range(consumers)],
+    start = start_consumer or (
+        lambda _i: procs.consumer("--concurrency", str(concurrency), **env))
+    run = Run(db, procs, [start(i) for i in range(consumers)],
               [procs.reaper(**env) for _ in range(reapers)])
     for c in run.consumers:
         c.worker_id()

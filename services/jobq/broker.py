@@ -61,6 +61,13 @@ def queue_arguments(namespace: str) -> dict[str, str]:
     return {"x-queue-type": "quorum", "x-dead-letter-exchange": f"{namespace}.dlx"}
 
 
+async def _close_quietly(conn: AbstractRobustConnection) -> None:
+    try:
+        await conn.close()
+    except Exception:  # it never opened: nothing else to do
+        pass
+
+
 class Broker:
     def __init__(self, url: str, namespace: str, heartbeat_s: int = 5) -> None:
         self.urls = [with_heartbeat(u, heartbeat_s) for u in split_amqp(url)]
@@ -85,7 +92,11 @@ class Broker:
         while True:
             try:
                 conn = FailoverConnection(self.urls)
-                await conn.connect(timeout=10)
+                try:
+                    await conn.connect(timeout=10)
+                except BaseException:
+                    await _close_quietly(conn)  # its half-open sockets, now, not at GC
+                    raise
                 self._conn = conn
                 break
             except aiormq.exceptions.ProbableAuthenticationError as exc:
