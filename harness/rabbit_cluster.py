@@ -79,13 +79,32 @@ class Node:
         except (RuntimeError, subprocess.TimeoutExpired):
             self.kill()
 
+    def pids(self) -> list[int]:
+        """This node's Erlang VM: found by its RABBITMQ_NODENAME, not by the
+        pid file (a node restarted into a paused cluster once outlived it)."""
+        mark = f"RABBITMQ_NODENAME={self.name}".encode()
+        out = []
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open(f"/proc/{pid}/comm") as f:
+                    if not f.read().startswith("beam"):
+                        continue
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if mark in f.read().split(b"\0"):
+                        out.append(int(pid))
+            except OSError:
+                continue
+        return out
+
     def kill(self) -> None:
-        pid = self.dir / "pid"
-        try:
-            os.kill(int(pid.read_text().strip()), signal.SIGKILL)
-        except (ValueError, OSError):
-            pass
-        wait_until(lambda: not self.listening(), 30, f"node {self.name} gone", interval=0.2)
+        for pid in self.pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        wait_until(lambda: not self.pids(), 30, f"node {self.name} gone", interval=0.2)
 
 
 class Cluster:
@@ -157,7 +176,6 @@ class Cluster:
         self.up[i] = True
 
     def close(self) -> None:
-        for node in self.nodes:
-            if node.listening():
-                node.kill()
+        for node in self.nodes:  # listening or not (a paused node listens on nothing)
+            node.kill()
         shutil.rmtree(self.base, ignore_errors=True)
