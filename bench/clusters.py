@@ -19,6 +19,7 @@ re-runs, time to recover (harness/under_load.py says how each is counted).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import sys
@@ -35,12 +36,16 @@ sys.path.insert(0, str(HERE.parent))
 
 from benchenv import world
 
+from harness.apps import app
 from harness.helpers import Procs, SyncDB, set_queue
 from harness.pg_pair import Pair
 from harness.rabbit_cluster import Cluster
+from harness.scratch import delete_namespace
 from harness.under_load import Run, under_load
 from jobq.settings import Settings
 
+# Every queue harness.apps declares: deleted with the namespace afterwards.
+APP_QUEUES = sorted(app.handlers)
 ENV = {"JOBQ_LOG_LEVEL": "INFO", "JOBQ_AMQP_HEARTBEAT_S": "2",
        "JOBQ_REAPER__MAX_SLEEP_S": "0.2", "JOBQ_PRODUCER__RELAY_GRACE_S": "1"}
 
@@ -56,7 +61,7 @@ def on_cluster(cluster: Cluster, seconds: float, rate: float) -> list[dict[str, 
             run, cluster, [1, 2], 5)),
     ]
     for name, fault in scenarios:
-        with world(("work",), "clusters", **ENV) as w:
+        with world(tuple(APP_QUEUES), "clusters", **ENV) as w:
             ns = w.settings.namespace
             cluster.add_vhost(ns)
             url = cluster.urls(ns)
@@ -112,6 +117,7 @@ def failover(synchronous: bool, seconds: float, rate: float,
                            timeout_s=180, tolerate_refusals=True)
         finally:
             procs.close()
+            asyncio.run(delete_namespace(settings.amqp_url, settings.namespace, APP_QUEUES))
             db.close()
     finally:
         pair.close()
@@ -128,7 +134,7 @@ def partition(seconds: float, rate: float, cut_for_s: float = 5) -> dict[str, An
 
     host = Host()
     try:
-        with world(("work",), "partition", **ENV) as w:
+        with world(tuple(APP_QUEUES), "partition", **ENV) as w:
             set_queue(w.db, "work", lease_s=2.0)
             role_env = as_role(w.procs.env, ["consume"])
             there = {"JOBQ_DATABASE_URL": host.forward("db", role_env["JOBQ_DATABASE_URL"]),
@@ -163,7 +169,7 @@ def pgbouncer(seconds: float, rate: float) -> dict[str, Any]:
     bouncer = PgBouncer(ADMIN_URL)
     bouncer.start()
     try:
-        with world(("work",), "pgbouncer", **ENV) as w:
+        with world(tuple(APP_QUEUES), "pgbouncer", **ENV) as w:
             set_queue(w.db, "work", lease_s=2.0)
             url = bouncer.url(w.db_url)
             env = {"JOBQ_DATABASE_URL": url, "JOBQ_DATABASE_POOLED": "true",

@@ -9,6 +9,7 @@ completes, nothing twice (the README states what a failover can lose)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 
 from harness.helpers import SyncDB, set_queue
 from harness.pg_pair import Pair
+from harness.scratch import delete_namespace
 from harness.under_load import Run, under_load
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -47,6 +49,12 @@ def test_primary_crash_then_promotion_under_load(synchronous: bool, procs: Any, 
                             fault, env={"JOBQ_DATABASE_URL": url}, timeout_s=90,
                             rate=40, sleep_s=0.3, tolerate_refusals=True)
         logs = "".join(p.log() for p in procs.procs)
+        procs.close()
+        # The namespace fixture reads the queues to delete from the suite's
+        # database; these were declared from the pair's: delete them here
+        # (left over, a broker's file handles run out after a few hundred).
+        asyncio.run(delete_namespace(settings.amqp_url, settings.namespace,
+                                     [r["name"] for r in db.fetch("SELECT name FROM jobq.queue")]))
         db.close()
     finally:
         pair.close()
