@@ -10,7 +10,8 @@ connections, then healed.
   nothing a second time.
 - A consumer cut off from RabbitMQ only: the database is still reachable, so
   its running jobs keep their leases and finish there; the ids it had
-  prefetched go back to the broker and run elsewhere.
+  prefetched run once each (from its buffer while the database link holds,
+  or elsewhere once the broker requeues them).
 """
 
 from __future__ import annotations
