@@ -24,7 +24,6 @@ from the commit), so a consumer never receives an id whose row it cannot see.
 from __future__ import annotations
 
 import asyncio
-import logging
 import uuid
 from collections.abc import Sequence
 
@@ -34,9 +33,8 @@ from jobq.batch import Coalescer
 from jobq.broker import Broker
 from jobq.db import translated
 from jobq.errors import BadInput
+from jobq.relay import mark, publish_ids
 from jobq.sql import Q
-
-log = logging.getLogger("jobq.producer")
 
 # (queue, payload JSON, delay seconds, idempotency key)
 Row = tuple[str, str, float, str | None]
@@ -107,6 +105,8 @@ class Marks:
         self._closing = asyncio.Event()
 
     def add(self, rows: Sequence[tuple[uuid.UUID, uuid.UUID | None]]) -> None:
+        if not rows:
+            return
         self._pending.extend(rows)
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._drain())
@@ -119,13 +119,7 @@ class Marks:
                 except TimeoutError:
                     pass
             batch, self._pending = self._pending[:self._max], self._pending[self._max:]
-            try:
-                await self._pool.execute(Q["mark_published"], [i for i, _ in batch],
-                                         [lk for _, lk in batch])
-            except Exception as exc:  # the relay republishes them: a harmless duplicate
-                log.warning("published %d id(s), but could not mark them published (%s); the "
-                            "reaper will publish them again (a harmless duplicate)",
-                            len(batch), exc)
+            await mark(self._pool, batch)
 
     async def close(self) -> None:
         """Write what is pending now (called before the pool closes)."""
@@ -138,12 +132,4 @@ async def publish(broker: Broker, marks: Marks,
                   items: Sequence[tuple[uuid.UUID, str]]) -> None:
     """Publish committed rows' ids and defer their marks; never raises (what
     the broker did not confirm stays unmarked, for the relay)."""
-    if not items:
-        return
-    try:
-        confirmed = await broker.publish(items)
-    except Exception as exc:
-        log.warning("could not publish %d id(s) now (%s); the reaper will publish them",
-                    len(items), exc)
-        return
-    marks.add([(i, None) for i in confirmed])
+    marks.add([(i, None) for i in await publish_ids(broker, items)])

@@ -37,23 +37,35 @@ async def publish_and_mark(broker: Broker, pool: asyncpg.Pool,
     """Publish committed rows' ids (id, queue, lock token of their queued
     spell: NULL if never claimed), then mark the confirmed ones; returns how
     many the broker confirmed. Never raises: the relay is the fallback."""
-    if not rows:
-        return 0
+    confirmed = await publish_ids(broker, [(i, q) for i, q, _ in rows])
+    locks = {i: lk for i, _, lk in rows}
+    await mark(pool, [(i, locks[i]) for i in confirmed])
+    return len(confirmed)
+
+
+async def publish_ids(broker: Broker, items: Sequence[tuple[uuid.UUID, str]]) -> set[uuid.UUID]:
+    """The ids the broker confirmed; none (logged) if it is away. Never raises."""
+    if not items:
+        return set()
     try:
-        confirmed = await broker.publish([(i, q) for i, q, _ in rows])
+        return await broker.publish(items)
     except Exception as exc:
         log.warning("could not publish %d id(s) now (%s); the reaper will publish them",
-                    len(rows), exc)
-        return 0
-    locks = {i: lk for i, _, lk in rows}
+                    len(items), exc)
+        return set()
+
+
+async def mark(pool: asyncpg.Pool, rows: Sequence[tuple[uuid.UUID, uuid.UUID | None]]) -> None:
+    """Mark confirmed ids published (id, lock token). Never raises: a missing
+    mark only makes the relay publish the id once more, and consumers drop
+    the duplicate."""
+    if not rows:
+        return
     try:
-        await execute(pool, Q["mark_published"], list(confirmed), [locks[i] for i in confirmed])
+        await execute(pool, Q["mark_published"], [i for i, _ in rows], [lk for _, lk in rows])
     except Exception as exc:
-        # The messages are out; only the mark is missing. The relay will
-        # publish these ids once more, and consumers drop the duplicate.
         log.warning("published %d id(s), but could not mark them published (%s); the reaper "
-                    "will publish them again (a harmless duplicate)", len(confirmed), exc)
-    return len(confirmed)
+                    "will publish them again (a harmless duplicate)", len(rows), exc)
 
 
 async def relay_due(broker: Broker, pool: asyncpg.Pool, batch_size: int) -> int:
