@@ -11,11 +11,11 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 from urllib.parse import urlsplit, urlunsplit
 
 from harness.helpers import free_port, wait_until
+from harness.scratch import reachable
 from harness.tls import _own_dir
 
 
@@ -50,15 +50,8 @@ class PgBouncer:
         if os.geteuid() == 0:
             argv = ["runuser", "-u", self.user, "--", *argv]
         subprocess.run(argv, check=True, capture_output=True, timeout=30)
-
-        def up() -> bool:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), 0.5).close()
-                return True
-            except OSError:
-                return False
-
-        wait_until(up, 15, "pgbouncer listening", interval=0.1)
+        wait_until(lambda: reachable("127.0.0.1", self.port), 15, "pgbouncer listening",
+                   interval=0.1)
 
     def url(self, direct_url: str) -> str:
         """``direct_url`` with PgBouncer's host and port."""

@@ -16,13 +16,13 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 from harness.helpers import free_port, wait_until
+from harness.scratch import reachable
 
 
 def _ctl(node: str, *args: str, env: dict[str, str], timeout: float = 120) -> str:
@@ -60,11 +60,7 @@ class Node:
         return f"amqp://guest:guest@127.0.0.1:{self.port}/{vhost}"
 
     def listening(self) -> bool:
-        try:
-            socket.create_connection(("127.0.0.1", self.port), 0.5).close()
-            return True
-        except OSError:
-            return False
+        return reachable("127.0.0.1", self.port)
 
     def start(self) -> None:
         subprocess.run(["rabbitmq-server", "-detached"], env=self.env, check=True,

@@ -169,23 +169,16 @@ class TlsRabbit:
                     "RABBITMQ_PID_FILE": str(where / "pid")}
 
     def start(self) -> None:
-        import socket
+        from harness.scratch import reachable
 
         if not shutil.which("rabbitmq-server"):
             raise RuntimeError("rabbitmq-server is not installed")
         subprocess.run(["rabbitmq-server", "-detached"], env=self.env, check=True,
                        capture_output=True, timeout=60)
-
-        def listening() -> bool:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), 0.5).close()
-                return True
-            except OSError:
-                return False
-
         # -detached returns before the node is registered; await_startup
         # fails on a node it cannot find yet, so wait for the port first.
-        wait_until(listening, 60, f"the TLS listener of {self.node}", interval=0.2)
+        wait_until(lambda: reachable("127.0.0.1", self.port), 60,
+                   f"the TLS listener of {self.node}", interval=0.2)
         _run("rabbitmqctl", "-n", self.node, "--timeout", "60", "await_startup", env=self.env)
 
     def url(self, host: str = "localhost", ca: Path | None = None) -> str:

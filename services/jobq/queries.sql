@@ -850,34 +850,32 @@ ORDER BY name;
 
 -- name: queue_update
 -- $2: a JSON object of the settings to change (services/jobq/queues.py lists
--- them, with their bounds); a setting not in it stays as it is, and
--- timeout_s = 0 removes the timeout.
+-- them, with their bounds); a setting not in it stays as it is, and 0
+-- removes a limit that may be absent (timeout_s, keep_*_s, max_running,
+-- rate_per_s).
 UPDATE jobq.queue
 SET lease_s = coalesce(($2::jsonb->>'lease_s')::float8, lease_s),
     max_stalls = coalesce(($2::jsonb->>'max_stalls')::int, max_stalls),
     max_attempts = coalesce(($2::jsonb->>'max_attempts')::int, max_attempts),
-    timeout_s = CASE WHEN NOT $2::jsonb ? 'timeout_s' THEN timeout_s
-                     WHEN ($2::jsonb->>'timeout_s')::float8 = 0 THEN NULL
-                     ELSE ($2::jsonb->>'timeout_s')::float8 END,
+    timeout_s = CASE WHEN $2::jsonb ? 'timeout_s'
+                     THEN nullif(($2::jsonb->>'timeout_s')::float8, 0) ELSE timeout_s END,
     backoff_base_s = coalesce(($2::jsonb->>'backoff_base_s')::float8, backoff_base_s),
     backoff_max_s = coalesce(($2::jsonb->>'backoff_max_s')::float8, backoff_max_s),
     stall_cooldown_s = coalesce(($2::jsonb->>'stall_cooldown_s')::float8, stall_cooldown_s),
     max_payload_bytes = coalesce(($2::jsonb->>'max_payload_bytes')::int, max_payload_bytes),
-    keep_completed_s = CASE WHEN NOT $2::jsonb ? 'keep_completed_s' THEN keep_completed_s
-                            WHEN ($2::jsonb->>'keep_completed_s')::float8 = 0 THEN NULL
-                            ELSE ($2::jsonb->>'keep_completed_s')::float8 END,
-    keep_failed_s = CASE WHEN NOT $2::jsonb ? 'keep_failed_s' THEN keep_failed_s
-                         WHEN ($2::jsonb->>'keep_failed_s')::float8 = 0 THEN NULL
-                         ELSE ($2::jsonb->>'keep_failed_s')::float8 END,
+    keep_completed_s = CASE WHEN $2::jsonb ? 'keep_completed_s'
+                            THEN nullif(($2::jsonb->>'keep_completed_s')::float8, 0)
+                            ELSE keep_completed_s END,
+    keep_failed_s = CASE WHEN $2::jsonb ? 'keep_failed_s'
+                         THEN nullif(($2::jsonb->>'keep_failed_s')::float8, 0)
+                         ELSE keep_failed_s END,
     vanished_grace_s = coalesce(($2::jsonb->>'vanished_grace_s')::float8, vanished_grace_s),
     history = coalesce(($2::jsonb->>'history')::bool, history),
     max_result_bytes = coalesce(($2::jsonb->>'max_result_bytes')::int, max_result_bytes),
-    max_running = CASE WHEN NOT $2::jsonb ? 'max_running' THEN max_running
-                       WHEN ($2::jsonb->>'max_running')::int = 0 THEN NULL
-                       ELSE ($2::jsonb->>'max_running')::int END,
-    rate_per_s = CASE WHEN NOT $2::jsonb ? 'rate_per_s' THEN rate_per_s
-                      WHEN ($2::jsonb->>'rate_per_s')::float8 = 0 THEN NULL
-                      ELSE ($2::jsonb->>'rate_per_s')::float8 END
+    max_running = CASE WHEN $2::jsonb ? 'max_running'
+                       THEN nullif(($2::jsonb->>'max_running')::int, 0) ELSE max_running END,
+    rate_per_s = CASE WHEN $2::jsonb ? 'rate_per_s'
+                      THEN nullif(($2::jsonb->>'rate_per_s')::float8, 0) ELSE rate_per_s END
 WHERE name = $1
 RETURNING name, lease_s, max_stalls, max_attempts, timeout_s, backoff_base_s,
           backoff_max_s, stall_cooldown_s, max_payload_bytes, vanished_grace_s,

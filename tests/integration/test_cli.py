@@ -82,6 +82,15 @@ def test_queue_settings_stats_and_inspect(env, db: SyncDB) -> None:
     assert (row["lease_s"], row["max_stalls"], row["timeout_s"]) == (5, 2, 60)
     run_cli(env, "queue", "set", "emails", "--timeout-seconds", "0")
     assert db.val("SELECT timeout_s FROM jobq.queue WHERE name = 'emails'") is None
+    # Every limit that may be absent: 0 removes it, leaving it out leaves it alone.
+    assert run_cli(env, "queue", "set", "emails", "--max-running", "3", "--rate-per-second",
+                   "5", "--keep-completed-seconds", "60").returncode == 0
+    run_cli(env, "queue", "set", "emails", "--lease-seconds", "6")
+    limits = "SELECT max_running, rate_per_s, keep_completed_s FROM jobq.queue WHERE name = $1"
+    assert tuple(db.fetchrow(limits, "emails")) == (3, 5, 60)
+    run_cli(env, "queue", "set", "emails", "--max-running", "0", "--rate-per-second", "0",
+            "--keep-completed-seconds", "0")
+    assert tuple(db.fetchrow(limits, "emails")) == (None, None, None)
     one_line_error(run_cli(env, "queue", "set", "emails", "--lease-seconds", "0"), 1)
     assert "emails" in run_cli(env, "queue", "list").stdout
 
