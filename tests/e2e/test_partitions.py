@@ -62,7 +62,7 @@ def test_a_consumer_cut_off_fences_itself_and_cannot_finish_after_healing(db, pr
     a = elsewhere(procs, host, "consume", "harness.apps:app", "--concurrency", "8")
     a_id = a.worker_id()
     reaper = procs.reaper()
-    ids = publish(settings, "work", [{"sleep_first": 30} for _ in range(6)])
+    ids = publish(settings, "work", [{"sleep": 3} for _ in range(6)])  # re-runs as long
     # Running, not only claimed: each handler has logged its start (through A's link).
     wait_until(lambda: db.val("SELECT count(*) FROM test_run WHERE job_id = ANY($1) AND "
                               "worker = $2", ids, a_id) == 6, 10, "A running the 6 jobs")
@@ -98,7 +98,7 @@ def test_a_reaper_cut_off_requeues_nothing_twice_after_healing(db, procs, settin
     procs.reaper().wait_log("reaper ready")
     c = procs.consumer("--concurrency", "8")
     c_id = c.worker_id()
-    ids = publish(settings, "work", [{"sleep_first": 30} for _ in range(4)])
+    ids = publish(settings, "work", [{"sleep": 3} for _ in range(4)])  # re-runs as long
     wait_until(lambda: db.val("SELECT count(*) FROM test_run WHERE job_id = ANY($1) AND "
                               "worker = $2", ids, c_id) == 4, 10, "C running the 4 jobs")
     host.cut()
