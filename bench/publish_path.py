@@ -192,32 +192,46 @@ async def _publish(settings: Any, n: int, batch: int = 1) -> None:
 
 # ─────────────────────────────── peers ───────────────────────────────
 
+@contextmanager
+def peer_workers(argv: list[str], env: dict[str, str], port: int) -> Iterator[set[int]]:
+    """WORKERS peer worker processes reporting to ``port``; their pids."""
+    workers = [subprocess.Popen(argv, env={**env, "PING_PORT": str(port)}, cwd=HERE,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+               for _ in range(WORKERS)]
+    try:
+        yield {w.pid for w in workers}
+    finally:
+        for w in workers:
+            w.kill()
+            w.wait()
+
+
+def peer_shape(prefix: str, n: int, produce: Callable[[], dict[str, float]],
+               workers: list[str], env: dict[str, str],
+               drained: Callable[[], None]) -> dict[str, float]:
+    """A peer in the issue's shape: its producer alone (a backlog of n), then
+    its workers drain that backlog (``drained`` returns when it is empty) and
+    run steady end to end with the producer again."""
+    res = {f"{prefix}_enqueue_single_{k}": v for k, v in measure(n, produce, set(), None).items()}
+    with pings(2 * n) as (port, first, done), peer_workers(workers, env, port) as pids:
+        first()  # the backlog's first completion: the workers are up
+        drained()
+        for k, v in measure(n, produce, pids, done).items():
+            res[f"{prefix}_steady_{k}"] = v
+    return res
+
+
 def celery(n: int, concurrency: int) -> dict[str, float]:
-    res: dict[str, float] = {}
     queue = f"celery-bench-{uuid.uuid4().hex[:6]}"
     env = {**os.environ, "PEER_AMQP_URL": AMQP_URL, "PEER_QUEUE": queue}
     script = str(HERE / "peer_celery.py")
-    for k, v in measure(n, lambda: run_json([str(PY), script, "produce", str(n),
-                                             str(concurrency)], env), set(), None).items():
-        res[f"celery_enqueue_single_{k}"] = v
-    with pings(2 * n) as (port, first, done):  # the backlog above (its first is the probe), then n
-        wenv = {**env, "PING_PORT": str(port)}
-        workers = [subprocess.Popen([str(PY), script, "worker", "solo"], env=wenv, cwd=HERE,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                   for _ in range(WORKERS)]
-        try:
-            first()  # the backlog drains first
-            _celery_empty(queue)
-            for k, v in measure(n, lambda: run_json([str(PY), script, "produce", str(n),
-                                                     str(concurrency)], env),
-                                {w.pid for w in workers}, done).items():
-                res[f"celery_steady_{k}"] = v
-        finally:
-            for w in workers:
-                w.kill()
-                w.wait()
-            asyncio.run(_delete_queue(queue))
-    return res
+    try:
+        return peer_shape(
+            "celery", n, lambda: run_json([str(PY), script, "produce", str(n), str(concurrency)],
+                                          env),
+            [str(PY), script, "worker", "solo"], env, lambda: _celery_empty(queue))
+    finally:
+        asyncio.run(_delete_queue(queue))
 
 
 def _celery_empty(queue: str) -> None:
@@ -246,39 +260,30 @@ async def _delete_queue(queue: str) -> None:
 
 
 def pgqueuer(n: int, concurrency: int) -> dict[str, float]:
-    res: dict[str, float] = {}
+    from harness.helpers import SyncDB
+
     script = str(HERE / "peer_pgqueuer.py")
+    res: dict[str, float] = {}
     with scratch(queues=()) as (db_url, _amqp, _ns):
-        env = {**os.environ, "PEER_DATABASE_URL": db_url, "PGDSN": db_url}
+        env = {**os.environ, "PEER_DATABASE_URL": db_url, "PGDSN": db_url,
+               "PYTHONPATH": str(HERE)}
         subprocess.run([str(VENV / "bin" / "pgq"), "install"], env=env, check=True, cwd=HERE,
                        stdout=subprocess.DEVNULL)
-        for k, v in measure(n, lambda: run_json([str(PY), script, "single", str(n),
-                                                 str(concurrency)], env), set(), None).items():
-            res[f"pgqueuer_enqueue_single_{k}"] = v
-        with pings(2 * n) as (port, first, done):  # the backlog above, then n
-            wenv = {**env, "PING_PORT": str(port), "PYTHONPATH": str(HERE)}
-            workers = [subprocess.Popen([str(PY), script, "worker"], env=wenv, cwd=HERE,
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                       for _ in range(WORKERS)]
-            try:
-                first()
-                t0 = time.time()
-                # The backlog above is the drain: wait for it, then steady.
-                from harness.helpers import SyncDB
 
-                db = SyncDB(db_url)
+        def drained() -> None:  # timed from the first completion; polled every 50 ms
+            t0 = time.time()
+            db = SyncDB(db_url)
+            try:
                 wait_until(lambda: db.val("SELECT count(*) FROM pgqueuer") == 0, 120,
                            "pgqueuer backlog drained", interval=0.05)
-                res["pgqueuer_drain_2c"] = (n - 1) / (time.time() - t0)  # polled every 50 ms
-                db.close()
-                for k, v in measure(n, lambda: run_json([str(PY), script, "single", str(n),
-                                                         str(concurrency)], env),
-                                    {w.pid for w in workers}, done).items():
-                    res[f"pgqueuer_steady_{k}"] = v
             finally:
-                for w in workers:
-                    w.kill()
-                    w.wait()
+                db.close()
+            res["pgqueuer_drain_2c"] = (n - 1) / (time.time() - t0)
+
+        res.update(peer_shape(
+            "pgqueuer", n, lambda: run_json([str(PY), script, "single", str(n),
+                                             str(concurrency)], env),
+            [str(PY), script, "worker"], env, drained))
     return res
 
 
