@@ -128,17 +128,11 @@ WITH candidate AS (
       AND j.queue = ANY($3::text[])
     ORDER BY j.id
     FOR UPDATE OF j
-), allowance AS (
-    SELECT q.name, t.tokens,
-           least(coalesce(q.max_running - (SELECT count(*) FROM jobq.job a
-                                           WHERE a.queue = q.name AND a.status = 'active'),
-                          2147483647),
-                 coalesce(floor(t.tokens), 2147483647)) AS n
+), allowance AS (  -- jobq.allowance and jobq.rate_tokens: schema 0010
+    SELECT q.name, jobq.rate_tokens(q) AS tokens,
+           jobq.allowance(q, (SELECT count(*) FROM jobq.job a
+                              WHERE a.queue = q.name AND a.status = 'active')) AS n
     FROM jobq.queue q
-    -- (least/greatest skip NULLs: without the CASE, no rate limit meant 1 token)
-    CROSS JOIN LATERAL (SELECT CASE WHEN q.rate_per_s IS NOT NULL THEN
-               least(greatest(q.rate_per_s, 1), q.rate_tokens
-                     + q.rate_per_s * extract(epoch FROM now() - q.rate_at)) END AS tokens) t
     WHERE q.name IN (SELECT queue FROM candidate)
       AND (q.max_running IS NOT NULL OR q.rate_per_s IS NOT NULL)
 ), ranked AS (
@@ -560,17 +554,9 @@ SELECT count(*) FROM lost;
 -- max_running slots, rate tokens); all of them once the queue has no limit.
 -- The claim still decides; this only meters what is published.
 WITH lim AS (
-    SELECT q.name,
-           CASE WHEN q.max_running IS NULL AND q.rate_per_s IS NULL THEN 2147483647
-                ELSE greatest(0, least(
-                    coalesce(q.max_running - (SELECT count(*) FROM jobq.job a
-                                              WHERE a.queue = q.name AND a.status = 'active'),
-                             2147483647),
-                    CASE WHEN q.rate_per_s IS NULL THEN 2147483647
-                         ELSE floor(least(greatest(q.rate_per_s, 1), q.rate_tokens
-                             + q.rate_per_s * extract(epoch FROM now() - q.rate_at)))::bigint
-                    END)) END AS n
-    FROM jobq.queue q
+    SELECT q.name, jobq.allowance(q, (SELECT count(*) FROM jobq.job a  -- schema 0010,
+                                      WHERE a.queue = q.name AND a.status = 'active')) AS n
+    FROM jobq.queue q  -- (no limit: 2147483647)
     WHERE EXISTS (SELECT 1 FROM jobq.job p
                   WHERE p.queue = q.name AND p.status = 'queued' AND p.published_at IS NULL
                     AND p.relay_after = 'infinity')

@@ -33,7 +33,8 @@ TABLE_RIGHTS = {
     ("jobq_reaper", "schedule", "UPDATE"),
 }
 FUNCTION_RIGHTS = {("jobq_producer", "enqueue"), ("jobq_producer", "enqueue_many"),
-                   ("jobq_reaper", "enqueue")} | {
+                   ("jobq_reaper", "enqueue"), ("jobq_reaper", "rate_tokens"),
+                   ("jobq_reaper", "allowance")} | {
     (role, f"q_{name}") for name, roles in GRANTS.items() for role in roles}
 GROUPS = ("jobq_producer", "jobq_consumer", "jobq_reaper", "jobq_reader")
 
