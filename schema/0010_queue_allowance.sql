@@ -28,3 +28,12 @@ REVOKE ALL ON FUNCTION jobq.rate_tokens(jobq.queue), jobq.allowance(jobq.queue, 
     FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION jobq.rate_tokens(jobq.queue), jobq.allowance(jobq.queue, bigint)
     TO jobq_reaper;
+
+-- jobq.enqueue and jobq.enqueue_many keep their statements' plans in the
+-- session (PL/pgSQL); like the generated jobq.q_* functions they plan every
+-- call for its arguments whatever the session says, since behind PgBouncer
+-- (JOBQ_DATABASE_POOLED) the setting jobq sends at login does not arrive.
+ALTER FUNCTION jobq.enqueue(text, jsonb, double precision, text, double precision)
+    SET plan_cache_mode = force_custom_plan;
+ALTER FUNCTION jobq.enqueue_many(text[], jsonb[], double precision[], text[], double precision)
+    SET plan_cache_mode = force_custom_plan;

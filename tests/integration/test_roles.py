@@ -71,7 +71,8 @@ def test_grants_are_exactly_the_list(db: SyncDB) -> None:
         assert not f["public"] and not f["default_acl"], f"{f['proname']} is PUBLIC"
         assert f["owner"] == "jobq_owner", f["proname"]
         if f["prosecdef"]:
-            assert f["proconfig"] == ["search_path=pg_catalog, pg_temp"], f["proname"]
+            assert f["proconfig"] == ["search_path=pg_catalog, pg_temp",
+                                      "plan_cache_mode=force_custom_plan"], f["proname"]
     owners = {r["owner"] for r in db.fetch(
         "SELECT relowner::regrole::text AS owner FROM pg_class "
         "WHERE relnamespace = 'jobq'::regnamespace")}
