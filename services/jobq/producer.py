@@ -38,6 +38,7 @@ log = logging.getLogger("jobq.producer")
 MAX_DELAY_S = 365 * 86400.0
 _NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")  # a JSON-escaped NUL, not an escaped backslash
 LIMITS_TTL_S = 60.0
+MARK_DELAY_S = 0.25  # publisher.Marks: how long confirmed ids wait for their mark
 CHECK_OVER_BYTES = 65536
 DEFAULT_PAYLOAD_LIMIT = int(BY_COLUMN["max_payload_bytes"].default)
 # The highest max_payload_bytes a queue may have (schema/0003): larger is
@@ -100,7 +101,10 @@ class Client:
             await self.pool.close()
             raise
         self._rows = Rows(self.pool, self.settings.producer.relay_grace_s)
-        self._marks = Marks(self.pool)
+        # Marks wait a while (a claimed row needs none), but well inside the
+        # grace after which the relay publishes an unmarked row itself.
+        grace = self.settings.producer.relay_grace_s
+        self._marks = Marks(self.pool, delay_s=min(MARK_DELAY_S, grace / 4))
 
     async def close(self) -> None:
         if self._marks is not None:

@@ -102,3 +102,30 @@ def test_a_batch_with_a_new_queue_or_a_repeated_key_goes_row_by_row(settings: Se
     ids, queues = asyncio.run(go())
     assert queues == 1  # created on first use, as by jobq.enqueue
     assert ids[1] == ids[2] != ids[0]
+
+
+def test_a_short_relay_grace_never_outruns_the_deferred_marks(settings: Settings) -> None:
+    """relay_grace_s = 0.2 s: marks must land before the relay takes the rows
+    for unpublished (a 0.25 s mark delay against it published every id twice)."""
+    from jobq.reaper import Reaper
+    from tests.integration.test_publish import broker_ids
+
+    s = settings.model_copy(update={"producer": settings.producer.model_copy(
+        update={"relay_grace_s": 0.2})})
+
+    async def go() -> tuple[int, list[str]]:
+        relayed = 0
+        async with Client(s) as client:
+            reaper = Reaper(s)
+            await reaper.connect(wait=False)
+            try:
+                await asyncio.gather(*(client.publish("mail", {"n": i}) for i in range(30)))
+                for _ in range(6):  # sweeps for 0.6 s while the client is still open
+                    relayed += (await reaper.run_once()).published
+                    await asyncio.sleep(0.1)
+            finally:
+                await reaper.close()
+        return relayed, await broker_ids(s, "mail")
+
+    relayed, bodies = asyncio.run(go())
+    assert relayed == 0 and len(bodies) == 30, (relayed, len(bodies))
