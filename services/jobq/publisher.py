@@ -10,7 +10,8 @@ broker's confirm of its id. Everything else is shared or moved off the path:
   for one caller's bad input is retried caller by caller, so the error
   reaches that caller only and the others' jobs are unaffected.
 - **Marks, deferred.** After the confirm, the ids are handed to
-  :class:`Marks`, which writes ``published_at`` a quarter second later in
+  :class:`Marks`, which writes ``published_at`` a quarter second later (at most a
+  quarter of the relay's grace) in
   one statement for what accumulated, off the caller's path; most rows are
   claimed by then and the statement writes nothing for them. A mark that never happens (the process
   died, the database was away) only lets the relay publish the id once more
