@@ -44,6 +44,7 @@ SELECT name, max_payload_bytes FROM jobq.queue WHERE name = ANY($1::text[]);
 
 -- name: mark_published
 -- grant: jobq_producer, jobq_consumer, jobq_reaper
+-- plan: generic
 -- After the broker confirmed the ids (the producer defers it, one statement
 -- for many publishes). Only the queued spell that was published (same lock
 -- token as read) is marked; a row claimed meanwhile needs no mark and costs
@@ -96,6 +97,7 @@ SELECT id, 'published', 'by the reaper relay' FROM marked WHERE history;
 
 -- name: claim
 -- grant: jobq_consumer
+-- plan: generic
 -- queued -> active for every id that is claimable now by a worker handling
 -- the queues in $3. Ids missing from the result were not claimable (see
 -- claim_misses). Rows are locked in id order, so concurrent batched claims
@@ -107,24 +109,33 @@ SELECT id, 'published', 'by the reaper relay' FROM marked WHERE history;
 --
 -- Limits (issue #17): a queue with max_running or rate_per_s is decided
 -- here, for the whole fleet. Its row is locked first, in a statement of its
--- own: the function is VOLATILE, so the claim after it takes a fresh
+-- own: the function is VOLATILE, so each statement after it takes a fresh
 -- snapshot and counts every job the claim that held the lock before made
--- active. Unlimited queues lock nothing. Ids a limit refuses are parked
--- (published_at NULL, relay_after 'infinity'): their messages are acked, and
--- the reapers' unpark releases them to the relay as slots and tokens free up,
--- so a full queue is neither lost nor spun on. The price: claims of a
+-- active. Only then, and only when one of $3 is limited, the second
+-- statement parks the ids a limit refuses (published_at NULL, relay_after
+-- 'infinity') and spends the rate tokens of those it allows: their messages
+-- are acked, and the reapers' unpark releases them to the relay as slots and
+-- tokens free up, so a full queue is neither lost nor spun on. The last
+-- statement claims what is left, never a parked row (a parked id's delivery
+-- is a stale duplicate: unpark publishes it again when its turn comes).
+-- Unlimited queues lock nothing and skip the rationing, whose planning cost
+-- more than the claim itself (issue #16: a one-job claim, planned per call,
+-- cost 0.87 ms of server CPU with the rationing in the same statement and
+-- 0.51 ms without; bench/claim_cost.py). The price of limits: claims of a
 -- limited queue take turns (the lock is held to commit): bench/limits.py.
 -- NO KEY UPDATE, so enqueues (their foreign key's KEY SHARE) never wait.
 SELECT name FROM jobq.queue
 WHERE name = ANY($3::text[]) AND (max_running IS NOT NULL OR rate_per_s IS NOT NULL)
 ORDER BY name
 FOR NO KEY UPDATE;
+/* only if found */
 WITH candidate AS (
     SELECT j.id, j.queue
     FROM jobq.job j
     WHERE j.id = ANY($1::uuid[])
       AND j.status COLLATE "C" = 'queued'
       AND j.run_at <= now()
+      AND j.relay_after < 'infinity'
       AND j.queue = ANY($3::text[])
     ORDER BY j.id
     FOR UPDATE OF j
@@ -139,6 +150,28 @@ WITH candidate AS (
     SELECT c.id, c.queue, a.n IS NULL OR row_number() OVER (
                PARTITION BY c.queue ORDER BY c.id) <= a.n AS allowed
     FROM candidate c LEFT JOIN allowance a ON a.name = c.queue
+), parked AS (
+    UPDATE jobq.job j
+    SET published_at = NULL, relay_after = 'infinity'
+    FROM ranked
+    WHERE j.id = ranked.id AND NOT ranked.allowed
+)
+UPDATE jobq.queue q
+SET rate_tokens = a.tokens - (SELECT count(*) FROM ranked r
+                              WHERE r.queue = q.name AND r.allowed),
+    rate_at = now()
+FROM allowance a
+WHERE q.name = a.name AND q.rate_per_s IS NOT NULL;
+WITH candidate AS (  -- the rows the statement before locked, less those it parked
+    SELECT j.id
+    FROM jobq.job j
+    WHERE j.id = ANY($1::uuid[])
+      AND j.status COLLATE "C" = 'queued'
+      AND j.run_at <= now()
+      AND j.relay_after < 'infinity'
+      AND j.queue = ANY($3::text[])
+    ORDER BY j.id
+    FOR UPDATE OF j
 ), claimed AS (
     UPDATE jobq.job j
     SET status = 'active',
@@ -149,24 +182,12 @@ WITH candidate AS (
         lease_expires_at = now() + make_interval(secs => q.lease_s),
         started_at = now(),
         isolated = false
-    FROM ranked, jobq.queue q
-    WHERE j.id = ranked.id AND ranked.allowed
-      AND q.name = j.queue
+    FROM candidate c, jobq.queue q
+    WHERE j.id = c.id AND q.name = j.queue
     RETURNING j.id, j.queue, j.payload, j.attempts, j.errors, j.stalls, j.lock, j.created_at,
               j.suspect, j.handoffs, q.lease_s, q.timeout_s, q.max_attempts,
               q.vanished_grace_s, q.history, q.max_result_bytes,
               q.max_running IS NOT NULL OR q.rate_per_s IS NOT NULL AS limited
-), parked AS (
-    UPDATE jobq.job j
-    SET published_at = NULL, relay_after = 'infinity'
-    FROM ranked
-    WHERE j.id = ranked.id AND NOT ranked.allowed
-), spent AS (
-    UPDATE jobq.queue q
-    SET rate_tokens = a.tokens - (SELECT count(*) FROM claimed c WHERE c.queue = q.name),
-        rate_at = now()
-    FROM allowance a
-    WHERE q.name = a.name AND q.rate_per_s IS NOT NULL
 ), logged AS (
     INSERT INTO jobq.job_event (job_id, event, worker_id, attempt)
     SELECT id, 'claimed', $2, attempts FROM claimed WHERE history
@@ -208,6 +229,7 @@ WHERE id IN (SELECT id FROM jobq.job
 
 -- name: renew
 -- grant: jobq_consumer
+-- plan: generic
 -- The heartbeat: one statement for every lease the process holds, sent on
 -- the worker's registry session (the one holding its advisory lock), so a
 -- successful renewal also proves that session alive. It only touches
@@ -228,6 +250,7 @@ SELECT id FROM renewed;
 
 -- name: complete
 -- grant: jobq_consumer
+-- plan: generic
 -- $3: each job's result (the handler's return value as JSON, NULL for
 -- None), stored by the same fenced statement: a zombie's never lands.
 WITH done AS (
@@ -282,6 +305,7 @@ RETURNING id, status, result, last_error;
 
 -- name: fail
 -- grant: jobq_consumer
+-- plan: generic
 -- Handler error: back to queued after a backoff while fewer than
 -- max_attempts runs have failed (and retry = true), else failed. The retry is
 -- published by the reaper's relay once run_at comes (published_at = NULL,
@@ -325,6 +349,7 @@ SELECT id, status, extract(epoch FROM run_at - now())::float8 AS retry_in_s FROM
 
 -- name: release
 -- grant: jobq_consumer
+-- plan: generic
 -- Graceful shutdown (or a suspect handed on by a busy worker): give the job
 -- back at once, without counting a stall or an error. The releasing worker publishes the id itself; the relay is the
 -- fallback (relay_after = now()).

@@ -13,7 +13,11 @@ same parameters and result columns. ``BODY[name]`` is always the statement
 itself (for the migration and for the plan tests). Only such a block may
 hold several statements (each ending with ``;`` at the end of a line): the
 function runs them in order, each with a fresh snapshot, and returns what
-the last one returns.
+the last one returns. A statement that opens with ``/* only if found */``
+runs only when the one before it returned a row (a fast path that skips
+work, and its planning, when there is nothing for it to do). ``-- plan:
+generic`` makes such a function keep one plan per session instead of
+planning every call (routines.py says when that is safe).
 """
 
 from __future__ import annotations
@@ -25,15 +29,22 @@ from types import MappingProxyType
 
 _NAME = re.compile(r"^--\s*name:\s*([a-z_0-9]+)\s*$", re.MULTILINE)
 _GRANT = re.compile(r"^--\s*grant:\s*(.+?)\s*$")
+_GENERIC = re.compile(r"^--\s*plan:\s*generic\s*$")
 _PARAM = re.compile(r"\$(\d+)")
 ROLE = re.compile(r"^jobq_[a-z]+$")
+IF_FOUND = "/* only if found */"
 
 
 def parse(text: str) -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
     """(name → statement, name → roles granted it as a function)."""
+    return _parse(text)[:2]
+
+
+def _parse(text: str) -> tuple[dict[str, str], dict[str, tuple[str, ...]], frozenset[str]]:
     parts = _NAME.split(text)
     queries: dict[str, str] = {}
     grants: dict[str, tuple[str, ...]] = {}
+    generic: set[str] = set()
     # parts = [preamble, name1, body1, name2, body2, ...]
     for name, body in zip(parts[1::2], parts[2::2]):
         if name in queries:
@@ -45,12 +56,17 @@ def parse(text: str) -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
                 if not all(ROLE.match(r) for r in roles):
                     raise ValueError(f"queries.sql: {name}: bad grant line {ln!r}")
                 grants[name] = roles
+            elif _GENERIC.match(ln.strip()):
+                generic.add(name)
         code = [ln for ln in lines if not ln.lstrip().startswith("--")]
         queries[name] = "\n".join(code).strip().rstrip(";")
         if len(statements(queries[name])) > 1 and name not in grants:
             raise ValueError(f"queries.sql: {name}: several statements need a grant line "
                              "(they run as one function)")
-    return queries, grants
+    if generic - set(grants):
+        raise ValueError(f"queries.sql: {sorted(generic - set(grants))}: only a granted "
+                         "statement (a function) keeps a generic plan")
+    return queries, grants, frozenset(generic)
 
 
 def statements(body: str) -> list[str]:
@@ -72,7 +88,8 @@ def call(name: str, statement: str) -> str:
     return f"SELECT * FROM {function_name(name)}({args})"
 
 
-_BODY, _GRANTS = parse(resources.files("jobq").joinpath("queries.sql").read_text(encoding="utf-8"))
+_BODY, _GRANTS, GENERIC_PLAN = _parse(
+    resources.files("jobq").joinpath("queries.sql").read_text(encoding="utf-8"))
 BODY: Mapping[str, str] = MappingProxyType(_BODY)
 GRANTS: Mapping[str, tuple[str, ...]] = MappingProxyType(_GRANTS)
 

@@ -14,13 +14,15 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import uuid
 from typing import Any
 
 import asyncpg
 import pytest
 
 from jobq.db import SESSION_SETTINGS
-from jobq.sql import BODY, Q, statements
+from jobq.routines import GENERIC_SETTING, definition
+from jobq.sql import BODY, GENERIC_PLAN, Q, statements
 
 # Statement -> arguments naming up to 32 ids (the rest as a worker would pass them).
 BY_ID: dict[str, Any] = {
@@ -53,6 +55,57 @@ def _indexes_and_scans(plan: Any) -> tuple[set[str], set[str]]:
     return indexes, seq
 
 
+async def _load(conn: asyncpg.Connection, stats: str) -> list[Any]:
+    """40 k jobs in every status, with statistics as ``stats`` says; 32 ids."""
+    await conn.execute("INSERT INTO jobq.queue (name) VALUES ('noop')")
+    if stats == "vacant":  # no row at all: the first call of a new deployment
+        return [uuid.uuid4() for _ in range(32)]
+    if stats == "empty":  # as on a new deployment
+        await conn.execute("VACUUM ANALYZE jobq.job")
+    await conn.execute(
+        "INSERT INTO jobq.job (queue, payload, status, lock, lease_expires_at, "
+        "published_at, finished_at) "
+        "SELECT 'noop', '{}', s, gen_random_uuid(), "
+        "CASE WHEN s = 'active' THEN now() + interval '30 s' END, "
+        "CASE WHEN s <> 'queued' OR i % 2 = 0 THEN now() END, "
+        "CASE WHEN s IN ('completed', 'failed') THEN now() END "
+        "FROM generate_series(1, 40000) i, "
+        "LATERAL (SELECT (ARRAY['queued','active','completed','failed'])[1 + i % 4] AS s)"
+        " x")
+    if stats == "backlog":  # analyzed while everything was queued, then drained
+        await conn.execute("UPDATE jobq.job SET status = 'queued', lease_expires_at = NULL")
+        await conn.execute("ANALYZE jobq.job")
+        await conn.execute(
+            "UPDATE jobq.job SET status = CASE WHEN random() < 0.5 THEN 'completed' "
+            "ELSE 'active' END, lease_expires_at = now() + interval '30 s', "
+            "published_at = now() WHERE random() < 0.5")
+    if stats == "fresh":
+        await conn.execute("ANALYZE jobq.job")
+    return [r["id"] for r in await conn.fetch(
+        "SELECT id FROM jobq.job ORDER BY random() LIMIT 32")]
+
+
+def _literal(value: Any) -> str:
+    """SQL text for an argument (EXPLAIN EXECUTE takes no parameters)."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, list):
+        return "ARRAY[" + ", ".join(_literal(v) for v in value) + "]"
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def _bad(plans: dict[str, tuple[set[str], set[str]]],
+         extra: dict[str, set[str]]) -> dict[str, Any]:
+    return {name: (sorted(ix - ALLOWED_INDEXES - extra.get(name, set())),
+                   sorted(seq - {"queue", "worker"}))
+            for name, (ix, seq) in plans.items()
+            if ix - ALLOWED_INDEXES - extra.get(name, set()) or seq - {"queue", "worker"}}
+
+
 @pytest.mark.parametrize("stats", ["empty", "backlog", "fresh"])
 def test_statements_by_id_use_the_primary_key(db_url: str, stats: str) -> None:
     assert set(BY_ID) <= set(Q), "a statement in this test no longer exists"
@@ -60,30 +113,7 @@ def test_statements_by_id_use_the_primary_key(db_url: str, stats: str) -> None:
     async def go() -> dict[str, tuple[set[str], set[str]]]:
         conn = await asyncpg.connect(db_url, server_settings=SESSION_SETTINGS)
         try:
-            await conn.execute("INSERT INTO jobq.queue (name) VALUES ('noop')")
-            if stats == "empty":  # as on a new deployment
-                await conn.execute("VACUUM ANALYZE jobq.job")
-            await conn.execute(
-                "INSERT INTO jobq.job (queue, payload, status, lock, lease_expires_at, "
-                "published_at, finished_at) "
-                "SELECT 'noop', '{}', s, gen_random_uuid(), "
-                "CASE WHEN s = 'active' THEN now() + interval '30 s' END, "
-                "CASE WHEN s <> 'queued' OR i % 2 = 0 THEN now() END, "
-                "CASE WHEN s IN ('completed', 'failed') THEN now() END "
-                "FROM generate_series(1, 40000) i, "
-                "LATERAL (SELECT (ARRAY['queued','active','completed','failed'])[1 + i % 4] AS s)"
-                " x")
-            if stats == "backlog":  # analyzed while everything was queued, then drained
-                await conn.execute("UPDATE jobq.job SET status = 'queued', lease_expires_at = NULL")
-                await conn.execute("ANALYZE jobq.job")
-                await conn.execute(
-                    "UPDATE jobq.job SET status = CASE WHEN random() < 0.5 THEN 'completed' "
-                    "ELSE 'active' END, lease_expires_at = now() + interval '30 s', "
-                    "published_at = now() WHERE random() < 0.5")
-            if stats == "fresh":
-                await conn.execute("ANALYZE jobq.job")
-            ids = [r["id"] for r in await conn.fetch(
-                "SELECT id FROM jobq.job ORDER BY random() LIMIT 32")]
+            ids = await _load(conn, stats)
             plans = {}
             for name, args in BY_ID.items():
                 last = statements(BODY[name])[-1]
@@ -93,12 +123,47 @@ def test_statements_by_id_use_the_primary_key(db_url: str, stats: str) -> None:
         finally:
             await conn.close()
 
-    plans = asyncio.run(go())
-    # claim counts a limited queue's active jobs (max_running) through the
-    # partial index of active rows; its rows by id still go through the key.
-    extra = {"claim": {"job_active_idx"}}
-    bad = {name: (sorted(ix - ALLOWED_INDEXES - extra.get(name, set())),
-                  sorted(seq - {"queue", "worker"}))
-           for name, (ix, seq) in plans.items()
-           if ix - ALLOWED_INDEXES - extra.get(name, set()) or seq - {"queue", "worker"}}
+    bad = _bad(asyncio.run(go()), {})
     assert not bad, f"statements naming rows by id planned through other paths: {bad}"
+
+
+@pytest.mark.parametrize("stats", ["vacant", "empty", "backlog", "fresh"])
+def test_generic_plans_go_through_the_primary_key_whatever_the_statistics(
+        db_url: str, stats: str) -> None:
+    """The functions that keep one plan per session (``-- plan: generic``)
+    plan every statement of theirs through the primary key: planned without
+    the arguments, as the function plans them, with the function's settings.
+    Each statement is prepared with the function's own parameter types, so
+    one that uses only some of them (the claim's rationing) is checked too."""
+    assert set(BY_ID) >= GENERIC_PLAN, "every generic-plan statement needs arguments here"
+
+    async def go() -> dict[str, tuple[set[str], set[str]]]:
+        conn = await asyncpg.connect(db_url, server_settings=SESSION_SETTINGS)
+        try:
+            ids = await _load(conn, stats)
+            plans: dict[str, tuple[set[str], set[str]]] = {}
+            for name in sorted(GENERIC_PLAN):
+                types, _ = await definition(conn, name)
+                args = BY_ID[name](ids)
+                for i, stmt in enumerate(statements(BODY[name])):
+                    async with conn.transaction():
+                        for setting in GENERIC_SETTING.split("SET ")[1:]:
+                            await conn.execute(f"SET LOCAL {setting}")
+                        await conn.execute(f"PREPARE generic_{i} ({types}) AS {stmt}")
+                        params = ", ".join(f"{_literal(a)}::{t}"
+                                           for a, t in zip(args, types.split(", ")))
+                        raw = await conn.fetchval(
+                            f"EXPLAIN (FORMAT JSON) EXECUTE generic_{i} ({params})")
+                        await conn.execute(f"DEALLOCATE generic_{i}")
+                    plan = json.loads(raw) if isinstance(raw, str) else raw
+                    ix, seq = _indexes_and_scans(plan)
+                    had = plans.get(name, (set(), set()))
+                    plans[name] = (had[0] | ix, had[1] | seq)
+            return plans
+        finally:
+            await conn.close()
+
+    # The claim's rationing counts a limited queue's active jobs through the
+    # partial index of active rows (its test of status says so on purpose).
+    bad = _bad(asyncio.run(go()), {"claim": {"job_active_idx"}})
+    assert not bad, f"generic plans of statements by id through other paths: {bad}"
