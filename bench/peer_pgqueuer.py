@@ -61,8 +61,11 @@ async def single(n: int, concurrency: int) -> None:
 
 
 async def worker() -> None:
+    """PGQ_MAX_TASKS caps the jobs one worker has picked at once (pgqueuer's
+    max_concurrent_tasks, at least twice the batch); unset: no cap, its default."""
     pgq = await create()
-    await pgq.run(batch_size=10)
+    cap = int(os.environ.get("PGQ_MAX_TASKS", "0")) or None
+    await pgq.run(batch_size=10, max_concurrent_tasks=cap)
 
 
 if __name__ == "__main__":

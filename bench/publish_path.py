@@ -12,7 +12,9 @@ start). Also: the producer alone (enqueue rate; PostgreSQL, RabbitMQ and
 producer CPU per job from /proc), batches of 100, the broker's own limit
 (raw aio-pika, confirmed persistent messages to a quorum queue, 100 in
 flight), publish latency on an idle system (one caller), drains of a
-backlog with 1 and 2 consumers. Medians over runs; ratios taken within each
+backlog with 1 and 2 consumers, and with 2 at twice --concurrency (pgqueuer:
+uncapped, its default, and capped at twice --concurrency, the least it takes
+with its batch of 10). Medians over runs; ratios taken within each
 run, then their median.
 """
 
@@ -171,14 +173,17 @@ def jobq(n: int, concurrency: int) -> dict[str, float]:
                 res[f"jobq_steady_{k}"] = v
             for c in cons:
                 c.kill()
-        for k in (1, 2):
+        # The issue's drains at --concurrency, and 2 consumers at twice it
+        # (pgqueuer cannot be capped below twice its batch of 10: see below).
+        for k, conc, key in ((1, concurrency, "jobq_drain_1c"), (2, concurrency, "jobq_drain_2c"),
+                             (2, 2 * concurrency, f"jobq_drain_2c_conc{2 * concurrency}")):
             reset()
             asyncio.run(_publish(w.settings, n, batch=1000))
             with pings(n) as (port, _first, done):
                 cons = [w.procs.start("consume", "ping_app:app", "--concurrency",
-                                      str(concurrency), PING_PORT=str(port)) for _ in range(k)]
+                                      str(conc), PING_PORT=str(port)) for _ in range(k)]
                 out = done()
-                res[f"jobq_drain_{k}c"] = n / (out["last"] - out["first"])
+                res[key] = n / (out["last"] - out["first"])
                 for c in cons:
                     c.kill()
     return res
@@ -284,6 +289,21 @@ def pgqueuer(n: int, concurrency: int) -> dict[str, float]:
             "pgqueuer", n, lambda: run_json([str(PY), script, "single", str(n),
                                              str(concurrency)], env),
             [str(PY), script, "worker"], env, drained))
+        # Drains timed like jobq's (first to last completion ping), with
+        # pgqueuer's default (no cap on picked jobs) and capped like jobq's
+        # consumers at twice --concurrency.
+        for cap, key in ((0, "pgqueuer_drain_2c_pings"),
+                         (2 * concurrency, f"pgqueuer_drain_2c_cap{2 * concurrency}")):
+            db = SyncDB(db_url)
+            try:
+                db.execute("TRUNCATE pgqueuer")
+            finally:
+                db.close()
+            subprocess.run([str(PY), script, "fill", str(n)], env=env, check=True, cwd=HERE)
+            with pings(n) as (port, _first, done), peer_workers(
+                    [str(PY), script, "worker"], {**env, "PGQ_MAX_TASKS": str(cap)}, port):
+                out = done()
+                res[key] = n / (out["last"] - out["first"])
     return res
 
 
@@ -321,7 +341,10 @@ def one_run(n: int, concurrency: int) -> dict[str, float]:
     for a, b in (("jobq_steady_rate", "celery_steady_rate"),
                  ("jobq_steady_rate", "pgqueuer_steady_rate"),
                  ("jobq_enqueue_batch100_enqueue_rate", "broker_raw_confirmed_per_s"),
-                 ("jobq_drain_2c", "pgqueuer_drain_2c")):
+                 ("jobq_drain_2c", "pgqueuer_drain_2c"),
+                 ("jobq_drain_2c", "pgqueuer_drain_2c_pings"),
+                 (f"jobq_drain_2c_conc{2 * concurrency}",
+                  f"pgqueuer_drain_2c_cap{2 * concurrency}")):
         if a in r and b in r:
             r[f"ratio_{a}_vs_{b}"] = r[a] / r[b]
     return r
