@@ -58,6 +58,12 @@ async def definition(conn: Any, name: str) -> tuple[str, str]:
     if len(params) != arity(body):
         raise ValueError(f"queries.sql: {name}: parameters must be numbered $1..$n without gaps")
     cols = stmt.get_attributes()
+    for other in statements(body)[:-1]:  # one answering instead of the last: the same shape
+        if other.startswith(IF_FOUND) and cols:
+            alt = (await conn.prepare(other)).get_attributes()
+            if [(a.name, a.type.oid) for a in alt] != [(a.name, a.type.oid) for a in cols]:
+                raise ValueError(f"queries.sql: {name}: the statement marked {IF_FOUND} must "
+                                 "return the same columns as the last one")
     args = ", ".join(params)
     if cols:
         names = [a.name for a in cols]
@@ -86,12 +92,13 @@ def plpgsql(body: str, returns_rows: bool) -> str:
     its arguments (PLAN_SETTING). Columns win over the output names
     (``use_column``), so the text means what it means as a statement; an
     earlier SELECT is run for its effect (its row locks) via PERFORM; a
-    statement marked ``IF_FOUND`` runs only if the one before found a row."""
+    statement marked ``IF_FOUND`` runs only if the one before found a row,
+    and then answers for the function."""
     parts = statements(body)
     out = ["#variable_conflict use_column", "BEGIN"]
     for i, stmt in enumerate(parts):
         last = i == len(parts) - 1
-        if last and returns_rows:
+        if returns_rows and (last or stmt.startswith(IF_FOUND)):
             line = f"RETURN QUERY {stmt};"
         elif stmt.lstrip()[:6].upper() == "SELECT":
             line = f"PERFORM 1 FROM ({stmt}) AS _effect;"
@@ -100,7 +107,7 @@ def plpgsql(body: str, returns_rows: bool) -> str:
         if stmt.startswith(IF_FOUND):
             if i == 0:
                 raise ValueError(f"{IF_FOUND} needs a statement before it")
-            line = f"IF FOUND THEN\n{line}\nEND IF;"
+            line = f"IF FOUND THEN\n{line}\nRETURN;\nEND IF;"
         out.append(line)
     out.append("END")
     return "\n".join(out)

@@ -13,9 +13,11 @@ same parameters and result columns. ``BODY[name]`` is always the statement
 itself (for the migration and for the plan tests). Only such a block may
 hold several statements (each ending with ``;`` at the end of a line): the
 function runs them in order, each with a fresh snapshot, and returns what
-the last one returns. A statement that opens with ``/* only if found */``
-runs only when the one before it returned a row (a fast path that skips
-work, and its planning, when there is nothing for it to do). ``-- plan:
+the last one returns. A statement that opens with ``/* if found, instead of
+the rest */`` runs only when the one before it returned a row, and then
+ends the function with its own answer; otherwise it is skipped and the rest
+runs (a fast path that skips a costly statement, and its planning, when
+there is nothing for it to do). ``-- plan:
 generic`` makes such a function keep one plan per session instead of
 planning every call (routines.py says when that is safe).
 """
@@ -32,7 +34,7 @@ _GRANT = re.compile(r"^--\s*grant:\s*(.+?)\s*$")
 _GENERIC = re.compile(r"^--\s*plan:\s*generic\s*$")
 _PARAM = re.compile(r"\$(\d+)")
 ROLE = re.compile(r"^jobq_[a-z]+$")
-IF_FOUND = "/* only if found */"
+IF_FOUND = "/* if found, instead of the rest */"
 
 
 def parse(text: str) -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
