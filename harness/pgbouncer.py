@@ -59,6 +59,16 @@ class PgBouncer:
         auth = u.netloc.rpartition("@")[0]
         return urlunsplit(u._replace(netloc=f"{auth + '@' if auth else ''}127.0.0.1:{self.port}"))
 
+    def clients(self) -> list[dict[str, str]]:
+        """The client connections PgBouncer holds now (its admin console's
+        SHOW CLIENTS, through psql: the console speaks the simple protocol only)."""
+        out = subprocess.run(
+            ["psql", f"host=127.0.0.1 port={self.port} dbname=pgbouncer user=postgres",
+             "-A", "-F", "\t", "-P", "footer=off", "-c", "SHOW CLIENTS"],
+            check=True, capture_output=True, text=True, timeout=10).stdout.splitlines()
+        head = out[0].split("\t")
+        return [dict(zip(head, line.split("\t"))) for line in out[1:]]
+
     def log(self) -> str:
         try:
             return (self.dir / "log").read_text()
