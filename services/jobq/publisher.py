@@ -32,7 +32,7 @@ import asyncpg
 
 from jobq.batch import Coalescer
 from jobq.broker import Broker
-from jobq.db import translated
+from jobq.db import fetch
 from jobq.errors import BadInput
 from jobq.relay import mark, publish_ids
 from jobq.sql import Q
@@ -55,10 +55,9 @@ class Rows:
         return await self._coalescer.submit(rows)
 
     async def _commit(self, rows: list[Row]) -> list[uuid.UUID]:
-        with translated():
-            got = await self._pool.fetch(
-                Q["enqueue_many"], [r[0] for r in rows], [r[1] for r in rows],
-                [r[2] for r in rows], [r[3] for r in rows], self._grace)
+        got = await fetch(self._pool, Q["enqueue_many"], [r[0] for r in rows],
+                          [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows],
+                          self._grace)
         return [r["id"] for r in got]
 
     async def _commit_each_on_bad_input(

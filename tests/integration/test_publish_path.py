@@ -40,7 +40,7 @@ def test_concurrent_publishes_share_a_commit_and_a_refusal_stays_with_its_caller
     assert transactions < 59 / 2  # group-committed, not one by one
 
 
-def test_marks_are_deferred_and_close_writes_them(settings: Settings) -> None:
+def test_close_writes_the_pending_marks(settings: Settings) -> None:
     async def go() -> tuple[int, int]:
         async with Client(settings) as client:
             await asyncio.gather(*(client.publish("mail", {"n": i}) for i in range(40)))
@@ -129,3 +129,39 @@ def test_a_short_relay_grace_never_outruns_the_deferred_marks(settings: Settings
 
     relayed, bodies = asyncio.run(go())
     assert relayed == 0 and len(bodies) == 30, (relayed, len(bodies))
+
+
+def test_publishes_go_on_after_the_producers_backends_are_terminated(settings: Settings) -> None:
+    """While its backends are terminated, a publish in flight is refused (its
+    caller is told, nothing is half-done); afterwards every publish succeeds:
+    no broken connection stays in the pool. (It passed before the row commit
+    went through db.fetch too: asyncpg noticed these terminations itself.)"""
+    async def go() -> tuple[int, list[Any]]:
+        killer = await asyncpg.connect(settings.database_url)
+        refused = 0
+        async with Client(settings) as client:
+            async def kill() -> None:
+                for _ in range(40):
+                    await killer.execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE application_name = 'jobq-producer' AND datname = current_database()")
+                    await asyncio.sleep(0.01)
+
+            async def publish_on() -> int:
+                bad = 0
+                for i in range(400):
+                    try:
+                        await client.publish("mail", {"n": i})
+                    except Exception:
+                        bad += 1  # in flight when its backend went: the caller is told
+                return bad
+
+            refused, _ = await asyncio.gather(publish_on(), kill())
+            after = await asyncio.gather(*(client.publish("mail", {"after": i}) for i in range(20)),
+                                         return_exceptions=True)
+        await killer.close()
+        return refused, after
+
+    refused, after = asyncio.run(go())
+    print(f"{refused} publish(es) refused while backends were terminated")
+    assert [a for a in after if isinstance(a, BaseException)] == []
