@@ -105,38 +105,28 @@ SELECT id, 'published', 'by the reaper relay' FROM marked WHERE history;
 -- transaction) is waited for, then re-checked, never skipped. The lock
 -- tokens ($4, one per id) are the consumer's own random UUIDs, so that a
 -- claim retried after its reply was lost can recognise the rows it already
--- holds (claim_recover) instead of taking them for someone else's. A parked
--- row (below) is never claimed: a delivery of its id is a stale duplicate,
--- and unpark publishes it again when its turn comes.
+-- holds (claim_recover) instead of taking them for someone else's.
 --
 -- Limits (issue #17): a queue with max_running or rate_per_s is decided
 -- here, for the whole fleet. Its row is locked first, in a statement of its
 -- own: the function is VOLATILE, so the claim after it takes a fresh
 -- snapshot and counts every job the claim that held the lock before made
--- active. Ids a limit refuses are parked (published_at NULL, relay_after
--- 'infinity'): their messages are acked, and the reapers' unpark releases
--- them to the relay as slots and tokens free up, so a full queue is neither
--- lost nor spun on. The price: claims of a limited queue take turns (the
--- lock is held to commit): bench/limits.py. NO KEY UPDATE, so enqueues
--- (their foreign key's KEY SHARE) never wait.
---
--- Only when the first statement finds a limited queue does the second (the
--- claim with the limits) run, and answer; otherwise the third, the same
--- claim without the limits' CTEs, whose planning cost more than the claim
--- itself (issue #16: a one-job claim planned per call, 0.87 ms of server
--- CPU with them, 0.51 ms without; bench/claim_cost.py).
+-- active. Unlimited queues lock nothing. Ids a limit refuses are parked
+-- (published_at NULL, relay_after 'infinity'): their messages are acked, and
+-- the reapers' unpark releases them to the relay as slots and tokens free up,
+-- so a full queue is neither lost nor spun on. The price: claims of a
+-- limited queue take turns (the lock is held to commit): bench/limits.py.
+-- NO KEY UPDATE, so enqueues (their foreign key's KEY SHARE) never wait.
 SELECT name FROM jobq.queue
 WHERE name = ANY($3::text[]) AND (max_running IS NOT NULL OR rate_per_s IS NOT NULL)
 ORDER BY name
 FOR NO KEY UPDATE;
-/* if found, instead of the rest */
 WITH candidate AS (
     SELECT j.id, j.queue
     FROM jobq.job j
     WHERE j.id = ANY($1::uuid[])
       AND j.status COLLATE "C" = 'queued'
       AND j.run_at <= now()
-      AND j.relay_after < 'infinity'
       AND j.queue = ANY($3::text[])
     ORDER BY j.id
     FOR UPDATE OF j
@@ -179,36 +169,6 @@ WITH candidate AS (
         rate_at = now()
     FROM allowance a
     WHERE q.name = a.name AND q.rate_per_s IS NOT NULL
-), logged AS (
-    INSERT INTO jobq.job_event (job_id, event, worker_id, attempt)
-    SELECT id, 'claimed', $2, attempts FROM claimed WHERE history
-)
-SELECT * FROM claimed;
-WITH candidate AS (
-    SELECT j.id
-    FROM jobq.job j
-    WHERE j.id = ANY($1::uuid[])
-      AND j.status COLLATE "C" = 'queued'
-      AND j.run_at <= now()
-      AND j.relay_after < 'infinity'
-      AND j.queue = ANY($3::text[])
-    ORDER BY j.id
-    FOR UPDATE OF j
-), claimed AS (
-    UPDATE jobq.job j
-    SET status = 'active',
-        lock = ($4::uuid[])[array_position($1::uuid[], j.id)],
-        worker_id = $2,
-        attempts = j.attempts + 1,
-        lease_expires_at = now() + make_interval(secs => q.lease_s),
-        started_at = now(),
-        isolated = false
-    FROM candidate c, jobq.queue q
-    WHERE j.id = c.id AND q.name = j.queue
-    RETURNING j.id, j.queue, j.payload, j.attempts, j.errors, j.stalls, j.lock, j.created_at,
-              j.suspect, j.handoffs, q.lease_s, q.timeout_s, q.max_attempts,
-              q.vanished_grace_s, q.history, q.max_result_bytes,
-              q.max_running IS NOT NULL OR q.rate_per_s IS NOT NULL AS limited
 ), logged AS (
     INSERT INTO jobq.job_event (job_id, event, worker_id, attempt)
     SELECT id, 'claimed', $2, attempts FROM claimed WHERE history

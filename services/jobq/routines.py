@@ -20,22 +20,22 @@ import hashlib
 import logging
 from typing import Any
 
-from jobq.sql import BODY, GENERIC_PLAN, GRANTS, IF_FOUND, arity, function_name, statements
+from jobq.sql import BODY, GENERIC_PLAN, GRANTS, arity, function_name, statements
 
 log = logging.getLogger("jobq.migrate")
 
 PINNED_PATH = "pg_catalog, pg_temp"
 # Part of every checksum: a change to how functions are generated (not only
 # to their statements) makes migrate recreate them.
-GENERATOR = "plpgsql/3"
+GENERATOR = "plpgsql/2"
 # Plan every call for its arguments, whatever the session says: a generic
 # plan cached while jobq.job was small keeps sequential scans (db.py's
 # SESSION_SETTINGS say the same at login, which PgBouncer does not pass on).
 PLAN_SETTING = "SET plan_cache_mode = force_custom_plan"
 # ``-- plan: generic`` (the consumer's and producer's per-job statements):
 # planned once per session, not per call, which cost more than running them
-# (issue #16: a one-job claim 0.51 -> 0.28 ms of server CPU, a completion
-# 0.39 -> 0.25). Safe only for a statement whose rows are named by id and
+# (issue #16, bench/claim_cost.py: a one-job claim 0.87 -> 0.34 ms of server
+# CPU, a completion 0.41 -> 0.23). Safe only for a statement whose rows are named by id and
 # whose status tests are written ``status COLLATE "C" = ...``, so that no
 # partial index of jobq.job can serve it: with sequential scans priced out
 # the primary key is then the only plan there is, whatever the statistics
@@ -58,12 +58,6 @@ async def definition(conn: Any, name: str) -> tuple[str, str]:
     if len(params) != arity(body):
         raise ValueError(f"queries.sql: {name}: parameters must be numbered $1..$n without gaps")
     cols = stmt.get_attributes()
-    for other in statements(body)[:-1]:  # one answering instead of the last: the same shape
-        if other.startswith(IF_FOUND) and cols:
-            alt = (await conn.prepare(other)).get_attributes()
-            if [(a.name, a.type.oid) for a in alt] != [(a.name, a.type.oid) for a in cols]:
-                raise ValueError(f"queries.sql: {name}: the statement marked {IF_FOUND} must "
-                                 "return the same columns as the last one")
     args = ", ".join(params)
     if cols:
         names = [a.name for a in cols]
@@ -88,27 +82,21 @@ def plpgsql(body: str, returns_rows: bool) -> str:
     statement parsed and analysed for the session, where a SQL function
     called from a new query re-parses its body on every call (measured: the
     producer's mark cost 0.53 ms of server CPU as a SQL function, ~0.40 as
-    PL/pgSQL, 0.36 ms as the bare statement). Each call is still planned for
-    its arguments (PLAN_SETTING). Columns win over the output names
-    (``use_column``), so the text means what it means as a statement; an
-    earlier SELECT is run for its effect (its row locks) via PERFORM; a
-    statement marked ``IF_FOUND`` runs only if the one before found a row,
-    and then answers for the function."""
+    PL/pgSQL, 0.36 ms as the bare statement); whether each call is also
+    planned for its arguments is the function's plan setting (above).
+    Columns win over the output names (``use_column``), so the text means
+    what it means as a statement; an earlier SELECT is run for its effect
+    (its row locks) via PERFORM."""
     parts = statements(body)
     out = ["#variable_conflict use_column", "BEGIN"]
     for i, stmt in enumerate(parts):
         last = i == len(parts) - 1
-        if returns_rows and (last or stmt.startswith(IF_FOUND)):
-            line = f"RETURN QUERY {stmt};"
+        if last and returns_rows:
+            out.append(f"RETURN QUERY {stmt};")
         elif stmt.lstrip()[:6].upper() == "SELECT":
-            line = f"PERFORM 1 FROM ({stmt}) AS _effect;"
+            out.append(f"PERFORM 1 FROM ({stmt}) AS _effect;")
         else:
-            line = f"{stmt};"
-        if stmt.startswith(IF_FOUND):
-            if i == 0:
-                raise ValueError(f"{IF_FOUND} needs a statement before it")
-            line = f"IF FOUND THEN\n{line}\nRETURN;\nEND IF;"
-        out.append(line)
+            out.append(f"{stmt};")
     out.append("END")
     return "\n".join(out)
 

@@ -13,13 +13,9 @@ same parameters and result columns. ``BODY[name]`` is always the statement
 itself (for the migration and for the plan tests). Only such a block may
 hold several statements (each ending with ``;`` at the end of a line): the
 function runs them in order, each with a fresh snapshot, and returns what
-the last one returns. A statement that opens with ``/* if found, instead of
-the rest */`` runs only when the one before it returned a row, and then
-ends the function with its own answer; otherwise it is skipped and the rest
-runs (a fast path that skips a costly statement, and its planning, when
-there is nothing for it to do). ``-- plan:
-generic`` makes such a function keep one plan per session instead of
-planning every call (routines.py says when that is safe).
+the last one returns. ``-- plan: generic`` makes such a function keep one
+plan per session instead of planning every call (routines.py says when that
+is safe).
 """
 
 from __future__ import annotations
@@ -34,15 +30,11 @@ _GRANT = re.compile(r"^--\s*grant:\s*(.+?)\s*$")
 _GENERIC = re.compile(r"^--\s*plan:\s*generic\s*$")
 _PARAM = re.compile(r"\$(\d+)")
 ROLE = re.compile(r"^jobq_[a-z]+$")
-IF_FOUND = "/* if found, instead of the rest */"
 
 
-def parse(text: str) -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
-    """(name → statement, name → roles granted it as a function)."""
-    return _parse(text)[:2]
-
-
-def _parse(text: str) -> tuple[dict[str, str], dict[str, tuple[str, ...]], frozenset[str]]:
+def parse(text: str) -> tuple[dict[str, str], dict[str, tuple[str, ...]], frozenset[str]]:
+    """(name → statement, name → roles granted it as a function, names
+    whose function keeps a generic plan)."""
     parts = _NAME.split(text)
     queries: dict[str, str] = {}
     grants: dict[str, tuple[str, ...]] = {}
@@ -90,7 +82,7 @@ def call(name: str, statement: str) -> str:
     return f"SELECT * FROM {function_name(name)}({args})"
 
 
-_BODY, _GRANTS, GENERIC_PLAN = _parse(
+_BODY, _GRANTS, GENERIC_PLAN = parse(
     resources.files("jobq").joinpath("queries.sql").read_text(encoding="utf-8"))
 BODY: Mapping[str, str] = MappingProxyType(_BODY)
 GRANTS: Mapping[str, tuple[str, ...]] = MappingProxyType(_GRANTS)
