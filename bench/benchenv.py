@@ -59,7 +59,11 @@ def scratch(queues: tuple[str, ...] = ("work",)) -> Iterator[tuple[str, str, str
         finally:
             await conn.close()
 
-    asyncio.run(setup())
+    try:
+        asyncio.run(setup())
+    except BaseException:  # a failed migration must not leave the database behind
+        asyncio.run(_admin(ADMIN_URL, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        raise
     try:
         yield _with_db(ADMIN_URL, name), AMQP_URL, namespace
     finally:
