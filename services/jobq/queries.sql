@@ -112,7 +112,8 @@ SELECT id, 'published', 'by the reaper relay' FROM marked WHERE history;
 -- own: the function is VOLATILE, so the claim after it takes a fresh
 -- snapshot and counts every job the claim that held the lock before made
 -- active. Unlimited queues lock nothing. Ids a limit refuses are parked
--- (published_at NULL, relay_after 'infinity'): their messages are acked, and
+-- (published_at NULL, relay_after 'infinity', a fresh lock token, so that no
+-- late publish mark of the spell before can cover them): their messages are acked, and
 -- the reapers' unpark releases them to the relay as slots and tokens free up,
 -- so a full queue is neither lost nor spun on. The price: claims of a
 -- limited queue take turns (the lock is held to commit): bench/limits.py.
@@ -158,9 +159,9 @@ WITH candidate AS (
               j.suspect, j.handoffs, q.lease_s, q.timeout_s, q.max_attempts,
               q.vanished_grace_s, q.history, q.max_result_bytes,
               q.max_running IS NOT NULL OR q.rate_per_s IS NOT NULL AS limited
-), parked AS (
-    UPDATE jobq.job j
-    SET published_at = NULL, relay_after = 'infinity'
+), parked AS (  -- a new queued spell, with a token of its own: a publish mark
+    UPDATE jobq.job j  -- for the spell before (the producer's, late) misses it
+    SET published_at = NULL, relay_after = 'infinity', lock = gen_random_uuid()
     FROM ranked
     WHERE j.id = ranked.id AND NOT ranked.allowed
 ), spent AS (

@@ -13,6 +13,7 @@ import pytest
 
 from harness.helpers import with_pool
 from jobq import lease, limits
+from jobq.sql import Q
 
 
 async def _batch(pool: asyncpg.Pool, n: int, **queue: Any) -> list[uuid.UUID]:
@@ -79,3 +80,23 @@ def test_a_parked_jobs_delivery_is_decided_by_the_limit_again(db_url: str) -> No
         return got
 
     assert with_pool(db_url, body) == [1, 0, 2]
+
+
+def test_a_late_publish_mark_does_not_strand_a_parked_job(db_url: str) -> None:
+    """The producer marks its confirmed ids published a few milliseconds
+    after the confirm; a consumer may have parked one in between. The mark
+    is for the spell that was published, not the parked one: the row stays
+    unpublished, so unpark and the relay still bring it back (a stale mark
+    once left parked rows 'published' with their messages acked, and a rate
+    limited queue stopped until the lost-message check, 15 s later)."""
+    async def body(pool: asyncpg.Pool) -> tuple[int, int]:
+        ids = await _batch(pool, 3, max_running=1)
+        await _claimed(pool, ids)  # one runs, two parked
+        # The producer's deferred mark, with the token it read at enqueue.
+        await pool.execute(Q["mark_published"], ids, [None] * len(ids))
+        await pool.execute("UPDATE jobq.queue SET max_running = NULL WHERE name = 'lim'")
+        return await limits.unpark(pool), await pool.fetchval(
+            "SELECT count(*) FROM jobq.job WHERE status = 'queued' AND published_at IS NULL "
+            "AND relay_after <= now()")
+
+    assert with_pool(db_url, body) == (2, 2)
