@@ -49,10 +49,19 @@ async def end(n: int, outcome: str) -> None:
                        "WHERE n = $1", n, outcome)
 
 
+async def _cancelled(job: Job) -> None:
+    # By the claim's token, not by n: a cancel can land while start()'s
+    # INSERT is committed but its reply not yet read (a consumer SIGCONTed
+    # past its lease: the reply and the self-fence are due in one loop pass).
+    pool = await _db()
+    await pool.execute("UPDATE test_run SET outcome = 'cancelled', ended_at = clock_timestamp() "
+                       "WHERE job_id = $1 AND lock = $2 AND outcome IS NULL", job.id, job.lock)
+
+
 async def _work(job: Job) -> Any:
-    n = await start(job)
     p = job.payload or {}
     try:
+        n = await start(job)
         if p.get("kill_on_attempt") and job.attempt <= int(p["kill_on_attempt"]):
             os.kill(os.getpid(), signal.SIGKILL)
         if p.get("sleep_first") is not None and job.attempt == 1:
@@ -65,7 +74,7 @@ async def _work(job: Job) -> Any:
         if p.get("fail_now"):
             raise Fail("cannot ever work")
     except asyncio.CancelledError:
-        await asyncio.shield(end(n, "cancelled"))
+        await asyncio.shield(_cancelled(job))
         raise
     await end(n, "returned")
 
