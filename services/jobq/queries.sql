@@ -46,10 +46,13 @@ SELECT name, max_payload_bytes FROM jobq.queue WHERE name = ANY($1::text[]);
 -- grant: jobq_producer, jobq_consumer, jobq_reaper
 -- plan: generic
 -- After the broker confirmed the ids (the producer defers it, one statement
--- for many publishes). Only the queued spell that was published (same lock
--- token as read) is marked; a row claimed meanwhile needs no mark and costs
--- no write. SKIP LOCKED: a row someone holds is being claimed (then it needs
--- no mark) or relayed (the relay marks it); never waiting here means never
+-- for many publishes). Only the queued spell that was published is marked:
+-- same lock token as read, NULL for a new row. A claim sets a new token, and
+-- so does every statement that hands a queued row back to the relay (the
+-- claim's park, hand_back, unpublish_lost, retry_failed), so a late mark never
+-- marks a spell whose message is not out. A row claimed meanwhile needs no
+-- mark and costs no write. SKIP LOCKED: a row someone holds is being claimed
+-- (then it needs no mark) or relayed (the relay marks it); never waiting here means never
 -- deadlocking with batched claims. No history row: published_at says it
 -- (the relay's publishes, the unusual ones, do write one).
 WITH target AS (
@@ -202,9 +205,11 @@ WHERE id = ANY($1::uuid[]);
 -- grant: jobq_consumer
 -- A delivery for a queued job of a queue this worker does not handle (an id
 -- published to the wrong queue): forget the publish so the relay sends the id
--- to the job's own queue.
+-- to the job's own queue. A fresh token, as for every spell the relay is
+-- handed (park, unpublish_lost, retry_failed): a publish mark is keyed on
+-- the token of the spell it published, so a late one misses this spell.
 UPDATE jobq.job
-SET published_at = NULL, relay_after = now()
+SET published_at = NULL, relay_after = now(), lock = gen_random_uuid()
 WHERE id IN (SELECT id FROM jobq.job
              WHERE id = ANY($1::uuid[]) AND status COLLATE "C" = 'queued'
              FOR UPDATE SKIP LOCKED);
@@ -544,7 +549,7 @@ WITH target AS (
     FOR UPDATE SKIP LOCKED
 ), lost AS (
     UPDATE jobq.job j
-    SET published_at = NULL, relay_after = now()
+    SET published_at = NULL, relay_after = now(), lock = gen_random_uuid()  -- (hand_back)
     FROM target, jobq.queue q
     WHERE j.id = target.id AND q.name = j.queue
     RETURNING j.id, q.history
@@ -749,7 +754,8 @@ SELECT id FROM cancelled;
 WITH again AS (
     UPDATE jobq.job j
     SET status = 'queued', errors = 0, stalls = 0, run_at = now(), relay_after = now(),
-        published_at = NULL, finished_at = NULL, lease_expires_at = NULL
+        published_at = NULL, finished_at = NULL, lease_expires_at = NULL,
+        lock = gen_random_uuid()  -- a new spell (hand_back)
     FROM jobq.queue q
     WHERE j.id = $1 AND j.status COLLATE "C" IN ('failed', 'cancelled') AND q.name = j.queue
     RETURNING j.id, j.queue, j.lock, q.history

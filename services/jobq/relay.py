@@ -35,7 +35,7 @@ RETRY_LATER_S = 5.0  # a row the broker would not take is tried again after this
 async def publish_and_mark(broker: Broker, pool: asyncpg.Pool,
                            rows: Sequence[tuple[uuid.UUID, str, uuid.UUID | None]]) -> int:
     """Publish committed rows' ids (id, queue, lock token of their queued
-    spell: NULL if never claimed), then mark the confirmed ones; returns how
+    spell: NULL for a new row), then mark the confirmed ones; returns how
     many the broker confirmed. Never raises: the relay is the fallback."""
     confirmed = await publish_ids(broker, [(i, q) for i, q, _ in rows])
     locks = {i: lk for i, _, lk in rows}

@@ -12,9 +12,12 @@ from typing import Any
 import asyncpg
 import pytest
 
+from harness.helpers import with_pool
+from jobq import admin, lease
 from jobq.errors import InvalidPayload
 from jobq.producer import Client, NewJob
 from jobq.settings import Settings
+from jobq.sql import Q
 
 
 def test_concurrent_publishes_share_a_commit_and_a_refusal_stays_with_its_caller(
@@ -165,3 +168,37 @@ def test_publishes_go_on_after_the_producers_backends_are_terminated(settings: S
     refused, after = asyncio.run(go())
     print(f"{refused} publish(es) refused while backends were terminated")
     assert [a for a in after if isinstance(a, BaseException)] == []
+
+
+async def _hand_back(pool: asyncpg.Pool, job_id: Any) -> None:
+    await lease.hand_back(pool, [job_id])
+
+
+async def _cancel_then_retry(pool: asyncpg.Pool, job_id: Any) -> None:
+    await admin.cancel(pool, job_id, "test")
+    await admin.retry(pool, job_id)
+
+
+async def _lost_by_the_broker(pool: asyncpg.Pool, job_id: Any) -> None:
+    await pool.execute("UPDATE jobq.job SET published_at = now() - interval '1 minute'")
+    await pool.fetchval(Q["unpublish_lost"], "q", 15.0)
+
+
+@pytest.mark.parametrize("back_to_the_relay", [_hand_back, _cancel_then_retry,
+                                               _lost_by_the_broker])
+def test_a_late_mark_covers_only_the_spell_it_published(
+        db_url: str, back_to_the_relay: Any) -> None:
+    """The producer marks a confirmed id published up to a quarter second
+    later, by the token of the queued spell it published. Whatever hands the
+    row back to the relay meanwhile starts a new spell: the late mark must
+    not cover it, or the row reads 'published' while no message is out, and
+    only the lost-message check (an empty broker queue, 15 s) would find it."""
+    async def body(pool: asyncpg.Pool) -> Any:
+        job_id = await pool.fetchval("SELECT jobq.enqueue('q', '{}')")
+        await back_to_the_relay(pool, job_id)
+        await pool.execute(Q["mark_published"], [job_id], [None])  # the producer's, late
+        return await pool.fetchrow("SELECT status, published_at IS NULL AS unpublished, "
+                                   "relay_after <= now() AS due FROM jobq.job")
+
+    row = with_pool(db_url, body)
+    assert dict(row) == {"status": "queued", "unpublished": True, "due": True}
