@@ -96,6 +96,12 @@ def test_reaper_dies_mid_sweep(db, procs, settings, report, point):
     a.worker_id()
     ids = publish(settings, "work", [{"sleep_first": 60} for _ in range(3)])
     wait_until(lambda: db.val("SELECT count(*) FROM test_run") == 3, 10, "3 jobs running")
+    # Claimed in one batch or several, the three share a deadline once one
+    # renewal (one statement for all) has run: so they lapse in one sweep,
+    # and the reaper dies after requeueing all three (under load, claims in
+    # two batches once left one lease lapsing a sweep ahead of the others).
+    wait_until(lambda: db.val("SELECT count(DISTINCT lease_expires_at) FROM jobq.job "
+                              "WHERE status = 'active'") == 1, 10, "one shared lease deadline")
     a.kill()
     killed = time.monotonic()
     died_by_sigkill(r1)
