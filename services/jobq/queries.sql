@@ -62,6 +62,10 @@ WITH target AS (
     WHERE j.lock IS NOT DISTINCT FROM t.lock
       AND j.status COLLATE "C" = 'queued'
       AND j.published_at IS NULL
+      -- Not a job that is not due: consumers drop its early delivery (a
+      -- repeated idempotency key sends a delayed job's id), and only an
+      -- unmarked row is published by the relay when it comes due.
+      AND j.run_at <= now()
     FOR UPDATE OF j SKIP LOCKED
 )
 UPDATE jobq.job j

@@ -202,3 +202,23 @@ def test_a_late_mark_covers_only_the_spell_it_published(
 
     row = with_pool(db_url, body)
     assert dict(row) == {"status": "queued", "unpublished": True, "due": True}
+
+
+def test_a_repeated_key_does_not_mark_a_delayed_job_published(settings: Settings) -> None:
+    """A publish whose idempotency key names a job delayed by an earlier
+    publish gets that job's id back, and the producer sends the id (it asked
+    for no delay). The consumer drops the early delivery (not due); the mark
+    must not record it as published, or the relay, which publishes delayed
+    jobs when due, would never send it."""
+    async def go() -> Any:
+        async with Client(settings) as client:
+            first = await client.publish("mail", {"n": 1}, delay_s=60, idempotency_key="k")
+            again = await client.publish("mail", {"n": 1}, idempotency_key="k")
+        assert again == first
+        conn = await asyncpg.connect(settings.database_url)
+        row = await conn.fetchrow("SELECT status, published_at IS NULL AS unpublished, "
+                                  "run_at > now() AS delayed FROM jobq.job")
+        await conn.close()
+        return row
+
+    assert dict(asyncio.run(go())) == {"status": "queued", "unpublished": True, "delayed": True}
