@@ -71,11 +71,16 @@ def test_a_rate_limit_holds_over_ten_seconds(db: SyncDB, procs: Procs, settings)
         assert in_window <= 40 + 10, (t0, in_window)
     assert len(t) >= 20 * 10 * 0.6, len(t)  # and it does run near the rate
     # One snapshot (the consumers go on starting jobs): every job still has
-    # its row, none ran twice, and every run's job was claimed.
+    # its row, none ran twice, every run's job was claimed, and no parked
+    # row reads "published" (its message is acked: unpark would never
+    # release it; a late producer mark once did that, and this test stalled).
     now = db.fetchrow("SELECT (SELECT count(*) FROM jobq.job) AS jobs, "
                       "(SELECT count(*) FROM test_run) AS runs, "
                       "(SELECT count(DISTINCT job_id) FROM test_run) AS distinct_runs, "
                       "(SELECT count(*) FROM jobq.job "
-                      " WHERE status IN ('active', 'completed')) AS begun")
+                      " WHERE status IN ('active', 'completed')) AS begun, "
+                      "(SELECT count(*) FROM jobq.job WHERE status = 'queued' "
+                      " AND relay_after = 'infinity' AND published_at IS NOT NULL) AS stranded")
     assert now is not None and now["jobs"] == 400, now
     assert now["runs"] == now["distinct_runs"] <= now["begun"], dict(now)
+    assert now["stranded"] == 0, dict(now)
