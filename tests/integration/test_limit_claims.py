@@ -67,7 +67,6 @@ def test_parked_jobs_are_released_as_slots_free(db_url: str) -> None:
     assert with_pool(db_url, body) == [0, 1, 3]
 
 
-
 def test_a_parked_jobs_delivery_is_decided_by_the_limit_again(db_url: str) -> None:
     """A stale delivery of a parked job goes through the same limit: held
     back while the limit binds, claimed once the limit is gone."""
@@ -83,8 +82,8 @@ def test_a_parked_jobs_delivery_is_decided_by_the_limit_again(db_url: str) -> No
 
 
 def test_a_late_publish_mark_does_not_strand_a_parked_job(db_url: str) -> None:
-    """The producer marks its confirmed ids published a few milliseconds
-    after the confirm; a consumer may have parked one in between. The mark
+    """The producer marks its confirmed ids published up to a quarter second
+    after the confirm (Marks); a consumer may have parked one in between. The mark
     is for the spell that was published, not the parked one: the row stays
     unpublished, so unpark and the relay still bring it back (a stale mark
     once left parked rows 'published' with their messages acked, and a rate

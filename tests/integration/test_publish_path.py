@@ -139,16 +139,18 @@ def test_publishes_go_on_after_the_producers_backends_are_terminated(settings: S
     caller is told, nothing is half-done); afterwards every publish succeeds:
     no broken connection stays in the pool. (It passed before the row commit
     went through db.fetch too: asyncpg noticed these terminations itself.)"""
-    async def go() -> tuple[int, list[Any]]:
+    async def go() -> tuple[int, int, list[Any]]:
         killer = await asyncpg.connect(settings.database_url)
         refused = 0
         async with Client(settings) as client:
-            async def kill() -> None:
+            async def kill() -> int:
+                killed = 0
                 for _ in range(40):
-                    await killer.execute(
-                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    killed += await killer.fetchval(
+                        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
                         "WHERE application_name = 'jobq-producer' AND datname = current_database()")
                     await asyncio.sleep(0.01)
+                return killed
 
             async def publish_on() -> int:
                 bad = 0
@@ -159,14 +161,15 @@ def test_publishes_go_on_after_the_producers_backends_are_terminated(settings: S
                         bad += 1  # in flight when its backend went: the caller is told
                 return bad
 
-            refused, _ = await asyncio.gather(publish_on(), kill())
+            refused, killed = await asyncio.gather(publish_on(), kill())
             after = await asyncio.gather(*(client.publish("mail", {"after": i}) for i in range(20)),
                                          return_exceptions=True)
         await killer.close()
-        return refused, after
+        return refused, killed, after
 
-    refused, after = asyncio.run(go())
-    print(f"{refused} publish(es) refused while backends were terminated")
+    refused, killed, after = asyncio.run(go())
+    print(f"{killed} backend(s) terminated, {refused} publish(es) refused meanwhile")
+    assert killed > 0, "no producer backend was terminated: the case was not exercised"
     assert [a for a in after if isinstance(a, BaseException)] == []
 
 
