@@ -29,11 +29,11 @@ import asyncpg
 from benchenv import scratch
 
 from jobq.db import SESSION_SETTINGS
-from jobq.sql import Q
+from jobq.routines import GENERIC_SETTING, PINNED_PATH, PLAN_SETTING
+from jobq.sql import Q, function_name
 
 TICK = os.sysconf("SC_CLK_TCK")
-PLANS = {"custom": "plan_cache_mode = force_custom_plan",
-         "generic": "plan_cache_mode = force_generic_plan SET enable_seqscan = off"}
+PLANS = {"custom": PLAN_SETTING, "generic": GENERIC_SETTING}  # as routines.py installs them
 
 
 def cpu_s(pid: int) -> float:
@@ -46,12 +46,12 @@ async def measure(url: str, plan: str) -> list[dict[str, float]]:
     conn = await asyncpg.connect(url, server_settings=SESSION_SETTINGS)
     await conn.execute("INSERT INTO jobq.queue (name, lease_s) VALUES ('noop', 30)")
     if plan in PLANS:
-        for fn in ("jobq.q_claim", "jobq.q_complete"):
+        for fn in (function_name("claim"), function_name("complete")):
             args = await conn.fetchval(
                 "SELECT pg_get_function_identity_arguments($1::regproc)", fn)
             await conn.execute(f"ALTER FUNCTION {fn}({args}) RESET ALL")
-            await conn.execute(f"ALTER FUNCTION {fn}({args}) SET search_path = pg_catalog, "
-                               f"pg_temp SET {PLANS[plan]}")
+            await conn.execute(f"ALTER FUNCTION {fn}({args}) SET search_path = {PINNED_PATH} "
+                               f"{PLANS[plan]}")
     sizes = {1: 6000, 4: 2000, 16: 600, 64: 150}  # CPU comes in 10 ms ticks: many calls
     need = sum(b * n for b, n in sizes.items())
     await conn.execute(

@@ -48,8 +48,10 @@ def produce(settings: Any, rate: float, for_s: float, out: list[Any],
     # test_backend_kills); collected by an automatic pass while this client
     # still ran, it failed the fault test itself (CI, test_failover[sync],
     # an asyncpg socket reset mid-TLS-request by the crashing primary). So:
-    # ignored while this client runs, and collected before it returns. The
-    # services under test are other processes; their logs are checked.
+    # ignored while this client runs (warnings filters are process-wide: the
+    # test's own thread is covered too meanwhile), and collected before it
+    # returns. The services under test are other processes; their logs are
+    # checked.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ResourceWarning)
         try:
