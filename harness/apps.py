@@ -35,33 +35,28 @@ async def _db() -> asyncpg.Pool:
     return _pool
 
 
-async def start(job: Job) -> int:
+async def start(job: Job) -> None:
     pool = await _db()
-    n: int = await pool.fetchval(
-        "INSERT INTO test_run (job_id, worker, attempt, lock, pid) VALUES ($1,$2,$3,$4,$5) "
-        "RETURNING n", job.id, job.worker_id, job.attempt, job.lock, os.getpid())
-    return n
+    await pool.execute(
+        "INSERT INTO test_run (job_id, worker, attempt, lock, pid) VALUES ($1,$2,$3,$4,$5)",
+        job.id, job.worker_id, job.attempt, job.lock, os.getpid())
 
 
-async def end(n: int, outcome: str) -> None:
+async def end(job: Job, outcome: str) -> None:
+    # The run is named by its claim's token, not by start()'s n: a cancel can
+    # land while start()'s INSERT is committed but its reply not yet read (a
+    # consumer SIGCONTed past its lease: the reply and the self-fence are due
+    # in one loop pass), and then there is no n.
     pool = await _db()
-    await pool.execute("UPDATE test_run SET outcome = $2, ended_at = clock_timestamp() "
-                       "WHERE n = $1", n, outcome)
-
-
-async def _cancelled(job: Job) -> None:
-    # By the claim's token, not by n: a cancel can land while start()'s
-    # INSERT is committed but its reply not yet read (a consumer SIGCONTed
-    # past its lease: the reply and the self-fence are due in one loop pass).
-    pool = await _db()
-    await pool.execute("UPDATE test_run SET outcome = 'cancelled', ended_at = clock_timestamp() "
-                       "WHERE job_id = $1 AND lock = $2 AND outcome IS NULL", job.id, job.lock)
+    await pool.execute("UPDATE test_run SET outcome = $3, ended_at = clock_timestamp() "
+                       "WHERE job_id = $1 AND lock = $2 AND outcome IS NULL",
+                       job.id, job.lock, outcome)
 
 
 async def _work(job: Job) -> Any:
     p = job.payload or {}
     try:
-        n = await start(job)
+        await start(job)
         if p.get("kill_on_attempt") and job.attempt <= int(p["kill_on_attempt"]):
             os.kill(os.getpid(), signal.SIGKILL)
         if p.get("sleep_first") is not None and job.attempt == 1:
@@ -74,9 +69,9 @@ async def _work(job: Job) -> Any:
         if p.get("fail_now"):
             raise Fail("cannot ever work")
     except asyncio.CancelledError:
-        await asyncio.shield(_cancelled(job))
+        await asyncio.shield(end(job, "cancelled"))
         raise
-    await end(n, "returned")
+    await end(job, "returned")
 
 
 @app.handler("work")

@@ -183,7 +183,8 @@ async def _cancel_then_retry(pool: asyncpg.Pool, job_id: Any) -> None:
 
 
 async def _lost_by_the_broker(pool: asyncpg.Pool, job_id: Any) -> None:
-    await pool.execute("UPDATE jobq.job SET published_at = now() - interval '1 minute'")
+    await pool.execute("UPDATE jobq.job SET published_at = now() - interval '1 minute' "
+                       "WHERE id = $1", job_id)
     await pool.fetchval(Q["unpublish_lost"], "q", 15.0)
 
 
