@@ -532,8 +532,8 @@ SELECT id FROM bad;
 
 -- name: lost_candidates
 -- Queues holding due rows that were published a while ago and are still
--- waiting. If the broker queue is empty too, their messages were lost
--- (a purge, a classic queue lost in a restart): PostgreSQL is the truth.
+-- waiting: the reaper then asks the broker (unpublish_lost) whether their
+-- messages can still be there. PostgreSQL is the truth.
 SELECT queue, count(*) AS n
 FROM jobq.job
 WHERE status = 'queued'
@@ -542,15 +542,35 @@ WHERE status = 'queued'
 GROUP BY queue;
 
 -- name: unpublish_lost
--- Hand such rows back to the relay. A message that was in fact still in a
--- consumer's prefetch buffer becomes a duplicate, which consumers drop.
-WITH target AS (
-    SELECT id FROM jobq.job
-    WHERE status = 'queued'
-      AND queue = $1
-      AND published_at < now() - make_interval(secs => $2)
-      AND run_at <= now()
-    FOR UPDATE SKIP LOCKED
+-- Hand back to the relay the rows of queue $1 whose messages were lost (a
+-- purge, a classic queue lost in a restart, ids dead-lettered): rows
+-- published over $2 s before a horizon. With the broker queue empty ($3)
+-- the horizon is now. With a backlog it is the newest publish among the
+-- jobs consumers started in the last $4 s: a queue delivers in order, so a
+-- message sent $2 s before one already started is behind it no more. (A
+-- waiting row is kept only by an unacked delivery: a busy or frozen
+-- consumer's prefetch, a requeue. Its republished id is a duplicate, which
+-- consumers drop.) Without this a steady producer that outruns its
+-- consumers kept the queue from ever emptying, and a lost job from ever
+-- running. Both probes use the active and finished partial indexes: the
+-- cost follows what runs, not the table.
+WITH horizon AS (
+    SELECT CASE WHEN $3::boolean THEN now() ELSE greatest(
+        (SELECT max(published_at) FROM jobq.job
+         WHERE queue = $1 AND status = 'active'
+           AND started_at > now() - make_interval(secs => $4)),
+        (SELECT max(published_at) FROM jobq.job
+         WHERE finished_at > now() - make_interval(secs => $4)
+           AND status IN ('completed', 'failed', 'cancelled')
+           AND queue = $1 AND started_at > now() - make_interval(secs => $4)))
+    END AS at
+), target AS (
+    SELECT j.id FROM jobq.job j, horizon h
+    WHERE j.status = 'queued'
+      AND j.queue = $1
+      AND j.published_at < h.at - make_interval(secs => $2)  -- none started: NULL, none
+      AND j.run_at <= now()
+    FOR UPDATE OF j SKIP LOCKED
 ), lost AS (
     UPDATE jobq.job j
     SET published_at = NULL, relay_after = now(), lock = gen_random_uuid()  -- (hand_back)
@@ -559,7 +579,9 @@ WITH target AS (
     RETURNING j.id, q.history
 ), logged AS (
     INSERT INTO jobq.job_event (job_id, event, detail)
-    SELECT id, 'republished', 'message lost by the broker (its queue was empty)'
+    SELECT id, 'republished', CASE WHEN $3::boolean
+        THEN 'message lost by the broker (its queue was empty)'
+        ELSE 'message lost by the broker (jobs published after it have started)' END
     FROM lost WHERE history
 )
 SELECT count(*) FROM lost;

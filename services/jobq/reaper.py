@@ -193,7 +193,11 @@ class Reaper:
         return total
 
     async def check_lost(self) -> int:
-        """Republish rows whose messages the broker lost; returns how many."""
+        """Republish rows whose messages the broker lost; returns how many.
+
+        A waiting row's message is lost once the broker queue is empty, or
+        once consumers started jobs published well after it (unpublish_lost):
+        a queue that never empties does not hide a loss."""
         assert self.pool is not None
         after = self.cfg.republish_after_s
         with translated():
@@ -203,20 +207,21 @@ class Reaper:
         total = 0
         for row in candidates:
             try:
-                ready = await self.broker.ready_count(row["queue"])
+                empty = await self.broker.ready_count(row["queue"]) == 0
             except Exception as exc:  # broker away: try again next time
                 log.debug("ready count of %s: %r", row["queue"], exc)
                 continue
-            if ready:
-                continue  # a backlog, not a loss
             with translated():
-                n = int(await self.pool.fetchval(Q["unpublish_lost"], row["queue"], after))
+                n = int(await self.pool.fetchval(Q["unpublish_lost"], row["queue"], after,
+                                                 empty, after))
             total += n
             metrics.SWEEP_ROWS.labels("republished_lost").inc(n)
             if n:
-                log.warning("queue %s: broker queue empty but %d published job(s) waited over "
-                            "%.0fs; their messages were lost: republishing", row["queue"], n,
-                            after, extra=fields(event="republish_lost", queue=row["queue"]))
+                why = ("broker queue empty" if empty
+                       else "jobs published after them have started")
+                log.warning("queue %s: %s but %d published job(s) waited over %.0fs; their "
+                            "messages were lost: republishing", row["queue"], why, n, after,
+                            extra=fields(event="republish_lost", queue=row["queue"]))
         return total
 
     # ── the loop ──

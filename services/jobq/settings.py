@@ -82,9 +82,9 @@ class ReaperSettings(BaseModel):
     # database clock when the sweep runs.
     wake_slack_s: float = Field(default=0.05, ge=0, le=5)
     batch_size: int = Field(default=500, ge=1, le=100_000)
-    # Lost-message check: every lost_check_s, a queue whose broker queue is
-    # empty while rows published over republish_after_s ago still wait gets
-    # those rows republished.
+    # Lost-message check: every lost_check_s, rows of a queue published over
+    # republish_after_s before now (its broker queue empty) or before a job
+    # consumers started recently (a backlog) are republished.
     lost_check_s: float = Field(default=5.0, gt=0)
     republish_after_s: float = Field(default=15.0, gt=0)
     # Retention (jobq.queue.keep_completed_s / keep_failed_s): every

@@ -10,6 +10,7 @@ import signal
 import time
 from collections.abc import Iterator
 from datetime import datetime
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -122,24 +123,28 @@ def test_renewals_failing_stop_the_handler_before_the_lease_lapses(db, procs, se
     assert a.alive()
 
 
-def test_messages_lost_by_the_broker_are_republished_from_the_rows(db, procs, settings):
-    """A purge (or a classic queue lost in a restart) drops confirmed messages:
-    the reaper notices published rows waiting while the broker queue is empty."""
+def _purge(settings: Any, queue: str) -> int:
+    """Drop a job queue's ready messages in the broker (confirmed, then lost)."""
     import asyncio
 
     import aio_pika
 
-    ids = publish(settings, "work", [{} for _ in range(5)])  # no consumer yet
-
-    async def purge() -> int:
+    async def go() -> int:
         conn = await aio_pika.connect(settings.amqp_url)
         try:
-            q = await (await conn.channel()).get_queue(f"{settings.namespace}.work")
+            q = await (await conn.channel()).get_queue(f"{settings.namespace}.{queue}")
             return (await q.purge()).message_count
         finally:
             await conn.close()
 
-    assert asyncio.run(purge()) == 5
+    return asyncio.run(go())
+
+
+def test_messages_lost_by_the_broker_are_republished_from_the_rows(db, procs, settings):
+    """A purge (or a classic queue lost in a restart) drops confirmed messages:
+    the reaper notices published rows waiting while the broker queue is empty."""
+    ids = publish(settings, "work", [{} for _ in range(5)])  # no consumer yet
+    assert _purge(settings, "work") == 5
     reaper = procs.reaper(JOBQ_REAPER__LOST_CHECK_S="0.5", JOBQ_REAPER__REPUBLISH_AFTER_S="1")
     procs.consumer().worker_id()
     wait_until(lambda: db.val("SELECT count(*) FROM jobq.job WHERE status = 'completed'") == 5,
@@ -147,6 +152,43 @@ def test_messages_lost_by_the_broker_are_republished_from_the_rows(db, procs, se
     assert "their messages were lost: republishing" in reaper.log()
     assert db.val("SELECT count(*) FROM test_run") == 5
     assert sorted(r["job_id"] for r in db.fetch("SELECT job_id FROM test_run")) == sorted(ids)
+
+
+def test_messages_lost_under_a_standing_backlog_are_republished_while_it_stands(
+        db, procs, settings):
+    """The broker queue need not empty for a loss to be seen: once consumers
+    have started jobs published well after a waiting row, its message is
+    behind them no more. Before, the check waited for an empty broker queue,
+    which a steady producer outrunning its consumers never gives."""
+    import threading
+
+    from harness.load import produce
+
+    lost = publish(settings, "work", [{"sleep": 0.2} for _ in range(8)])  # no consumer yet
+    assert _purge(settings, "work") == 8
+    streamed: list[Any] = []  # 20 jobs/s of 0.2 s into 2 slots (10/s): a backlog that grows
+    producer = threading.Thread(target=produce,
+                                args=(settings, 20, 14, streamed, "work", {"sleep": 0.2}))
+    producer.start()
+    reaper = procs.reaper(JOBQ_REAPER__LOST_CHECK_S="0.5", JOBQ_REAPER__REPUBLISH_AFTER_S="2")
+    procs.consumer("--concurrency", "2").worker_id()
+    producer.join(60)
+    stream_end = db.val("SELECT now()")
+    depth = db.val("SELECT count(*) FROM jobq.job WHERE status = 'queued'")
+    assert depth > 20, f"the backlog did not stand ({depth} queued at the stream's end)"
+    started = db.fetch("SELECT job_id, min(started_at) AS at FROM test_run "
+                       "WHERE job_id = ANY($1) GROUP BY job_id", lost)
+    late = [r["job_id"] for r in started if r["at"] >= stream_end]
+    assert len(started) == 8 and not late, (
+        f"{8 - len(started) + len(late)} of 8 lost jobs still waited when the stream ended")
+    assert "their messages were lost: republishing" in reaper.log()
+    procs.consumer("--concurrency", "16")  # drains the backlog in seconds
+    everyone = lost + streamed
+    wait_until(lambda: db.val("SELECT count(*) FROM jobq.job WHERE id = ANY($1) AND "
+                              "status = 'completed'", everyone) == len(everyone),
+               60, "the backlog to drain")
+    assert db.val("SELECT count(*) FROM test_run WHERE job_id = ANY($1)", everyone) == len(
+        everyone), "a job ran twice"
 
 
 def test_sigterm_stops_a_service_still_waiting_for_its_database(procs, settings, pg_proxy):
