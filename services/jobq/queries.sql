@@ -533,44 +533,55 @@ SELECT id FROM bad;
 -- name: lost_candidates
 -- Queues holding due rows that were published a while ago and are still
 -- waiting: the reaper then asks the broker (unpublish_lost) whether their
--- messages can still be there. PostgreSQL is the truth.
-SELECT queue, count(*) AS n
-FROM jobq.job
-WHERE status = 'queued'
-  AND published_at < now() - make_interval(secs => $1)
-  AND run_at <= now()
-GROUP BY queue;
+-- messages can still be there. PostgreSQL is the truth. A published row was
+-- due when it was published (mark_published and the relay publish only due
+-- rows; whatever sets run_at unpublishes), so published_at >= run_at, and
+-- the run_at bound lets job_queued_idx skip a backlog's fresh rows: EXISTS
+-- per queue, not a count of the backlog every few seconds.
+SELECT q.name AS queue
+FROM jobq.queue q
+WHERE EXISTS (
+    SELECT 1 FROM jobq.job j
+    WHERE j.status = 'queued'
+      AND j.queue = q.name
+      AND j.run_at < now() - make_interval(secs => $1)
+      AND j.published_at < now() - make_interval(secs => $1));
+
+-- name: lost_horizon
+-- Before which moment a waiting row of queue $1 published $2 s earlier has
+-- lost its message (unpublish_lost). With the broker queue empty ($4) that
+-- is now. With a backlog it is the newest publish among the jobs consumers
+-- started in the last $3 s: a queue delivers in order, so a message sent
+-- $2 s before one already started is behind it no more. (A waiting row is
+-- kept only by an unacked delivery then: a busy or frozen consumer's
+-- prefetch, a requeue; its republished id is a duplicate, which consumers
+-- drop.) Without this a steady producer that outruns its consumers kept the
+-- queue from ever emptying, and a lost job from ever running. NULL: nothing
+-- started, nothing to tell. Both probes are partial-index scans of what
+-- runs and what just finished, not of the table.
+SELECT CASE WHEN $4::boolean THEN now() ELSE greatest(
+    (SELECT max(published_at) FROM jobq.job
+     WHERE queue = $1 AND status = 'active'
+       AND started_at > now() - make_interval(secs => $3)),
+    (SELECT max(published_at) FROM jobq.job
+     WHERE finished_at > now() - make_interval(secs => $3)
+       AND status IN ('completed', 'failed', 'cancelled')
+       AND queue = $1 AND started_at > now() - make_interval(secs => $3)))
+END - make_interval(secs => $2);
 
 -- name: unpublish_lost
--- Hand back to the relay the rows of queue $1 whose messages were lost (a
--- purge, a classic queue lost in a restart, ids dead-lettered): rows
--- published over $2 s before a horizon. With the broker queue empty ($3)
--- the horizon is now. With a backlog it is the newest publish among the
--- jobs consumers started in the last $4 s: a queue delivers in order, so a
--- message sent $2 s before one already started is behind it no more. (A
--- waiting row is kept only by an unacked delivery: a busy or frozen
--- consumer's prefetch, a requeue. Its republished id is a duplicate, which
--- consumers drop.) Without this a steady producer that outruns its
--- consumers kept the queue from ever emptying, and a lost job from ever
--- running. Both probes use the active and finished partial indexes: the
--- cost follows what runs, not the table.
-WITH horizon AS (
-    SELECT CASE WHEN $3::boolean THEN now() ELSE greatest(
-        (SELECT max(published_at) FROM jobq.job
-         WHERE queue = $1 AND status = 'active'
-           AND started_at > now() - make_interval(secs => $4)),
-        (SELECT max(published_at) FROM jobq.job
-         WHERE finished_at > now() - make_interval(secs => $4)
-           AND status IN ('completed', 'failed', 'cancelled')
-           AND queue = $1 AND started_at > now() - make_interval(secs => $4)))
-    END AS at
-), target AS (
-    SELECT j.id FROM jobq.job j, horizon h
-    WHERE j.status = 'queued'
-      AND j.queue = $1
-      AND j.published_at < h.at - make_interval(secs => $2)  -- none started: NULL, none
-      AND j.run_at <= now()
-    FOR UPDATE OF j SKIP LOCKED
+-- Hand the rows of queue $1 published before $2 (lost_horizon) and still
+-- waiting back to the relay: their messages were lost (a purge, a classic
+-- queue lost in a restart, ids dead-lettered). $2 is a parameter, not a
+-- subquery, so the plan sees it: the run_at bound (implied, see
+-- lost_candidates) keeps a backlog's fresh rows out of the index scan.
+WITH target AS (
+    SELECT id FROM jobq.job
+    WHERE status = 'queued'
+      AND queue = $1
+      AND published_at < $2
+      AND run_at < $2
+    FOR UPDATE SKIP LOCKED
 ), lost AS (
     UPDATE jobq.job j
     SET published_at = NULL, relay_after = now(), lock = gen_random_uuid()  -- (hand_back)

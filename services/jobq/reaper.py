@@ -212,8 +212,12 @@ class Reaper:
                 log.debug("ready count of %s: %r", row["queue"], exc)
                 continue
             with translated():
-                n = int(await self.pool.fetchval(Q["unpublish_lost"], row["queue"], after,
-                                                 empty, after))
+                before = await self.pool.fetchval(Q["lost_horizon"], row["queue"], after,
+                                                  after, empty)
+                if before is None:
+                    continue  # a backlog nobody has started on lately: nothing to tell
+                n = int(await self.pool.fetchval(Q["unpublish_lost"], row["queue"], before,
+                                                 empty))
             total += n
             metrics.SWEEP_ROWS.labels("republished_lost").inc(n)
             if n:

@@ -21,6 +21,7 @@ async def _row(pool: asyncpg.Pool, published_ago: float, status: str = "queued",
     job_id = await pool.fetchval("SELECT jobq.enqueue('q', '{}')")
     await pool.execute(
         "UPDATE jobq.job SET published_at = now() - make_interval(secs => $2), status = $3, "
+        "run_at = now() - make_interval(secs => $2 + 0.005), "  # due when it was published
         "started_at = now() - make_interval(secs => $4), "
         "finished_at = now() - make_interval(secs => $5) WHERE id = $1",
         job_id, published_ago, status, started_ago, finished_ago)
@@ -28,7 +29,9 @@ async def _row(pool: asyncpg.Pool, published_ago: float, status: str = "queued",
 
 
 async def _republished(pool: asyncpg.Pool, empty: bool) -> set[Any]:
-    await pool.fetchval(Q["unpublish_lost"], "q", AFTER, empty, AFTER)
+    before = await pool.fetchval(Q["lost_horizon"], "q", AFTER, AFTER, empty)
+    if before is not None:
+        await pool.fetchval(Q["unpublish_lost"], "q", before, empty)
     rows = await pool.fetch("SELECT id FROM jobq.job WHERE status = 'queued' "
                             "AND published_at IS NULL")
     return {r["id"] for r in rows}
@@ -77,3 +80,14 @@ def test_only_recent_starts_count(db_url: str) -> None:
         {"published_ago": 20, "status": "completed", "started_ago": 40, "finished_ago": 39},
         {"published_ago": 20, "status": "active", "started_ago": 40}])
     assert got == set()
+
+
+def test_candidates_are_queues_with_a_row_waiting_long_after_its_publish(db_url: str) -> None:
+    async def body(pool: asyncpg.Pool) -> list[str]:
+        await pool.execute("INSERT INTO jobq.queue (name) VALUES ('fresh'), ('idle')")
+        await _row(pool, 60)  # queue q
+        fresh = await pool.fetchval("SELECT jobq.enqueue('fresh', '{}')")
+        await pool.execute("UPDATE jobq.job SET published_at = now() WHERE id = $1", fresh)
+        return [r["queue"] for r in await pool.fetch(Q["lost_candidates"], AFTER)]
+
+    assert with_pool(db_url, body) == ["q"]

@@ -183,9 +183,10 @@ async def _cancel_then_retry(pool: asyncpg.Pool, job_id: Any) -> None:
 
 
 async def _lost_by_the_broker(pool: asyncpg.Pool, job_id: Any) -> None:
-    await pool.execute("UPDATE jobq.job SET published_at = now() - interval '1 minute' "
-                       "WHERE id = $1", job_id)
-    await pool.fetchval(Q["unpublish_lost"], "q", 15.0, True, 15.0)
+    await pool.execute("UPDATE jobq.job SET published_at = now() - interval '1 minute', "
+                       "run_at = now() - interval '61 s' WHERE id = $1", job_id)  # then due
+    before = await pool.fetchval(Q["lost_horizon"], "q", 15.0, 15.0, True)
+    await pool.fetchval(Q["unpublish_lost"], "q", before, True)
 
 
 @pytest.mark.parametrize("back_to_the_relay", [_hand_back, _cancel_then_retry,
