@@ -45,6 +45,7 @@ from jobq.db import execute, open_pool, translated
 from jobq.errors import UnavailableError
 from jobq.job import Status
 from jobq.logs import fields
+from jobq.lost import republish_lost
 from jobq.relay import relay_due
 from jobq.service import database_answers, lifecycle
 from jobq.settings import Settings
@@ -193,40 +194,11 @@ class Reaper:
         return total
 
     async def check_lost(self) -> int:
-        """Republish rows whose messages the broker lost; returns how many.
-
-        A waiting row's message is lost once the broker queue is empty, or
-        once consumers started jobs published well after it (unpublish_lost):
-        a queue that never empties does not hide a loss."""
+        """Republish rows whose messages the broker lost (``jobq.lost``)."""
         assert self.pool is not None
-        after = self.cfg.republish_after_s
-        with translated():
-            candidates = await self.pool.fetch(Q["lost_candidates"], after)
         with translated():
             await self.pool.execute(Q["workers_prune"])
-        total = 0
-        for row in candidates:
-            try:
-                empty = await self.broker.ready_count(row["queue"]) == 0
-            except Exception as exc:  # broker away: try again next time
-                log.debug("ready count of %s: %r", row["queue"], exc)
-                continue
-            with translated():
-                before = await self.pool.fetchval(Q["lost_horizon"], row["queue"], after,
-                                                  after, empty)
-                if before is None:
-                    continue  # a backlog nobody has started on lately: nothing to tell
-                n = int(await self.pool.fetchval(Q["unpublish_lost"], row["queue"], before,
-                                                 empty))
-            total += n
-            metrics.SWEEP_ROWS.labels("republished_lost").inc(n)
-            if n:
-                why = ("broker queue empty" if empty
-                       else "jobs published after them have started")
-                log.warning("queue %s: %s but %d published job(s) waited over %.0fs; their "
-                            "messages were lost: republishing", row["queue"], why, n, after,
-                            extra=fields(event="republish_lost", queue=row["queue"]))
-        return total
+        return await republish_lost(self.pool, self.broker, self.cfg.republish_after_s)
 
     # ── the loop ──
 
