@@ -191,6 +191,58 @@ def test_messages_lost_under_a_standing_backlog_are_republished_while_it_stands(
         everyone), "a job ran twice"
 
 
+@pytest.fixture
+def delivery_limit(settings) -> Iterator[int]:
+    """A quorum-queue delivery limit on the test's work queue, as
+    deploy/rabbitmq/definitions.json sets (50) and RabbitMQ 4 defaults to
+    (20): an id nacked that often is dead-lettered, valid or not."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("rabbitmqctl") or urlsplit(settings.amqp_url).hostname not in (
+            "127.0.0.1", "localhost"):
+        pytest.skip("needs rabbitmqctl for the broker under test")
+    name = f"{settings.namespace}-limit"
+    subprocess.run(["rabbitmqctl", "set_policy", "--apply-to", "queues", "--priority",
+                    "10", name, rf"^{re.escape(settings.namespace)}\.work$",
+                    '{"delivery-limit": 1}'], check=True, capture_output=True)
+    yield 1
+    subprocess.run(["rabbitmqctl", "clear_policy", name], capture_output=True)
+
+
+def test_ids_dead_lettered_during_a_database_outage_are_republished(
+        db, procs, settings, pg_proxy, delivery_limit):
+    """A database outage makes consumers nack ids again and again; past the
+    queue's delivery limit RabbitMQ dead-letters them while their rows read
+    'published'. Once the database is back, the reaper finds them."""
+    import asyncio
+
+    import aio_pika
+
+    async def depth(queue: str) -> int:
+        conn = await aio_pika.connect(settings.amqp_url)
+        try:
+            q = await (await conn.channel()).declare_queue(queue, passive=True)
+            return int(q.declaration_result.message_count or 0)
+        finally:
+            await conn.close()
+
+    pg_proxy.restore()
+    consumer = procs.consumer(JOBQ_DATABASE_URL=pg_proxy.url(settings.database_url))
+    consumer.worker_id()
+    pg_proxy.cut()
+    ids = publish(settings, "work", [{} for _ in range(3)])  # straight to the real servers
+    wait_until(lambda: asyncio.run(depth(f"{settings.namespace}.dead")) == 3, 30,
+               "the ids to be dead-lettered")
+    assert all(job(db, i)["published_at"] is not None for i in ids)
+    pg_proxy.restore()
+    reaper = procs.reaper(JOBQ_REAPER__LOST_CHECK_S="0.5", JOBQ_REAPER__REPUBLISH_AFTER_S="1")
+    wait_until(lambda: all(job(db, i)["status"] == "completed" for i in ids), 20,
+               "dead-lettered jobs to be republished and run")
+    assert "their messages were lost: republishing" in reaper.log()
+    assert sorted(r["job_id"] for r in db.fetch("SELECT job_id FROM test_run")) == sorted(ids)
+
+
 def test_sigterm_stops_a_service_still_waiting_for_its_database(procs, settings, pg_proxy):
     consumer = procs.consumer(JOBQ_DATABASE_URL=pg_proxy.url(settings.database_url))
     reaper = procs.reaper(JOBQ_DATABASE_URL=pg_proxy.url(settings.database_url))
