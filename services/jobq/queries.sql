@@ -212,8 +212,10 @@ WHERE id = ANY($1::uuid[]);
 -- to the job's own queue. A fresh token, as for every spell the relay is
 -- handed (park, unpublish_lost, retry_failed): a publish mark is keyed on
 -- the token of the spell it published, so a late one misses this spell.
+-- Not before it is due (an early delivery of a delayed job): the relay
+-- publishes only due rows, so published_at >= run_at (lost_candidates).
 UPDATE jobq.job
-SET published_at = NULL, relay_after = now(), lock = gen_random_uuid()
+SET published_at = NULL, relay_after = greatest(now(), run_at), lock = gen_random_uuid()
 WHERE id IN (SELECT id FROM jobq.job
              WHERE id = ANY($1::uuid[]) AND status COLLATE "C" = 'queued'
              FOR UPDATE SKIP LOCKED);

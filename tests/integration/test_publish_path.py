@@ -227,3 +227,20 @@ def test_a_repeated_key_does_not_mark_a_delayed_job_published(settings: Settings
         return row
 
     assert dict(asyncio.run(go())) == {"status": "queued", "unpublished": True, "delayed": True}
+
+
+def test_a_handed_back_job_that_is_not_due_waits_for_its_time(db_url: str) -> None:
+    """hand_back gives a queued row to the relay. A delayed job's id can
+    reach a worker early (a repeated idempotency key sends it); handed back,
+    it must stay the relay's for when it is due, not be published now: a
+    publish before run_at is dropped by consumers while the row reads
+    'published', and nothing would send the id when it comes due."""
+    async def body(pool: asyncpg.Pool) -> Any:
+        job_id = await pool.fetchval("SELECT jobq.enqueue('q', '{}', 60)")
+        await lease.hand_back(pool, [job_id])
+        taken = await pool.fetch(Q["relay_take"], 100)
+        row = await pool.fetchrow("SELECT relay_after >= run_at AS waits FROM jobq.job")
+        return [r["id"] for r in taken], row["waits"]
+
+    taken, waits = with_pool(db_url, body)
+    assert taken == [] and waits
