@@ -40,7 +40,7 @@ async def republish_lost(pool: asyncpg.Pool, broker: Broker, after_s: float) -> 
             log.debug("ready count of %s: %r", queue, exc)
             continue
         with translated():
-            before = await pool.fetchval(Q["lost_horizon"], queue, after_s, after_s, empty)
+            before = await pool.fetchval(Q["lost_horizon"], queue, after_s, empty)
             if before is None:
                 continue  # a backlog nobody has started on lately: nothing to tell
             n = int(await pool.fetchval(Q["unpublish_lost"], queue, before, empty))

@@ -550,25 +550,25 @@ WHERE EXISTS (
       AND j.published_at < now() - make_interval(secs => $1));
 
 -- name: lost_horizon
--- Before which moment a waiting row of queue $1 published $2 s earlier has
--- lost its message (unpublish_lost). With the broker queue empty ($4) that
--- is now. With a backlog it is the newest publish among the jobs consumers
--- started in the last $3 s: a queue delivers in order, so a message sent
--- $2 s before one already started is behind it no more. (A waiting row is
--- kept only by an unacked delivery then: a busy or frozen consumer's
--- prefetch, a requeue; its republished id is a duplicate, which consumers
--- drop.) Without this a steady producer that outruns its consumers kept the
+-- Before which moment a waiting row of queue $1 has lost its message
+-- (unpublish_lost): $2 s before a horizon. With the broker queue empty ($3)
+-- the horizon is now. With a backlog it is the newest publish among the
+-- jobs consumers started in the last $2 s: a queue delivers in order, so a
+-- message sent $2 s before one already started is behind it no more. (A
+-- waiting row is kept only by an unacked delivery then: a busy or frozen
+-- consumer's prefetch, a requeue; its republished id is a duplicate, which
+-- consumers drop.) Without this a steady producer that outruns its consumers kept the
 -- queue from ever emptying, and a lost job from ever running. NULL: nothing
 -- started, nothing to tell. Both probes are partial-index scans of what
 -- runs and what just finished, not of the table.
-SELECT CASE WHEN $4::boolean THEN now() ELSE greatest(
+SELECT CASE WHEN $3::boolean THEN now() ELSE greatest(
     (SELECT max(published_at) FROM jobq.job
      WHERE queue = $1 AND status = 'active'
-       AND started_at > now() - make_interval(secs => $3)),
+       AND started_at > now() - make_interval(secs => $2)),
     (SELECT max(published_at) FROM jobq.job
-     WHERE finished_at > now() - make_interval(secs => $3)
+     WHERE finished_at > now() - make_interval(secs => $2)
        AND status IN ('completed', 'failed', 'cancelled')
-       AND queue = $1 AND started_at > now() - make_interval(secs => $3)))
+       AND queue = $1 AND started_at > now() - make_interval(secs => $2)))
 END - make_interval(secs => $2);
 
 -- name: unpublish_lost

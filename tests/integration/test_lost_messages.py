@@ -13,7 +13,7 @@ import asyncpg
 from harness.helpers import with_pool
 from jobq.sql import Q
 
-AFTER = 15.0  # republish_after_s, and the window of "started recently"
+AFTER = 15.0  # republish_after_s: the margin, and the window of "started recently"
 
 
 async def _row(pool: asyncpg.Pool, published_ago: float, status: str = "queued",
@@ -29,7 +29,7 @@ async def _row(pool: asyncpg.Pool, published_ago: float, status: str = "queued",
 
 
 async def _republished(pool: asyncpg.Pool, empty: bool) -> set[Any]:
-    before = await pool.fetchval(Q["lost_horizon"], "q", AFTER, AFTER, empty)
+    before = await pool.fetchval(Q["lost_horizon"], "q", AFTER, empty)
     if before is not None:
         await pool.fetchval(Q["unpublish_lost"], "q", before, empty)
     rows = await pool.fetch("SELECT id FROM jobq.job WHERE status = 'queued' "

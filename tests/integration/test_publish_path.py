@@ -185,7 +185,7 @@ async def _cancel_then_retry(pool: asyncpg.Pool, job_id: Any) -> None:
 async def _lost_by_the_broker(pool: asyncpg.Pool, job_id: Any) -> None:
     await pool.execute("UPDATE jobq.job SET published_at = now() - interval '1 minute', "
                        "run_at = now() - interval '61 s' WHERE id = $1", job_id)  # then due
-    before = await pool.fetchval(Q["lost_horizon"], "q", 15.0, 15.0, True)
+    before = await pool.fetchval(Q["lost_horizon"], "q", 15.0, True)
     await pool.fetchval(Q["unpublish_lost"], "q", before, True)
 
 
