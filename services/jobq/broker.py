@@ -248,6 +248,17 @@ class Broker:
                 return set()
         exchange, pub = self._exchange, self._pub
         assert pub is not None  # set with the exchange
+        # As Exchange.publish: a closed channel fails at once. (The robust
+        # channel's get_underlay_channel waits for a reconnect: bounded here,
+        # the caller is not held; the relay is the fallback, not a wait.)
+        try:
+            if pub.is_closed:
+                raise aiormq.exceptions.ChannelInvalidStateError(f"{pub!r} closed")
+            # the concrete channel: the abstract one does not declare ``wait``
+            channel = cast(aiormq.Channel, await asyncio.wait_for(
+                pub.get_underlay_channel(), PUBLISH_TIMEOUT_S))
+        except TRANSIENT as exc:  # TimeoutError among them
+            raise BrokerUnavailable(f"publish failed: {exc!r}") from exc
 
         async def one(job_id: uuid.UUID, queue: str) -> None:
             # aiormq's own publish, as aio-pika's Exchange.publish makes it
@@ -258,13 +269,6 @@ class Broker:
             # bench/publish_path.py measures both ways raw (broker_limit).
             text = str(job_id)
             try:
-                # As Exchange.publish: a closed channel fails at once. (Its
-                # robust get_underlay_channel would wait for the reconnect,
-                # holding the caller: the relay is the fallback, not a wait.)
-                if pub.is_closed:
-                    raise aiormq.exceptions.ChannelInvalidStateError(f"{pub!r} closed")
-                # the concrete channel: the abstract one does not declare ``wait``
-                channel = cast(aiormq.Channel, await pub.get_underlay_channel())
                 await channel.basic_publish(
                     text.encode(), exchange=exchange.name, routing_key=queue,
                     properties=aiormq.spec.Basic.Properties(
