@@ -336,16 +336,28 @@ def with_pool(db_url: str, body: Callable[[asyncpg.Pool], Any]) -> Any:
     return asyncio.run(go())
 
 
-def wait_http(url: str, timeout: float, what: str) -> None:
-    """Until ``url`` answers (any status but a refused connection)."""
+def http(url: str, timeout: float = 3, data: bytes | None = None) -> tuple[int, bytes]:
+    """One request's status and body; the response is closed on every path.
+    An unclosed response (an HTTPError left to the garbage collector
+    included) keeps its socket open, and pytest turns the ResourceWarning
+    that follows into a failure of whichever test happens to be running."""
     import urllib.error
     import urllib.request
 
+    try:
+        with urllib.request.urlopen(url, data=data, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        with e:
+            return e.code, e.read()
+
+
+def wait_http(url: str, timeout: float, what: str) -> None:
+    """Until ``url`` answers (any status but a refused connection)."""
+
     def up() -> bool:
         try:
-            urllib.request.urlopen(url, timeout=2).close()
-            return True
-        except urllib.error.HTTPError:
+            http(url, timeout=2)
             return True
         except OSError:
             return False

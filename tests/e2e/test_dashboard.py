@@ -10,8 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,7 +17,16 @@ from typing import Any
 
 import pytest
 
-from harness.helpers import Procs, SyncDB, free_port, publish, set_queue, wait_http, wait_until
+from harness.helpers import (
+    Procs,
+    SyncDB,
+    free_port,
+    http,
+    publish,
+    set_queue,
+    wait_http,
+    wait_until,
+)
 
 # Playwright's sync API keeps an event loop running in this thread: the
 # harness's own asyncio calls (publish, SyncDB, process start-up) go to
@@ -138,10 +145,7 @@ def test_retry_from_the_failed_page_and_payloads_shown_as_text(
 
     # No retry without signing in, nor from another origin (CSRF).
     assert page.locator("button.retry").count() == 0
-    req = urllib.request.Request(f"{dashboard}/job/{jid}/retry", data=b"csrf=x", method="POST")
-    with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(req, timeout=5)
-    assert refused.value.code == 403
+    assert http(f"{dashboard}/job/{jid}/retry", timeout=5, data=b"csrf=x")[0] == 403
 
     page.goto(dashboard + "/signin")
     page.fill('input[name="name"]', "alice")

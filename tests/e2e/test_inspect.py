@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.request
 import uuid
 
 import pytest
 
-from harness.helpers import free_port, job, publish, run_cli, runs, set_queue, wait_until
+from harness.helpers import free_port, http, job, publish, run_cli, runs, set_queue, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -21,8 +20,7 @@ def events(db, jid):
 
 
 def metric(port: int, line_start: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=3) as r:
-        text = r.read().decode()
+    text = http(f"http://127.0.0.1:{port}/metrics")[1].decode()
     for line in text.splitlines():
         if line.startswith(line_start):
             return float(line.rsplit(" ", 1)[1])

@@ -259,10 +259,8 @@ def test_sigterm_stops_a_service_still_waiting_for_its_database(procs, settings,
 def test_sweeps_that_keep_failing_show_in_readyz_metrics_and_reaper_status(
         db, procs, settings, mq_proxy):
     import json as json_
-    import urllib.error
-    import urllib.request
 
-    from harness.helpers import free_port
+    from harness.helpers import free_port, http
 
     mq_proxy.restore()
     port = free_port()
@@ -274,18 +272,14 @@ def test_sweeps_that_keep_failing_show_in_readyz_metrics_and_reaper_status(
     db.val("SELECT jobq.enqueue('work')")
 
     def readyz() -> tuple[int, dict]:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=3) as r:
-                return r.status, json_.loads(r.read())
-        except urllib.error.HTTPError as exc:
-            return exc.code, json_.loads(exc.read())
+        status, body = http(f"http://127.0.0.1:{port}/readyz")
+        return status, json_.loads(body)
 
     wait_until(lambda: readyz()[0] == 503 and readyz()[1].get("sweeping") is False, 30,
                "not ready while sweeps fail")
     row = db.fetchrow("SELECT last_error, failing_since FROM jobq.reaper_status")
     assert row["last_error"] and row["failing_since"] is not None
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=3) as r:
-        assert "jobq_reaper_sweep_failures_total" in r.read().decode()
+    assert "jobq_reaper_sweep_failures_total" in http(f"http://127.0.0.1:{port}/metrics")[1].decode()
     mq_proxy.restore()
     wait_until(lambda: readyz()[0] == 200, 40, "ready again")
     wait_until(lambda: db.val("SELECT last_error FROM jobq.reaper_status") is None, 10,

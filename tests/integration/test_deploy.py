@@ -10,8 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +17,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from harness.helpers import Proc, free_port, wait_until
+from harness.helpers import Proc, free_port, http, wait_until
 from jobq.broker import queue_arguments
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -162,11 +160,8 @@ def test_rabbitmq_definitions_match_what_jobq_declares() -> None:
 
 
 def _get(port: int, path: str) -> tuple[int, dict[str, Any]]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=3) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+    status, body = http(f"http://127.0.0.1:{port}{path}")
+    return status, json.loads(body)
 
 
 def _service_argv(svc: dict[str, Any]) -> list[str]:

@@ -227,10 +227,8 @@ def test_a_consumer_missing_a_right_anywhere_exits_2_and_loses_nothing(
 def test_readyz_says_why_while_a_consumer_stops_for_a_missing_right(
         env: dict[str, str], db: SyncDB, logins: Any, settings: Any, tmp_path: Any) -> None:
     import json
-    import urllib.error
-    import urllib.request
 
-    from harness.helpers import Procs, free_port, wait_until
+    from harness.helpers import Procs, free_port, http, wait_until
 
     db.execute("REVOKE EXECUTE ON FUNCTION jobq.q_complete FROM jobq_consumer")
     port = free_port()
@@ -244,12 +242,10 @@ def test_readyz_says_why_while_a_consumer_stops_for_a_missing_right(
 
         def problem() -> Any:
             try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1)
-            except urllib.error.HTTPError as e:
-                return json.loads(e.read()).get("problem")
+                status, body = http(f"http://127.0.0.1:{port}/readyz", timeout=1)
             except OSError:
                 return None
-            return None
+            return json.loads(body).get("problem") if status == 503 else None
 
         why = wait_until(problem, 15, "/readyz to say why it is stopping")
         assert "permission denied for function q_complete" in why and "jobq_consumer" in why
