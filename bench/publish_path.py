@@ -310,10 +310,8 @@ def pgqueuer(n: int, concurrency: int) -> dict[str, float]:
 
 def broker_limit(n: int) -> dict[str, float]:
     """Raw clients: confirmed persistent messages to a quorum queue, 100 in
-    flight. Two ways: aio-pika's Exchange.publish (what jobq's broker.publish
-    calls), and aiormq's publish with wait=False (no channel lock held until
-    each frame is written; tried in jobq and undone, see bench/README.md).
-    The limit is the faster."""
+    flight. Two ways: aio-pika's Exchange.publish, and aiormq's publish with
+    wait=False (what jobq's broker.publish does). The limit is the faster."""
     import aio_pika
     import aiormq
 
