@@ -12,8 +12,10 @@
 --   * the lock column keeps the token of the latest claim after the lease
 --     ends: a retried completion recognises itself, and a publisher's
 --     "published" mark only hits the queued spell it published.
---   * every transition also appends to jobq.job_event in the same statement
---     (a data-modifying CTE), when the queue's history is on.
+--   * every transition the row does not keep for good appends to
+--     jobq.job_event in the same statement (a data-modifying CTE), when the
+--     queue's history is on: all but enqueue and completion, which
+--     jobq.history reads from the row (schema 0011).
 --
 -- Rights: a block with a "-- grant:" line is installed by `jobq migrate` as
 -- the SECURITY DEFINER function jobq.q_<name> (routines.py) and executable
@@ -246,22 +248,20 @@ SELECT id FROM renewed;
 -- plan: generic
 -- $3: each job's result (the handler's return value as JSON, NULL for
 -- None), stored by the same fenced statement: a zombie's never lands.
+-- No history row: a completed row never changes again, and jobq.history
+-- shows its 'completed' from it (schema 0011).
 WITH done AS (
     UPDATE jobq.job j
     SET status = 'completed',
         lease_expires_at = NULL,
         finished_at = now(),
         result = t.result
-    FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) AS t(id, lock, result), jobq.queue q
+    FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) AS t(id, lock, result)
     WHERE j.id = t.id
       AND j.lock = t.lock
       AND j.status COLLATE "C" = 'active'
       AND j.lease_expires_at > now()
-      AND q.name = j.queue
-    RETURNING j.id, j.worker_id, j.attempts, q.history
-), logged AS (
-    INSERT INTO jobq.job_event (job_id, event, worker_id, attempt)
-    SELECT id, 'completed', worker_id, attempts FROM done WHERE history
+    RETURNING j.id
 )
 SELECT id FROM done;
 
@@ -846,10 +846,12 @@ WITH doomed AS (
 DELETE FROM jobq.job j USING doomed WHERE j.id = doomed.id;
 
 -- name: history
+-- The view adds the events the row keeps ('enqueued', 'completed'), which
+-- have no n (schema 0011).
 SELECT n, at, event, worker_id, attempt, detail
-FROM jobq.job_event
+FROM jobq.history
 WHERE job_id = $1
-ORDER BY n;
+ORDER BY at, n;
 
 -- name: reaper_register
 INSERT INTO jobq.reaper (reaper_id, host, pid) VALUES ($1, $2, $3)

@@ -83,7 +83,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("keep_failed_s", "--keep-failed-seconds", float, 60, 315360000, 604800.0,
             "the same for failed and cancelled jobs (0 = keep)", zero_is_none=True),
     Setting("history", "--history", bool, 0, 1, True,
-            "on/off: record every transition in jobq.job_event"),
+            "on/off: record in jobq.job_event the transitions the row does not keep"),
     Setting("max_result_bytes", "--max-result-bytes", int, 0, 104857600, 65536,
             "largest handler result stored; a larger one fails the job"),
     Setting("max_running", "--max-running", int, 1, 1000000, None,

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.e2e
 
 def events(db, jid):
     return [(r["event"], r["worker_id"]) for r in db.fetch(
-        "SELECT event, worker_id FROM jobq.history WHERE job_id = $1 ORDER BY n", jid)]
+        "SELECT event, worker_id FROM jobq.history WHERE job_id = $1 ORDER BY at, n", jid)]
 
 
 def metric(port: int, line_start: str) -> float:

@@ -104,7 +104,7 @@ def test_an_isolated_suspect_leaves_the_other_slots_working(db, procs, settings)
     assert db.val("SELECT count(*) FROM test_run WHERE job_id = ANY($1) AND started_at > $2",
                   others, s_run["started_at"]) == 6
     events = [r["event"] for r in db.fetch(
-        "SELECT event FROM jobq.history WHERE job_id = $1 ORDER BY n", suspect)]
+        "SELECT event FROM jobq.history WHERE job_id = $1 ORDER BY at, n", suspect)]
     assert "isolated" in events
     wait_until(lambda: job(db, suspect)["status"] == "completed", 10, "the suspect completed")
 

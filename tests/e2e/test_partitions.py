@@ -86,8 +86,8 @@ def test_a_consumer_cut_off_fences_itself_and_cannot_finish_after_healing(db, pr
     time.sleep(LEASE_S + 1)  # A's renewals and completions get through again, fenced
     assert all(job(db, j)["worker_id"] == b_id for j in ids)
     assert not re.search(r"event=completed job=", a.log())
-    assert db.val("SELECT count(*) FROM jobq.job_event WHERE job_id = ANY($1) "
-                  "AND event = 'completed'", ids) == 6
+    assert db.val("SELECT count(*) FROM jobq.history WHERE job_id = ANY($1) "
+                  "AND event = 'completed' AND worker_id = $2", ids, b_id) == 6
     assert a.alive()
 
 

@@ -77,7 +77,9 @@ def test_the_batch_path_and_the_row_path_write_the_same_rows(settings: Settings,
                    extract(epoch FROM j.run_at - j.created_at)::int AS run_in,
                    extract(epoch FROM j.relay_after - j.created_at)::int AS relay_in,
                    (SELECT array_agg(e.event || coalesce(':' || e.detail, '') ORDER BY e.n)
-                    FROM jobq.job_event e WHERE e.job_id = j.id) AS events
+                    FROM jobq.job_event e WHERE e.job_id = j.id) AS events,
+                   (SELECT array_agg(h.event || coalesce(':' || h.detail, '') ORDER BY h.at, h.n)
+                    FROM jobq.history h WHERE h.job_id = j.id) AS story
             FROM jobq.job j JOIN unnest($1::uuid[]) WITH ORDINALITY AS t(id, n) ON t.id = j.id
             ORDER BY t.n""", ids)
         await conn.close()
@@ -89,7 +91,9 @@ def test_the_batch_path_and_the_row_path_write_the_same_rows(settings: Settings,
     assert [r["run_in"] for r in rows] == [0, 30, 0]
     grace = round(settings.producer.relay_grace_s)
     assert [r["relay_in"] for r in rows] == [grace, 30, grace]
-    assert [r["events"] for r in rows] == [["enqueued"], ["enqueued:run in 30s"], ["enqueued"]]
+    # Stored: only what the row does not keep (the delay asked for); told: all.
+    assert [r["events"] for r in rows] == [None, ["enqueued:run in 30s"], None]
+    assert [r["story"] for r in rows] == [["enqueued"], ["enqueued:run in 30s"], ["enqueued"]]
 
 
 def test_a_batch_with_a_new_queue_or_a_repeated_key_goes_row_by_row(settings: Settings) -> None:
