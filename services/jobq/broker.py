@@ -29,43 +29,18 @@ from aio_pika.abc import (
     AbstractRobustConnection,
 )
 
-from jobq.backoff import Backoff
-from jobq.db import certificate_refused
-from jobq.endpoints import FailoverConnection, redact, split_amqp, with_heartbeat
+from jobq.broker_connect import QUEUE_REFUSED, TRANSIENT, open_connection
+from jobq.endpoints import redact, split_amqp, with_heartbeat
 from jobq.errors import BrokerUnavailable, ConfigError
 
 log = logging.getLogger("jobq.broker")
 
 PUBLISH_TIMEOUT_S = 10.0
 
-# Every aio-pika / aiormq error is one of three kinds (the database's are in
-# db.py; db.is_transient answers for both through the jobq error tree):
-# - configuration, never retried: refused credentials
-#   (ProbableAuthenticationError) or vhost (Connection.Close instead of OpenOk,
-#   an InvalidFrameError at connect): ConfigError, the service exits 2;
-# - one queue refused (ChannelClosed and its kind: precondition failed, access
-#   refused, not found, locked): only that queue's ids wait; the channel was
-#   private to that declare;
-# - transient, everything else: the network, a broker restart, a closed
-#   channel or connection (aio-pika reconnects), a timeout, an unroutable
-#   publish (the queue is declared again next time). Retried.
-QUEUE_REFUSED: tuple[type[BaseException], ...] = (aiormq.exceptions.ChannelClosed,)
-TRANSIENT: tuple[type[BaseException], ...] = (
-    TimeoutError, OSError, RuntimeError,  # aiormq's ChannelInvalidStateError is a RuntimeError
-    aiormq.exceptions.AMQPError, aio_pika.exceptions.AMQPError,
-)
-
 
 def queue_arguments(namespace: str) -> dict[str, str]:
     """Declare arguments of a job queue (deploy/rabbitmq/definitions.json matches)."""
     return {"x-queue-type": "quorum", "x-dead-letter-exchange": f"{namespace}.dlx"}
-
-
-async def _close_quietly(conn: AbstractRobustConnection) -> None:
-    try:
-        await conn.close()
-    except Exception:  # it never opened: nothing else to do
-        pass
 
 
 class Broker:
@@ -88,43 +63,7 @@ class Broker:
 
     async def connect(self, *, wait: bool) -> None:
         """Connect (robustly: aio-pika reconnects and restores consumers)."""
-        backoff = Backoff(0.5, 5.0)
-        while True:
-            try:
-                conn = FailoverConnection(self.urls)
-                try:
-                    await conn.connect(timeout=10)
-                except BaseException:
-                    await _close_quietly(conn)  # its half-open sockets, now, not at GC
-                    raise
-                self._conn = conn
-                break
-            except aiormq.exceptions.ProbableAuthenticationError as exc:
-                raise ConfigError(
-                    f"RabbitMQ at {redact(self.url)} refused the credentials: check JOBQ_AMQP_URL"
-                ) from exc
-            except aiormq.exceptions.InvalidFrameError as exc:
-                # Connection.Close instead of OpenOk: the vhost does not exist
-                # or the user may not use it. Retrying cannot heal that.
-                if "Connection.Close" not in str(exc):
-                    raise
-                raise ConfigError(
-                    f"RabbitMQ at {redact(self.url)} refused to open the vhost: check that it "
-                    "exists and that the user may use it (JOBQ_AMQP_URL)") from exc
-            except TRANSIENT as exc:
-                if (why := certificate_refused(exc)) is not None:
-                    raise ConfigError(
-                        f"RabbitMQ's TLS certificate at {redact(self.url)} was refused ({why}): "
-                        "check cafile and the host name in JOBQ_AMQP_URL") from exc
-                if not wait:
-                    raise BrokerUnavailable(
-                        f"cannot reach RabbitMQ at {redact(self.url)} ({type(exc).__name__}: "
-                        f"{exc}); is it running? set JOBQ_AMQP_URL"
-                    ) from exc
-                delay = backoff.next()
-                log.warning("broker not ready at %s: %s; retrying in %.1fs",
-                            redact(self.url), exc, delay)
-                await asyncio.sleep(delay)
+        self._conn = await open_connection(self.urls, wait=wait)
         self._conn.close_callbacks.add(self._on_close)
         self._conn.reconnect_callbacks.add(self._on_reconnect)
         await self._declare_topology()

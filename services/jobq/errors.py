@@ -19,7 +19,7 @@
         └── Fail              fail now, no more attempts
 
 Driver exceptions (asyncpg, aio-pika) are translated only at the edges, in
-``db.py`` and ``broker.py``, with ``raise ... from exc``.
+``db.py``, ``broker_connect.py`` and ``broker.py``, with ``raise ... from exc``.
 """
 
 from __future__ import annotations
