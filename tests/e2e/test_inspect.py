@@ -134,8 +134,10 @@ def test_history_can_be_switched_off_per_queue(db, procs, settings, env):
     assert run_cli(env, "queue", "set", "quiet", "--history", "off").returncode == 0
     c = run_cli(env, "consume", "harness.apps:app", "--queue", "quiet")
     assert c.returncode == 2  # the test app has no 'quiet' handler: refused, not run
-    (jid,) = publish(settings, "quiet", [{}])
-    assert db.val("SELECT count(*) FROM jobq.job_event WHERE job_id = $1", jid) == 0
+    # A delay is what an enqueue still records (the row does not keep it).
+    quiet, loud = (db.val("SELECT jobq.enqueue($1, '{}', 30)", q) for q in ("quiet", "loud"))
+    assert db.val("SELECT count(*) FROM jobq.job_event WHERE job_id = $1", quiet) == 0
+    assert db.val("SELECT count(*) FROM jobq.job_event WHERE job_id = $1", loud) == 1
     assert run_cli(env, "queue", "set", "quiet", "--history", "maybe").returncode == 1
 
 
