@@ -193,3 +193,7 @@ WHERE j.status = 'completed'
   AND NOT EXISTS (SELECT 1 FROM jobq.job_event e
                   WHERE e.job_id = j.id AND e.event = 'completed')
 ORDER BY 3, 2;
+
+COMMENT ON COLUMN jobq.queue.history IS
+    'record in jobq.job_event the transitions the job row does not keep; '
+    'jobq.history adds enqueued and completed from the row';

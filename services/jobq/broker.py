@@ -46,7 +46,6 @@ def queue_arguments(namespace: str) -> dict[str, str]:
 class Broker:
     def __init__(self, url: str, namespace: str, heartbeat_s: int = 5) -> None:
         self.urls = [with_heartbeat(u, heartbeat_s) for u in split_amqp(url)]
-        self.url = ",".join(self.urls)  # for messages, always through redact()
         self.namespace = namespace
         self._conn: AbstractRobustConnection | None = None
         self._pub: AbstractChannel | None = None
