@@ -10,7 +10,7 @@ from typing import Any
 
 from jobq.db import connection, fetch, open_pool
 from jobq.errors import BadInput
-from jobq.schedules import Schedule, upsert
+from jobq.schedules import Schedule, set_schedule
 from jobq.settings import Settings
 from jobq.sql import Q
 
@@ -57,7 +57,7 @@ async def run(settings: Settings, args: argparse.Namespace) -> list[dict[str, An
     try:
         if s is not None:
             async with connection(pool) as conn:
-                await upsert(conn, [s])
+                await set_schedule(conn, s)
         elif args.verb == "delete":
             if not await fetch(pool, Q["schedule_delete"], args.name):
                 raise BadInput(f"no schedule named {args.name!r}")
@@ -69,6 +69,7 @@ async def run(settings: Settings, args: argparse.Namespace) -> list[dict[str, An
                  "when": (f"cron {r['cron']} {r['timezone']}" if r["cron"]
                           else f"every {r['interval_s']:g}s"),
                  "enabled": r["enabled"], "next_run_at": r["next_run_at"],
-                 "last_job": r["last_job_id"]} for r in rows]
+                 "last_job": r["last_job_id"], "source": r["source"],
+                 "last_error": r["last_error"]} for r in rows]
     finally:
         await pool.close()

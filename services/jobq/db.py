@@ -126,22 +126,23 @@ def translated() -> Any:
     except asyncpg.exceptions.ClientConfigurationError as exc:  # before TRANSIENT: a subclass
         raise ConfigError(f"JOBQ_DATABASE_URL: {exc}") from exc
     except asyncpg.exceptions.InsufficientPrivilegeError as exc:
-        raise ConfigError(missing_right(_message(exc))) from exc
+        raise ConfigError(missing_right(pg_message(exc))) from exc
     except asyncpg.exceptions.UndefinedTableError as exc:
         raise ConfigError(
-            f"{_message(exc)}: the jobq schema is missing; run `jobq migrate`") from exc
+            f"{pg_message(exc)}: the jobq schema is missing; run `jobq migrate`") from exc
     except asyncpg.exceptions.UndefinedFunctionError as exc:
         raise ConfigError(
-            f"{_message(exc)}: the jobq schema is missing or old; run `jobq migrate`") from exc
+            f"{pg_message(exc)}: the jobq schema is missing or old; run `jobq migrate`") from exc
     except asyncpg.exceptions.InvalidParameterValueError as exc:
-        raise InvalidQueue(_message(exc)) from exc
+        raise InvalidQueue(pg_message(exc)) from exc
     except asyncpg.exceptions.StringDataRightTruncationError as exc:
-        raise InvalidPayload(_message(exc)) from exc
+        raise InvalidPayload(pg_message(exc)) from exc
     except asyncpg.exceptions.UntranslatableCharacterError as exc:  # \u0000 in jsonb
-        raise InvalidPayload(f"{_message(exc)}: PostgreSQL cannot store a NUL character "
+        raise InvalidPayload(f"{pg_message(exc)}: PostgreSQL cannot store a NUL character "
                              "(\\u0000) in a payload") from exc
-    except asyncpg.exceptions.CheckViolationError as exc:
-        raise BadInput(_message(exc)) from exc
+    except (asyncpg.exceptions.CheckViolationError,
+            asyncpg.exceptions.UniqueViolationError) as exc:  # an idempotency key of another login
+        raise BadInput(pg_message(exc)) from exc
     except asyncpg.exceptions.ProtocolViolationError as exc:  # before TRANSIENT: a subclass
         if "unsupported startup parameter" not in str(exc):
             raise DatabaseUnavailable(f"database unavailable: {exc}") from exc
@@ -186,7 +187,7 @@ def missing_right(message: str) -> str:
     return f"{message}: {who} lacks a right jobq needs; grant it {group}"
 
 
-def _message(exc: asyncpg.PostgresError) -> str:
+def pg_message(exc: asyncpg.PostgresError) -> str:
     msg = str(getattr(exc, "message", None) or exc).removeprefix("jobq: ")
     hint = getattr(exc, "hint", None)
     return f"{msg} ({hint})".replace("\n", " ") if hint else msg.replace("\n", " ")
@@ -233,7 +234,7 @@ async def connect_once(
                 statement_cache_size=0 if pooled else 100,
             )
     except asyncpg.exceptions.UndefinedObjectError as exc:  # e.g. ?foo=bar in the URL
-        raise ConfigError(f"{_message(exc)}: remove it from JOBQ_DATABASE_URL") from exc
+        raise ConfigError(f"{pg_message(exc)}: remove it from JOBQ_DATABASE_URL") from exc
     except (ValueError, TypeError) as exc:  # the driver could not parse the URL
         raise ConfigError(f"JOBQ_DATABASE_URL is not usable ({redact(url)}): {exc}") from exc
     if check_schema:

@@ -24,7 +24,7 @@ from typing import Any
 
 import asyncpg
 
-from jobq.db import execute, fetch, translated
+from jobq.db import execute, fetch, fetchval, translated
 from jobq.job import Status
 from jobq.sql import Q
 
@@ -92,10 +92,6 @@ async def claim(pool: asyncpg.Pool, ids: Sequence[uuid.UUID], worker_id: str,
 async def claim_misses(pool: asyncpg.Pool, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Any]:
     rows = await fetch(pool, Q["claim_misses"], list(ids))
     return {r["id"]: r for r in rows}
-
-
-async def hand_back(pool: asyncpg.Pool, ids: Sequence[uuid.UUID]) -> None:
-    await execute(pool, Q["hand_back"], list(ids))
 
 
 async def renew(conn: asyncpg.Connection, leases: Sequence[Lease],
@@ -173,9 +169,10 @@ async def progress(pool: asyncpg.Pool, lease_: Lease, value: str) -> bool:
     return bool(await fetch(pool, Q["progress"], lease_.job_id, lease_.lock, value))
 
 
-async def unpark_freed(pool: asyncpg.Pool, queue: str, n: int = 1) -> list[Any]:
-    """Release the oldest jobs a limit parked in ``queue``: (id, queue, lock)."""
-    return await fetch(pool, Q["unpark_freed"], queue, n)
+async def unpark_freed(pool: asyncpg.Pool, finished: Lease) -> list[Any]:
+    """A finished run frees a slot of its limited queue: release the oldest
+    job parked there, under a fresh token of ours; rows (id, queue, lock)."""
+    return await fetch(pool, Q["unpark_freed"], finished.job_id, finished.lock, uuid.uuid4())
 
 
 async def isolate(pool: asyncpg.Pool, lease_: Lease) -> bool:
@@ -190,9 +187,12 @@ async def child_died(pool: asyncpg.Pool, lease_: Lease, why: str) -> Any:
     return rows[0] if rows else None
 
 
-async def quarantine(pool: asyncpg.Pool, job_id: uuid.UUID, why: str) -> bool:
-    """Fail a queued job whose own data makes its claim fail."""
-    return bool(await fetch(pool, Q["quarantine"], job_id, why[:4000]))
+async def quarantine(pool: asyncpg.Pool, job_id: uuid.UUID, worker_id: str,
+                     queues: Sequence[str], lock: uuid.UUID) -> bool:
+    """Fail a queued job whose own data makes its claim fail. The database
+    tries the claim itself and fails the job only on a data error, with its
+    own message; False: the claim works (rolled back), nothing changed."""
+    return bool(await fetchval(pool, Q["quarantine"], job_id, worker_id, list(queues), lock))
 
 
 # ── operators (admin.py): status-guarded, not fenced by a token ──
@@ -221,10 +221,9 @@ async def cut_vanished(pool: asyncpg.Pool) -> list[Any]:
     return await fetch(pool, Q["workers_vanished"])
 
 
-async def record_lost(pool: asyncpg.Pool, lease_: Lease, worker_id: str, attempt: int) -> None:
+async def record_lost(pool: asyncpg.Pool, lease_: Lease) -> None:
     """History only: the worker learned it lost this lease. Best effort."""
     try:
-        await execute(pool, Q["lease_lost_event"], lease_.job_id, worker_id, attempt,
-                      lease_.lost)
+        await execute(pool, Q["lease_lost_event"], lease_.job_id, lease_.lock, lease_.lost)
     except Exception:  # the database may be why the lease was lost
         pass

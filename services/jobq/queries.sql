@@ -51,7 +51,7 @@ SELECT name, max_payload_bytes FROM jobq.queue WHERE name = ANY($1::text[]);
 -- for many publishes). Only the queued spell that was published is marked:
 -- same lock token as read, NULL for a new row. A claim sets a new token, and
 -- so does every statement that hands a queued row back to the relay (the
--- claim's park, hand_back, unpublish_lost, retry_failed), so a late mark never
+-- claim's park, unpublish_lost, retry_failed), so a late mark never
 -- marks a spell whose message is not out. A row claimed meanwhile needs no
 -- mark and costs no write. SKIP LOCKED: a row someone holds is being claimed
 -- (then it needs no mark) or relayed (the relay marks it); never waiting here means never
@@ -207,21 +207,6 @@ SELECT id, queue, status, run_at > now() AS not_due, relay_after = 'infinity' AS
 FROM jobq.job
 WHERE id = ANY($1::uuid[]);
 
--- name: hand_back
--- grant: jobq_consumer
--- A delivery for a queued job of a queue this worker does not handle (an id
--- published to the wrong queue): forget the publish so the relay sends the id
--- to the job's own queue. A fresh token, as for every spell the relay is
--- handed (park, unpublish_lost, retry_failed): a publish mark is keyed on
--- the token of the spell it published, so a late one misses this spell.
--- Not before it is due (an early delivery of a delayed job): the relay
--- publishes only due rows, so published_at >= run_at (lost_candidates).
-UPDATE jobq.job
-SET published_at = NULL, relay_after = greatest(now(), run_at), lock = gen_random_uuid()
-WHERE id IN (SELECT id FROM jobq.job
-             WHERE id = ANY($1::uuid[]) AND status COLLATE "C" = 'queued'
-             FOR UPDATE SKIP LOCKED);
-
 -- name: renew
 -- grant: jobq_consumer
 -- plan: generic
@@ -239,7 +224,8 @@ WITH renewed AS (
       AND j.lease_expires_at > now()
     RETURNING j.id
 ), seen AS (
-    UPDATE jobq.worker SET last_seen_at = now() WHERE worker_id = $4
+    UPDATE jobq.worker SET last_seen_at = now()
+    WHERE worker_id = $4 AND backend_pid = pg_backend_pid()
 )
 SELECT id FROM renewed;
 
@@ -520,17 +506,12 @@ SELECT id, queue, lock, status, stalls, due FROM died;
 -- grant: jobq_consumer
 -- A claim that fails on the job's own data (not on the database being
 -- away), found by claiming the batch's ids one at a time: that job is
--- failed with the reason and never blocks the rest of intake again.
-WITH bad AS (
-    UPDATE jobq.job j
-    SET status = 'failed', last_error = $2, finished_at = now(), lease_expires_at = NULL
-    WHERE j.id = $1 AND j.status COLLATE "C" = 'queued'
-    RETURNING j.id
-), logged AS (
-    INSERT INTO jobq.job_event (job_id, event, detail)
-    SELECT id, 'failed', $2 FROM bad
-)
-SELECT id FROM bad;
+-- failed with the reason and never blocks the rest of intake again. The
+-- caller does not say that it failed, nor why: jobq.claim_or_fail (schema
+-- 0012) tries the claim itself and fails the job only if that claim raises a
+-- data error (SQLSTATE class 22), with the server's own message. A claim that
+-- works is rolled back and reported as such (false): the caller requeues.
+SELECT jobq.claim_or_fail($1::uuid, $2::text, $3::text[], $4::uuid) AS failed;
 
 -- name: lost_candidates
 -- Queues holding due rows that were published a while ago and are still
@@ -629,16 +610,23 @@ FROM picked WHERE j.id = picked.id;
 -- grant: jobq_consumer
 -- A consumer that just finished a job of a limited queue frees a slot: it
 -- releases the oldest parked job of that queue and publishes it at once (the
--- claim still decides; the reapers' unpark is the fallback).
-WITH picked AS (
+-- claim still decides; the reapers' unpark is the fallback). Fenced by the
+-- finished job: $1 and its token $2 prove the caller ran a job of that queue,
+-- which is no longer active. The unparked spell gets the caller's fresh
+-- token $3 (a parked spell's token is never handed out), so the caller can
+-- mark its own publish and a late mark of the spell before still misses.
+WITH proof AS (
+    SELECT queue FROM jobq.job
+    WHERE id = $1 AND lock = $2 AND status COLLATE "C" <> 'active'
+), picked AS (
     SELECT id FROM jobq.job
-    WHERE queue = $1 AND status = 'queued' AND published_at IS NULL
+    WHERE queue = (SELECT queue FROM proof) AND status = 'queued' AND published_at IS NULL
       AND relay_after = 'infinity'
     ORDER BY run_at, id
-    LIMIT $2
+    LIMIT 1
     FOR UPDATE SKIP LOCKED
 )
-UPDATE jobq.job j SET relay_after = now()
+UPDATE jobq.job j SET relay_after = now(), lock = $3
 FROM picked WHERE j.id = picked.id
 RETURNING j.id, j.queue, j.lock;
 
@@ -673,25 +661,64 @@ WITH due AS (
 )
 SELECT id FROM job;
 
--- name: schedule_upsert
--- grant: jobq_consumer
--- Consumers store the schedules their app declares, operators use it through
--- `jobq schedule set`. A schedule whose timing is unchanged keeps its next
--- slot (restarting consumers must not shift it); a changed one starts anew.
+-- name: schedule_set
+-- `jobq schedule set` (an operator verb, run as the schema owner). A
+-- schedule whose timing is unchanged keeps its next slot; a changed one
+-- starts anew. The operator's word wins over an app's declaration, and a
+-- schedule set here is the operator's from now on (source).
 INSERT INTO jobq.schedule AS s (name, queue, payload, cron, timezone, interval_s, next_run_at,
-                                enabled)
-VALUES ($1, $2, $3::jsonb, $4, $5, $6, $7, $8)
+                                enabled, source)
+VALUES ($1, $2, $3::jsonb, $4, $5, $6, $7, $8, 'operator')
 ON CONFLICT (name) DO UPDATE
 SET queue = excluded.queue, payload = excluded.payload, cron = excluded.cron,
     timezone = excluded.timezone, interval_s = excluded.interval_s, enabled = excluded.enabled,
+    source = 'operator', last_error = NULL,
     next_run_at = CASE WHEN (s.cron, s.timezone, s.interval_s)
                             IS NOT DISTINCT FROM (excluded.cron, excluded.timezone,
                                                   excluded.interval_s)
-                       THEN s.next_run_at ELSE excluded.next_run_at END;
+                       THEN s.next_run_at ELSE excluded.next_run_at END
+RETURNING name;
+
+-- name: schedule_declare
+-- grant: jobq_consumer
+-- Consumers store the schedules their app declares (@app.periodic), the
+-- narrow path: a schedule enqueues jobs, so the caller's login must also be
+-- a producer (jobq_producer); it never touches a schedule an operator set
+-- (source 'operator'); it keeps an unchanged schedule's next slot. No row
+-- back: not stored (the consumer logs why, once).
+INSERT INTO jobq.schedule AS s (name, queue, payload, cron, timezone, interval_s, next_run_at,
+                                enabled, source)
+SELECT $1, $2, $3::jsonb, $4, $5, $6, $7, $8, 'app'
+WHERE pg_has_role(session_user, 'jobq_producer', 'MEMBER')
+ON CONFLICT (name) DO UPDATE
+SET queue = excluded.queue, payload = excluded.payload, cron = excluded.cron,
+    timezone = excluded.timezone, interval_s = excluded.interval_s, enabled = excluded.enabled,
+    last_error = NULL,
+    next_run_at = CASE WHEN (s.cron, s.timezone, s.interval_s)
+                            IS NOT DISTINCT FROM (excluded.cron, excluded.timezone,
+                                                  excluded.interval_s)
+                       THEN s.next_run_at ELSE excluded.next_run_at END
+WHERE s.source = 'app'
+RETURNING name;
+
+-- name: schedule_skip
+-- A slot that could not be fired (its payload is over the queue's limit, the
+-- queue cannot take it, its cron no longer parses): recorded on the
+-- schedule and stepped over, so it never stays first in line and blocks
+-- the others. $3: the next slot, or NULL to disable the schedule (nothing
+-- left to compute a slot from).
+UPDATE jobq.schedule
+SET last_error = $4, last_error_at = now(), last_slot = $2,
+    next_run_at = coalesce($3, next_run_at), enabled = enabled AND $3 IS NOT NULL
+WHERE name = $1 AND next_run_at = $2;
+
+-- name: db_now
+-- The database clock (the only clock for slots and deadlines).
+SELECT now();
 
 -- name: schedule_list
 SELECT name, queue, payload, cron, timezone, interval_s, enabled, next_run_at, last_slot,
-       last_job_id
+       last_job_id, source, last_error
 FROM jobq.schedule
 ORDER BY name;
 
@@ -716,16 +743,39 @@ SELECT pg_try_advisory_lock($1);
 
 -- name: worker_register
 -- grant: jobq_consumer
-INSERT INTO jobq.worker (worker_id, host, pid, lock_key, backend_pid)
-VALUES ($1, $2, $3, $4, pg_backend_pid())
+-- Only for the caller's own session: it must hold the advisory lock $4 it
+-- registers (worker_lock, same session), and a worker id already registered
+-- is taken over only from a session that is gone (its lock no longer held)
+-- or that is this one. Otherwise no row: a live worker's id cannot be
+-- borrowed to make the reapers cut its leases.
+INSERT INTO jobq.worker AS w (worker_id, host, pid, lock_key, backend_pid)
+SELECT $1, $2, $3, $4, pg_backend_pid()
+WHERE EXISTS (
+    SELECT 1 FROM pg_locks l
+    WHERE l.locktype = 'advisory' AND l.pid = pg_backend_pid() AND l.granted
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND l.classid = ($4::bigint >> 32)::bigint::oid
+      AND l.objid = ($4::bigint & 4294967295)::bigint::oid
+      AND l.objsubid = 1)
 ON CONFLICT (worker_id) DO UPDATE
 SET lock_key = excluded.lock_key, backend_pid = excluded.backend_pid,
-    last_seen_at = now(), vanished_at = NULL;
+    last_seen_at = now(), vanished_at = NULL
+WHERE w.backend_pid = pg_backend_pid()
+   OR NOT EXISTS (
+       SELECT 1 FROM pg_locks l
+       WHERE l.locktype = 'advisory' AND l.granted
+         AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+         AND l.classid = (w.lock_key >> 32)::bigint::oid
+         AND l.objid = (w.lock_key & 4294967295)::bigint::oid
+         AND l.objsubid = 1)
+RETURNING w.worker_id;
 
 -- name: worker_gone
 -- grant: jobq_consumer
--- Graceful stop: the worker released its leases; nothing to shorten.
-UPDATE jobq.worker SET vanished_at = now() WHERE worker_id = $1;
+-- Graceful stop: the worker released its leases; nothing to shorten. Only
+-- from the worker's own registry session.
+UPDATE jobq.worker SET vanished_at = now()
+WHERE worker_id = $1 AND backend_pid = pg_backend_pid();
 
 -- name: workers_vanished
 -- Reaper: registered workers whose registry session (advisory lock) is gone.
@@ -766,11 +816,13 @@ DELETE FROM jobq.worker WHERE vanished_at < now() - interval '1 day';
 -- name: lease_lost_event
 -- grant: jobq_consumer
 -- Worker side: it learned it lost a lease (renewal matched nothing, or it
--- fenced itself). Best effort, for the history only.
+-- fenced itself). Best effort, for the history only. Fenced by the lost
+-- run's token $2 (the row keeps it until the next claim); who and which
+-- attempt are the row's, not the caller's word.
 INSERT INTO jobq.job_event (job_id, event, worker_id, attempt, detail)
-SELECT j.id, 'lease_lost', $2, $3, $4
+SELECT j.id, 'lease_lost', j.worker_id, j.attempts, $3
 FROM jobq.job j JOIN jobq.queue q ON q.name = j.queue
-WHERE j.id = $1 AND q.history;
+WHERE j.id = $1 AND j.lock = $2 AND q.history;
 
 -- name: cancel
 -- queued -> cancelled at once; active -> cancelled, and the worker learns it

@@ -4,6 +4,9 @@ published.
 :meth:`Reaper.run_once` does one sweep and returns what it did (tests call it
 directly):
 
+Each duty fails alone: an error in one (a schedule that cannot fire, a row
+that breaks a statement) is logged in one line and the others still run.
+
 1. **requeue** active jobs whose lease lapsed (database clock): back to
    ``queued`` with ``stalls + 1``, or ``failed`` as a job of death past
    ``max_stalls`` (``lease.requeue_lapsed``). This commits *before* anything
@@ -34,7 +37,9 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import asyncpg
 
@@ -62,6 +67,11 @@ _VERDICT = {"own": "charged a stall: it ran alone or isolated",
             "bystander": "not charged: its worker was isolating another job"}
 
 
+# What a sweep does, in order; each fails alone (Reaper._duty).
+DUTIES = ("cut", "requeue", "schedules", "unpark", "relay")
+T = TypeVar("T")
+
+
 @dataclass
 class Sweep:
     vanished: list[str] = field(default_factory=list)
@@ -69,6 +79,7 @@ class Sweep:
     failed: list[str] = field(default_factory=list)
     published: int = 0
     duration_s: float = 0.0
+    errors: dict[str, Exception] = field(default_factory=dict)  # duty -> what it raised
 
 
 class Reaper:
@@ -113,14 +124,51 @@ class Reaper:
     # ── one sweep ──
 
     async def run_once(self) -> Sweep:
+        """One sweep. Each duty runs alone (``_duty``): one that fails is
+        logged in one line and recorded in ``sweep.errors``, and the others
+        still run, so no queue, schedule or row can stop the relay."""
         assert self.pool is not None
         started = time.monotonic()
         sweep = Sweep()
+        await self._duty(sweep, "cut", self._cut_vanished(sweep))
+        await self._duty(sweep, "requeue", self._requeue(sweep))
+        if sweep.requeued or sweep.failed:
+            crash.point("reaper.after_requeue")
+        await self._duty(sweep, "schedules", schedules.fire_due(self.pool))  # once per slot
+        await self._duty(sweep, "unpark", limits.unpark(self.pool))  # as slots free
+        sweep.published = await self._duty(sweep, "relay", self.relay()) or 0
+        sweep.duration_s = time.monotonic() - started
+        self.sweeps += 1
+        metrics.SWEEP_SECONDS.observe(sweep.duration_s)
+        metrics.SWEEP_ROWS.labels("requeued").inc(len(sweep.requeued))
+        metrics.SWEEP_ROWS.labels("failed").inc(len(sweep.failed))
+        metrics.SWEEP_ROWS.labels("published").inc(sweep.published)
+        metrics.LAST_SWEEP.set(time.time())
+        if len(sweep.errors) == len(DUTIES):  # nothing worked: the loop backs off
+            raise next(iter(sweep.errors.values()))
+        await self._duty(sweep, "record", self._record_sweep())
+        return sweep
+
+    async def _duty(self, sweep: Sweep, name: str, work: Awaitable[T]) -> T | None:
+        try:
+            return await work
+        except Exception as exc:
+            sweep.errors[name] = exc
+            log.warning("sweep duty %s failed: %s: %s; the other duties went on", name,
+                        type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "",
+                        extra=fields(event="sweep_duty_failed", duty=name))
+            return None
+
+    async def _cut_vanished(self, sweep: Sweep) -> None:
+        assert self.pool is not None
         for w in await lease.cut_vanished(self.pool):
             sweep.vanished.append(w["worker_id"])
             log.warning("worker %s vanished (its database session ended): %d lease(s) cut to "
                         "the grace period", w["worker_id"], w["jobs"],
                         extra=fields(event="worker_vanished", worker=w["worker_id"]))
+
+    async def _requeue(self, sweep: Sweep) -> None:
+        assert self.pool is not None
         while True:
             rows = await lease.requeue_lapsed(self.pool, self.cfg.batch_size, self.reaper_id)
             for r in rows:
@@ -139,20 +187,6 @@ class Reaper:
                                           suspect_stalls=r["suspect_stalls"]))
             if len(rows) < self.cfg.batch_size:
                 break
-        if sweep.requeued or sweep.failed:
-            crash.point("reaper.after_requeue")
-        await schedules.fire_due(self.pool)  # periodic jobs: each due slot once
-        await limits.unpark(self.pool)  # jobs a queue limit held back, as slots free
-        sweep.published = await self.relay()
-        sweep.duration_s = time.monotonic() - started
-        self.sweeps += 1
-        metrics.SWEEP_SECONDS.observe(sweep.duration_s)
-        metrics.SWEEP_ROWS.labels("requeued").inc(len(sweep.requeued))
-        metrics.SWEEP_ROWS.labels("failed").inc(len(sweep.failed))
-        metrics.SWEEP_ROWS.labels("published").inc(sweep.published)
-        metrics.LAST_SWEEP.set(time.time())
-        await self._record_sweep()
-        return sweep
 
     async def _record_sweep(self) -> None:
         """Monitor the monitor: last sweep per reaper, at most once a second."""
@@ -265,7 +299,10 @@ class Reaper:
                              sweep.duration_s)
                 sleep_s = await self._seconds_to_next()
                 backoff.reset()
-                self.failures = 0
+                if sweep.errors:  # some duty failed: readiness counts it
+                    await self._sweep_failed(next(iter(sweep.errors.values())))
+                else:
+                    self.failures = 0
             except UnavailableError as exc:
                 sleep_s = backoff.next()
                 log.warning("sweep failed: %s; retrying in %.1fs", exc, sleep_s)

@@ -81,13 +81,23 @@ async def wait(pool: Any, job_id: uuid.UUID,
             row = await conn.fetchrow(Q["watch"], job_id)
             if row is None:
                 raise BadInput(f"no job {job_id}")
-            if row["status"] not in TERMINAL:
+            # A notification is a hint, not the answer: any login may NOTIFY
+            # jobq_finished with any id. Re-read the row, and wait on unless
+            # it is terminal, until the deadline.
+            deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
+            while row["status"] not in TERMINAL:
+                left = None if deadline is None else deadline - asyncio.get_running_loop().time()
                 try:
-                    await asyncio.wait_for(ended.wait(), timeout)
+                    if left is not None and left <= 0:
+                        raise TimeoutError
+                    await asyncio.wait_for(ended.wait(), left)
                 except TimeoutError:
                     timed_out = True  # raised outside: connection() would call it an outage
-                else:
-                    row = await conn.fetchrow(Q["watch"], job_id)
+                    break
+                ended.clear()  # before the re-read: an end after it sets it again
+                row = await conn.fetchrow(Q["watch"], job_id)  # (a producer reads no row)
+                if row is None:  # pruned meanwhile
+                    raise BadInput(f"no job {job_id}")
         finally:
             await conn.remove_listener("jobq_finished", on_notify)
     if timed_out:

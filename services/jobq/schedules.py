@@ -4,8 +4,15 @@ whatever number of reapers run (issue #17).
 A schedule is a cron expression (five fields, in an IANA time zone; parsed
 by cronsim, DST handled) or an interval in seconds, plus a queue and a
 payload. It lives in ``jobq.schedule``; apps declare schedules
-(``@app.periodic`` / ``app.schedule``) and consumers upsert them at start,
-operators use ``jobq schedule set|list|delete`` or SQL.
+(``@app.periodic`` / ``app.schedule``) and consumers store them at start
+through a narrow path (``schedule_declare``: the login must also be a
+producer, and a schedule an operator set is never touched); operators use
+``jobq schedule set|list|delete`` or SQL, and their word wins.
+
+One schedule never holds up the others: a slot that cannot be fired (its
+payload is over the queue's limit, its cron no longer parses) is recorded on
+its row (``last_error``) and stepped over, with one log line; only an
+outage of the database stops the sweep's schedules.
 
 Exactly once: every reaper sweep reads the due schedules and fires each with
 one conditional statement (``schedule_fire``): it locks the schedule row,
@@ -22,14 +29,17 @@ by default. All times come from the database clock.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+import asyncpg
 from cronsim import CronSim, CronSimError
 
 from jobq.errors import BadInput
@@ -67,6 +77,9 @@ class Schedule:
             raise BadInput(f"schedule {self.name}: unknown time zone {self.timezone!r} "
                            "(use an IANA name such as Europe/Berlin)") from None
         if self.cron is not None:
+            if len(self.cron.split()) != 5:
+                raise BadInput(f"schedule {self.name}: cron {self.cron!r} must have five "
+                               "fields (minute hour day-of-month month day-of-week)")
             try:
                 CronSim(self.cron, datetime.now(ZoneInfo(self.timezone)))
             except CronSimError as exc:
@@ -97,31 +110,105 @@ def from_row(r: Any) -> Schedule:
                     r["enabled"])
 
 
-async def upsert(conn: Any, schedules: list[Schedule]) -> None:
-    """Create or change schedules; an unchanged one keeps its next slot."""
+async def set_schedule(conn: Any, schedule: Schedule) -> None:
+    """Operators (``jobq schedule set``): create or change a schedule; an
+    unchanged one keeps its next slot. BadInput if the database refuses it
+    (a payload over the queue's limit)."""
     from jobq.sql import Q
 
-    now = await conn.fetchval("SELECT now()")
+    now = await conn.fetchval(Q["db_now"])
+    with refused(schedule.name):
+        await conn.execute(Q["schedule_set"], *schedule.row(now))  # (a trigger checks the payload)
+
+
+async def declare(conn: Any, schedules: list[Schedule]) -> int:
+    """Consumers: store the app's declarations; returns how many were
+    stored. One that is refused (an operator's schedule of that name, a
+    login that is not a producer, a payload over the limit) is logged once
+    and skipped: it never stops the consumer."""
+    from jobq.sql import Q
+
+    now = await conn.fetchval(Q["db_now"])
+    stored = 0
     for s in schedules:
-        await conn.execute(Q["schedule_upsert"], *s.row(now))
+        try:
+            with refused(s.name):
+                async with conn.transaction():
+                    row = await conn.fetchrow(Q["schedule_declare"], *s.row(now))
+        except BadInput as exc:
+            log.warning("%s; not stored", exc, extra=fields(event="schedule_refused"))
+            continue
+        if row is None:
+            log.warning("schedule %s not stored: an operator set a schedule of that name "
+                        "(jobq schedule delete %s hands it to the app), or this login is "
+                        "not a producer (a schedule enqueues jobs: GRANT jobq_producer)",
+                        s.name, s.name, extra=fields(event="schedule_refused"))
+            continue
+        stored += 1
+    return stored
+
+
+@contextlib.contextmanager
+def refused(name: str) -> Iterator[None]:
+    """A schedule the database refuses on its data (SQLSTATE 22/23) is bad input."""
+    try:
+        yield
+    except asyncpg.PostgresError as exc:
+        if (exc.sqlstate or "")[:2] not in ("22", "23"):
+            raise
+        from jobq.db import pg_message
+
+        raise BadInput(pg_message(exc)) from None
 
 
 async def fire_due(pool: Any) -> int:
-    """Reaper: enqueue every due slot (once per slot); returns jobs enqueued."""
-    from jobq.db import connection
+    """Reaper: enqueue every due slot (once per slot); returns jobs enqueued.
+    A slot that cannot be fired is recorded and stepped over (``_skip``); a
+    lost connection is raised (the sweep tries again)."""
+    from jobq.db import connection, is_transient
     from jobq.sql import Q
 
     fired = 0
     async with connection(pool) as conn:
         due = await conn.fetch(Q["schedules_due"], FIRE_BATCH)
         for r in due:
-            s = from_row(r)
-            # Catch-up: one run for every slot missed up to now.
-            nxt = s.next_after(r["now"], r["next_run_at"])
-            job_id = await conn.fetchval(Q["schedule_fire"], s.name, r["next_run_at"], nxt)
+            try:
+                async with conn.transaction():
+                    job_id = await _fire(conn, r)
+            except Exception as exc:
+                if is_transient(exc) or conn.is_closed():
+                    raise
+                await _skip(conn, r, exc)
+                continue
             if job_id is not None:
                 fired += 1
                 late = (r["now"] - r["next_run_at"]).total_seconds()
-                log.info("schedule %s fired", s.name, extra=fields(
-                    event="scheduled", job=job_id, queue=s.queue, late_s=round(late, 3)))
+                log.info("schedule %s fired", r["name"], extra=fields(
+                    event="scheduled", job=job_id, queue=r["queue"], late_s=round(late, 3)))
     return fired
+
+
+async def _fire(conn: Any, r: Any) -> Any:
+    from jobq.sql import Q
+
+    s = from_row(r)
+    # Catch-up: one run for every slot missed up to now.
+    nxt = s.next_after(r["now"], r["next_run_at"])
+    return await conn.fetchval(Q["schedule_fire"], s.name, r["next_run_at"], nxt)
+
+
+async def _skip(conn: Any, r: Any, exc: BaseException) -> None:
+    """Record why the slot was not fired and step over it (disable the
+    schedule if no next slot can be computed)."""
+    from jobq.sql import Q
+
+    try:
+        nxt: datetime | None = from_row(r).next_after(r["now"], r["next_run_at"])
+    except Exception:
+        nxt = None
+    why = (str(exc) or type(exc).__name__)[:1000]
+    await conn.execute(Q["schedule_skip"], r["name"], r["next_run_at"], nxt, why)
+    log.warning("schedule %s: slot %s not fired: %s; %s", r["name"],
+                r["next_run_at"].isoformat(), why,
+                f"next slot {nxt.isoformat()}" if nxt else "schedule disabled",
+                extra=fields(event="schedule_failed", queue=r["queue"]))

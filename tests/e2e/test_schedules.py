@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import signal
 import time
+import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 from harness.helpers import Procs, SyncDB, run_cli, wait_until
+from harness.scratch import login_url
 
 
 def _slots(db: SyncDB) -> list[tuple[str, int]]:
@@ -18,8 +21,12 @@ def _slots(db: SyncDB) -> list[tuple[str, int]]:
 
 
 def test_three_reapers_one_frozen_enqueue_each_slot_once(
-        db: SyncDB, procs: Procs, env: dict[str, str]) -> None:
-    consumer = procs.start("consume", "harness.periodic_app:app")  # declares "tick", every 1 s
+        db: SyncDB, procs: Procs, env: dict[str, str], logins: Any) -> None:
+    # An app that declares schedules runs as a consumer that is also a
+    # producer: a schedule enqueues jobs (schedule_declare, issue #28).
+    user, password = logins.create(f"cp{uuid.uuid4().hex[:8]}", "jobq_consumer", "jobq_producer")
+    consumer = procs.start("consume", "harness.periodic_app:app",  # declares "tick", every 1 s
+                           JOBQ_DATABASE_URL=login_url(db.url, user, password))
     consumer.worker_id()
     reapers = [procs.reaper() for _ in range(3)]
     first = wait_until(lambda: db.val("SELECT min(created_at) FROM jobq.job "

@@ -30,7 +30,6 @@ BY_ID: dict[str, Any] = {
     "claim": lambda ids: (ids, "w", ["noop"], ids),
     "claim_recover": lambda ids: (ids, ids, "w"),
     "claim_misses": lambda ids: (ids,),
-    "hand_back": lambda ids: (ids,),
     "renew": lambda ids: (ids, ids, [30.0] * len(ids), "w"),
     "complete": lambda ids: (ids, ids, [None] * len(ids)),
     "finished_by": lambda ids: (ids, ids),
@@ -40,10 +39,10 @@ BY_ID: dict[str, Any] = {
     "retry_failed": lambda ids: (ids[0], None),
     "job_get": lambda ids: (ids[0],),
     "relay_mark": lambda ids: (ids,),
-    "lease_lost_event": lambda ids: (ids[0], "w", 1, "why"),
+    "lease_lost_event": lambda ids: (ids[0], ids[0], "why"),
     "isolate": lambda ids: (ids[0], ids[0]),
     "child_died": lambda ids: (ids[0], ids[0], "why"),
-    "quarantine": lambda ids: (ids[0], "why"),
+    "quarantine": lambda ids: (ids[0], "w", ["noop"], ids[0]),
 }
 ALLOWED_INDEXES = {"job_pkey", "queue_pkey", "worker_pkey", "job_event_pkey"}
 

@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 
 from harness.helpers import with_pool
-from jobq import admin, lease
+from jobq import admin
 from jobq.errors import InvalidPayload
 from jobq.producer import Client, NewJob
 from jobq.settings import Settings
@@ -177,10 +177,6 @@ def test_publishes_go_on_after_the_producers_backends_are_terminated(settings: S
     assert [a for a in after if isinstance(a, BaseException)] == []
 
 
-async def _hand_back(pool: asyncpg.Pool, job_id: Any) -> None:
-    await lease.hand_back(pool, [job_id])
-
-
 async def _cancel_then_retry(pool: asyncpg.Pool, job_id: Any) -> None:
     await admin.cancel(pool, job_id, "test")
     await admin.retry(pool, job_id)
@@ -193,8 +189,7 @@ async def _lost_by_the_broker(pool: asyncpg.Pool, job_id: Any) -> None:
     await pool.fetchval(Q["unpublish_lost"], "q", before, True)
 
 
-@pytest.mark.parametrize("back_to_the_relay", [_hand_back, _cancel_then_retry,
-                                               _lost_by_the_broker])
+@pytest.mark.parametrize("back_to_the_relay", [_cancel_then_retry, _lost_by_the_broker])
 def test_a_late_mark_covers_only_the_spell_it_published(
         db_url: str, back_to_the_relay: Any) -> None:
     """The producer marks a confirmed id published up to a quarter second
@@ -231,20 +226,3 @@ def test_a_repeated_key_does_not_mark_a_delayed_job_published(settings: Settings
         return row
 
     assert dict(asyncio.run(go())) == {"status": "queued", "unpublished": True, "delayed": True}
-
-
-def test_a_handed_back_job_that_is_not_due_waits_for_its_time(db_url: str) -> None:
-    """hand_back gives a queued row to the relay. A delayed job's id can
-    reach a worker early (a repeated idempotency key sends it); handed back,
-    it must stay the relay's for when it is due, not be published now: a
-    publish before run_at is dropped by consumers while the row reads
-    'published', and nothing would send the id when it comes due."""
-    async def body(pool: asyncpg.Pool) -> Any:
-        job_id = await pool.fetchval("SELECT jobq.enqueue('q', '{}', 60)")
-        await lease.hand_back(pool, [job_id])
-        taken = await pool.fetch(Q["relay_take"], 100)
-        row = await pool.fetchrow("SELECT relay_after >= run_at AS waits FROM jobq.job")
-        return [r["id"] for r in taken], row["waits"]
-
-    taken, waits = with_pool(db_url, body)
-    assert taken == [] and waits

@@ -105,14 +105,24 @@ def test_a_child_death_is_charged_to_its_job_at_once(db_url: str) -> None:
     run(db_url, body)
 
 
-def test_quarantine_fails_only_a_queued_job(db_url: str) -> None:
+def test_quarantine_fails_only_a_job_whose_claim_fails_on_its_data(db_url: str) -> None:
+    """The database decides, not the caller (issue #28 H2): a job whose
+    claim raises a data error is failed with the server's message; a
+    claimable queued job and an active one are left as they were."""
     async def body(pool: asyncpg.Pool) -> None:
-        queued, active = await new_job(pool), await new_job(pool)
+        healthy, active = await new_job(pool), await new_job(pool)
         await claim(pool, active, "w")
-        assert await lease.quarantine(pool, queued, "cannot be claimed: bad") is True
-        assert await lease.quarantine(pool, active, "cannot be claimed: bad") is False
-        row = await status(pool, queued)
-        assert (row["status"], row["last_error"]) == ("failed", "cannot be claimed: bad")
+        await pool.execute("ALTER TABLE jobq.queue DROP CONSTRAINT IF EXISTS queue_lease_s_range")
+        await pool.execute("INSERT INTO jobq.queue (name, lease_s) VALUES ('bad', 'NaN')")
+        broken: uuid.UUID = await pool.fetchval("SELECT jobq.enqueue('bad', '{}')")
+        token = uuid.uuid4()
+        assert await lease.quarantine(pool, broken, "w", ["bad"], token) is True
+        assert await lease.quarantine(pool, healthy, "w", ["q"], token) is False
+        assert await lease.quarantine(pool, active, "w", ["q"], token) is False
+        row = await status(pool, broken)
+        assert row["status"] == "failed" and row["last_error"].startswith("cannot be claimed: ")
+        assert (await status(pool, healthy))["status"] == "queued"  # the trial claim undone
+        assert (await status(pool, healthy))["attempts"] == 0
         assert (await status(pool, active))["status"] == "active"
 
     run(db_url, body)

@@ -149,7 +149,7 @@ def test_the_reader_reads_everything_and_writes_nothing(db: SyncDB, logins: Any)
     _denied(url, "DELETE FROM jobq.job WHERE id = $1", jid)
     _denied(url, "UPDATE jobq.queue SET lease_s = 1")
     _denied(url, "SELECT jobq.enqueue('q', '{}')")
-    _denied(url, "SELECT * FROM jobq.q_quarantine($1, 'x')", jid)
+    _denied(url, "SELECT * FROM jobq.q_quarantine($1, 'w', ARRAY['q'], $1)", jid)
 
 
 def test_the_cli_read_verbs_work_for_the_reader(env: dict[str, str], db: SyncDB,

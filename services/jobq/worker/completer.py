@@ -131,7 +131,7 @@ class Completer:
         if ok is True:
             self.tally.count("completed", job.queue)
             if run.limited:
-                await self._slot_freed(job.queue)
+                await self._slot_freed(run)
             if log.isEnabledFor(logging.INFO):
                 log.info("completed", extra=fields(event="completed", job=job.id,
                                                    queue=job.queue, attempt=job.attempt,
@@ -139,12 +139,12 @@ class Completer:
         elif ok is False:
             self.heartbeat.lose(run, "completion rejected")
 
-    async def _slot_freed(self, queue: str) -> None:
+    async def _slot_freed(self, run: Run) -> None:
         """A limited queue's slot is free: publish its oldest parked job now
         rather than at the next reaper sweep (best effort: the reaper is the
         fallback)."""
         try:
-            rows = await lease.unpark_freed(self.pool, queue)
+            rows = await lease.unpark_freed(self.pool, run.lease)
             await publish_and_mark(self.broker, self.pool,
                                    [(r["id"], r["queue"], r["lock"]) for r in rows])
         except Exception as exc:

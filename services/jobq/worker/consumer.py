@@ -130,7 +130,7 @@ class Consumer:
             await execute(pool, Q["queue_ensure"], q)
         if self.app.schedules:  # periodic jobs the app declares (fired by the reapers)
             async with connection(pool) as conn:
-                await schedules.upsert(conn, list(self.app.schedules.values()))
+                await schedules.declare(conn, list(self.app.schedules.values()))
         if self.cfg.pool == "process":
             assert self.app_spec is not None
             self.processes = ProcessPool(

@@ -78,8 +78,7 @@ class Heartbeat:
         log.warning("lease lost (%s): the handler is stopped and cannot finish the job", why,
                     extra=fields(event="lease_lost", job=job.id, queue=job.queue,
                                  attempt=job.attempt, worker=self.worker_id))
-        task = asyncio.create_task(lease.record_lost(self.pool, run.lease, self.worker_id,
-                                                     job.attempt))
+        task = asyncio.create_task(lease.record_lost(self.pool, run.lease))
         self._side.add(task)
         task.add_done_callback(self._side.discard)
 

@@ -7,7 +7,10 @@
   already finished)             → ack and drop: the row, not the message, is
                                   the truth, and whoever changed the row owns
                                   publishing it again
-- job of a queue we don't handle→ hand it back to the relay, then ack
+- job of a queue we don't handle→ ack and drop (an id published to the
+                                  wrong queue by hand: the job's own queue
+                                  has its message, or the relay and the
+                                  lost-message check publish it from the row)
 - claim failed, database away   → retry that batch with a short backoff while
                                   the rest of intake goes on; still failing:
                                   nack with requeue. Never dropped.
@@ -236,15 +239,19 @@ class Intake:
                     if not is_transient(exc):
                         self._fail_intake(exc)
                     continue
-                why = f"cannot be claimed: {exc} (check the queue's settings; then jobq retry)"
                 try:
-                    failed = await lease.quarantine(self.pool, job_id, why)
+                    failed = await lease.quarantine(self.pool, job_id, self.worker_id,
+                                                    self.queues, lock)
                 except Exception as again:
                     log.warning("could not fail unclaimable job %s: %s", job_id, again)
                     await self._acks.settle([msg], ack=False)
                     continue
+                if not failed:  # the database found it claimable after all: again
+                    await self._acks.settle([msg], ack=False)
+                    continue
                 self.tally.drop("unclaimable")
-                log.error("job %s %s; failed", job_id, why,
+                log.error("job %s cannot be claimed: %s; failed (check the queue's settings; "
+                          "then jobq retry)", job_id, exc,
                           extra=fields(event="failed", job=job_id, quarantined=failed))
                 await self._acks.settle([msg], ack=True)
                 continue
@@ -265,7 +272,6 @@ class Intake:
 
     async def _explain_misses(self, ids: list[uuid.UUID]) -> None:
         found = await lease.claim_misses(self.pool, ids)
-        foreign = []
         for i in ids:
             row = found.get(i)
             if row is None:
@@ -273,10 +279,10 @@ class Intake:
                 log.warning("message for unknown job id; dropped",
                             extra=fields(event="unknown_job", job=i))
             elif row["status"] == Status.QUEUED and row["queue"] not in self.queues:
-                foreign.append(i)
                 self.tally.drop("foreign_queue")
                 log.warning("job belongs to queue %s, which this worker does not handle; "
-                            "handed back to the relay", row["queue"],
+                            "dropped (its own queue's message, or the relay, brings it)",
+                            row["queue"],
                             extra=fields(event="foreign_queue", job=i, queue=row["queue"]))
             elif row["status"] == Status.QUEUED and row["parked"]:
                 self.tally.note("limited")
@@ -291,5 +297,3 @@ class Intake:
                 self.tally.drop("duplicate")
                 log.info("duplicate delivery: job is %s; dropped", row["status"],
                          extra=fields(event="duplicate", job=i, status=row["status"]))
-        if foreign:
-            await lease.hand_back(self.pool, foreign)

@@ -62,8 +62,12 @@ class Registry:
             key = random.randrange(1, 2**31)
             while not await conn.fetchval(Q["worker_lock"], key):
                 key = random.randrange(1, 2**31)
-            await conn.execute(Q["worker_register"], self.worker_id, socket.gethostname(),
-                               os.getpid(), key)
+            if await conn.fetchval(Q["worker_register"], self.worker_id, socket.gethostname(),
+                                   os.getpid(), key) is None:
+                # Our earlier session may still hold its lock for a moment
+                # after a broken connection: the loop tries again.
+                raise RuntimeError(f"worker id {self.worker_id} is registered by a live "
+                                   "session")
             self.conn = conn
             self.registered.set()
             self._on_registered()
