@@ -146,7 +146,10 @@ def sync_handler(job: Job) -> None:
 
 
 async def _once(sql: str, *args: Any) -> Any:
-    conn = await asyncpg.connect(os.environ["JOBQ_DATABASE_URL"])
+    # --pool process children inherit no JOBQ_*_URL (the consumer's
+    # credentials, issue #28): they record runs through the harness's own.
+    conn = await asyncpg.connect(os.environ.get("HARNESS_DATABASE_URL")
+                                 or os.environ["JOBQ_DATABASE_URL"])
     try:
         return await conn.fetchval(sql, *args)
     finally:
@@ -171,6 +174,15 @@ def proc(job: Job) -> None:
         total += i * i  # CPU-bound: a fixed amount of work, holding the GIL
     asyncio.run(_once("UPDATE test_run SET outcome = 'returned', ended_at = clock_timestamp() "
                       "WHERE n = $1 RETURNING n", n))
+
+
+@app.handler("big")
+def big(job: Job) -> Any:
+    """Sync, for --pool process: a large payload in, a large result out, and
+    which of the consumer's secrets its process inherited (none should)."""
+    p = job.payload or {}
+    return {"got": len(p.get("blob", "")), "blob": "y" * int(p.get("result_bytes", 0)),
+            "secrets": sorted(k for k in os.environ if k.startswith("JOBQ_") and "URL" in k)}
 
 
 @app.handler("txn")

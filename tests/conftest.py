@@ -179,6 +179,7 @@ def env(settings: Settings, tmp_path: os.PathLike[str], logins: Logins,
         "PYTHONUNBUFFERED": "1",
         "JOBQ_TEST_RUNLOG": str(tmp_path),
         "JOBQ_TEST_LOGIN_ADMIN": settings.database_url,
+        "HARNESS_DATABASE_URL": settings.database_url,  # handlers' own (harness/apps.py)
         **{f"JOBQ_TEST_LOGIN_{g.upper()}": logins.url(g, settings.database_url)
            for g in Logins.GROUPS},
         "JOBQ_TEST_BROKER_ADMIN": settings.amqp_url,

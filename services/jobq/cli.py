@@ -203,13 +203,17 @@ def _table(rows: list[dict[str, Any]]) -> None:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
 
 
-def _install_uvloop() -> None:
+def _install_uvloop(settings: Settings) -> None:
+    if settings.event_loop == "asyncio":
+        return
     try:
         import uvloop  # optional: faster event loop (pip install jobq[fast])
 
         uvloop.install()
     except ImportError:
-        pass
+        if settings.event_loop == "uvloop":
+            raise ConfigError("JOBQ_EVENT_LOOP=uvloop, but uvloop is not installed: "
+                              "pip install 'jobq[fast]'") from None
 
 
 def _run_service(coro: Any) -> None:
@@ -261,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
             # Everything jobq imports is imported before the working directory
             # joins the path for APP: a stray uvloop.py there never runs.
-            _install_uvloop()
+            _install_uvloop(settings)
             sys.path.insert(0, os.getcwd())
             app = load(args.app)
             if args.concurrency is not None and args.concurrency < 1:
@@ -287,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         elif args.command == "reap":
             from jobq.reaper import Reaper
 
-            _install_uvloop()
+            _install_uvloop(settings)
             _run_service(Reaper(settings).run())
         elif args.command == "queue":
             asyncio.run(_queue(settings, args))

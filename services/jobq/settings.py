@@ -134,6 +134,9 @@ class Settings(BaseSettings):
     health_host: str = "0.0.0.0"
     log_level: str = "INFO"
     log_json: bool = False
+    # The services' event loop: uvloop when it is installed (jobq[fast]),
+    # or asyncio's own; "asyncio" rules uvloop out (a comparison, a suspect).
+    event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
     # Crash points for fault tests ("consumer.after_claim" or "name:N" for the
     # N-th hit). Empty in production: checking it costs one comparison.
     crash_at: str = ""

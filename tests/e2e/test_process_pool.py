@@ -117,3 +117,27 @@ def test_sigterm_in_process_mode_releases_unfinished_jobs(db, procs, settings):
     assert (row["status"], row["stalls"], row["suspect_stalls"]) == ("queued", 0, 0)
     assert "released" in [r["event"] for r in db.fetch(
         "SELECT event FROM jobq.history WHERE job_id = $1", jid)]
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_large_payloads_and_results_cross_the_child_channel(db, procs, settings, loop):
+    """Issue #28 M3: under uvloop a message larger than the socket buffer
+    broke off halfway, and a 900 KB payload was failed as a job of death
+    without its handler running. Results are checked in the child."""
+    set_queue(db, "big", lease_s=30, max_result_bytes=6_000_000)
+    procs.reaper()
+    procs.consumer("--queue", "big", "--pool", "process", "--concurrency", "2",
+                   JOBQ_EVENT_LOOP=loop).worker_id()
+    payload, result, over = publish(settings, "big", [
+        {"blob": "x" * 900_000}, {"result_bytes": 5_000_000}, {"result_bytes": 7_000_000}])
+    wait_until(lambda: all(job(db, j)["status"] in ("completed", "failed")
+                           for j in (payload, result, over)), 30, "all three ended")
+    got = db.fetchrow("SELECT status, stalls, result->>'got' AS got, "
+                      "result->'secrets' AS secrets FROM jobq.job WHERE id = $1", payload)
+    assert (got["status"], got["stalls"], got["got"]) == ("completed", 0, "900000")
+    assert got["secrets"] == "[]"  # no JOBQ_*_URL in a handler's process
+    assert db.val("SELECT length(result->>'blob') FROM jobq.job WHERE id = $1",
+                  result) == 5_000_000
+    row = job(db, over)
+    assert (row["status"], row["stalls"]) == ("failed", 0)
+    assert "max_result_bytes" in row["last_error"]

@@ -211,9 +211,15 @@ def test_bad_messages_are_counted_and_never_stop_the_consumer(settings: Settings
     scenario(settings, body)
 
 
-def test_id_published_to_the_wrong_queue_finds_its_own(settings: Settings) -> None:
+def test_id_published_to_the_wrong_queue_is_dropped_and_the_row_left_alone(
+        settings: Settings) -> None:
+    """A consumer acts only on rows it holds (issue #28 H2): an id delivered
+    to the wrong queue is acked and dropped, counted and logged; the row is
+    untouched and stays the relay's (or its producer's) to publish."""
     async def body(w: World) -> None:
         jid = await w.pool.fetchval("SELECT jobq.enqueue('other', '{}', 0, NULL, 3600)")
+        before = await w.pool.fetchrow("SELECT lock, relay_after FROM jobq.job WHERE id = $1",
+                                       jid)
         await w.raw("work", str(jid).encode())  # 'work' consumer, 'other' job
         deadline = asyncio.get_running_loop().time() + 5
         while w.consumer.counters["foreign_queue"] == 0:
@@ -221,9 +227,9 @@ def test_id_published_to_the_wrong_queue_finds_its_own(settings: Settings) -> No
             await asyncio.sleep(0.02)
         row = await w.row(jid)
         assert row["status"] == "queued" and row["attempts"] == 0
-        # handed back: the relay publishes it to its own queue at once
-        await asyncio.sleep(0.5)
-        assert (await w.row(jid))["published_at"] is not None
+        after = await w.pool.fetchrow("SELECT lock, relay_after FROM jobq.job WHERE id = $1",
+                                      jid)
+        assert dict(after) == dict(before)
 
     scenario(settings, body)
 

@@ -3,11 +3,16 @@ at a time, for its parent consumer, and nothing else.
 
 It never touches the database or the broker: the parent keeps claims, acks,
 leases and heartbeats, and tells the child what to run over a socket
-(``multiprocessing.connection`` framing, pickled tuples):
+(``frames.py``: length-prefixed JSON, nothing pickled):
 
-    parent → child   ("run", queue, job fields)   ("exit",)
-    child → parent   ("ready", pid)   ("ok",)   ("error", kind, text, delay_s)
-                     ("fatal", text)  (the app cannot be loaded)
+    parent → child   ["run", queue, job fields, max_result_bytes]   ["exit"]
+    child → parent   ["ready", pid]   ["ok", result as JSON text or null]
+                     ["error", kind, text, delay_s]
+                     ["fatal", text]  (the app cannot be loaded)
+
+The result is checked against the queue's ``max_result_bytes`` here, before
+it is sent: a 5 MB result over a 64 KiB limit fails its job with the reason
+instead of crossing the socket.
 
 The child dies with its parent (``PR_SET_PDEATHSIG``): a handler must never
 outlive the process that holds its lease, or a job whose lease lapsed could
@@ -21,13 +26,16 @@ import os
 import signal
 import socket
 import sys
-from multiprocessing.connection import Connection
+import uuid
+from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
 
 from jobq.errors import Fail, Retry
 from jobq.job import Job
+from jobq.results import ResultInvalid, encode
+from jobq.worker import frames
 
 PR_SET_PDEATHSIG = 1
 
@@ -54,33 +62,44 @@ def describe(exc: BaseException) -> tuple[str, str, str, float | None]:
             None)
 
 
-def serve(app_spec: str, conn: Connection) -> None:
+def rebuild(fields: dict[str, Any]) -> Job:
+    """The Job from its JSON fields (ids and times travel as text)."""
+    created = fields.get("created_at")
+    return Job(id=uuid.UUID(fields["id"]), queue=fields["queue"], payload=fields["payload"],
+               attempt=fields["attempt"], lock=uuid.UUID(fields["lock"]),
+               worker_id=fields["worker_id"], stalls=fields["stalls"],
+               created_at=datetime.fromisoformat(created) if created else None)
+
+
+def run_one(app: Any, queue: str, fields: dict[str, Any], max_result_bytes: int) -> list[Any]:
+    """Run one job's handler; the reply to send."""
+    try:
+        value = app.handlers[queue].fn(rebuild(fields))
+        return ["ok", encode(value, max_result_bytes)]
+    except ResultInvalid as exc:
+        return ["error", "fail", str(exc), None]
+    except BaseException as exc:
+        return list(describe(exc))
+
+
+def serve(app_spec: str, sock: socket.socket) -> None:
     from jobq.app import load
 
     try:
         app = load(app_spec)
     except Exception as exc:
-        conn.send(("fatal", str(exc)))
+        frames.send(sock, ["fatal", str(exc)])
         return
-    conn.send(("ready", os.getpid()))
+    frames.send(sock, ["ready", os.getpid()])
     while True:
         try:
-            msg: tuple[Any, ...] = conn.recv()
+            msg = frames.recv(sock)
         except (EOFError, OSError):
             return  # the parent is gone
         if msg[0] == "exit":
             return
-        _, queue, job_fields = msg
-        job = Job(**job_fields)
-        try:
-            reply: tuple[Any, ...] = ("ok", app.handlers[queue].fn(job))  # the result
-        except BaseException as exc:
-            reply = describe(exc)
-        try:
-            conn.send(reply)
-        except Exception as exc:  # a result that cannot be pickled
-            conn.send(("error", "fail", f"the handler's return value cannot be sent to the "
-                       f"parent: {type(exc).__name__}: {exc}", None))
+        _, queue, fields, max_result_bytes = msg
+        frames.send(sock, run_one(app, queue, fields, max_result_bytes))
 
 
 def main() -> None:
@@ -88,7 +107,8 @@ def main() -> None:
     _die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     sock = socket.socket(fileno=fd)
-    serve(app_spec, Connection(sock.detach()))
+    sock.setblocking(True)
+    serve(app_spec, sock)
 
 
 if __name__ == "__main__":

@@ -16,22 +16,36 @@ handler (``child.py``). What this buys over threads:
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
-from multiprocessing.connection import Connection
 from typing import Any
 
 from jobq.backoff import Backoff
 from jobq.errors import ConfigError, Fail, Retry
+from jobq.worker import frames
 from jobq.worker.run import Run
 
 log = logging.getLogger("jobq.consumer")
 
 START_TIMEOUT_S = 60.0
+# Settings a handler's process must not inherit: the consumer's credentials
+# (database and broker URLs carry passwords) and tokens. Handlers that need
+# their own connections get their own settings.
+_SECRET = re.compile(r"^JOBQ_.*(URL|PASSWORD|TOKEN|SECRET|KEY)", re.IGNORECASE)
+
+
+def child_environment() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not _SECRET.match(k)}
+    # The child imports the app by its spec, so it needs our import path
+    # (the working directory, an editable install, a test's package).
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    return env
 
 
 class ChildDied(Exception):
@@ -43,13 +57,22 @@ class HandlerError(Exception):
 
 
 class _Child:
-    __slots__ = ("conn", "jobs", "proc", "readable")
+    __slots__ = ("jobs", "proc", "reader", "writer")
 
-    def __init__(self, proc: subprocess.Popen[bytes], conn: Connection) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], reader: asyncio.StreamReader,
+                 writer: asyncio.StreamWriter) -> None:
         self.proc = proc
-        self.conn = conn
+        self.reader = reader
+        self.writer = writer
         self.jobs = 0
-        self.readable = asyncio.Event()
+
+    async def send(self, message: list[Any]) -> None:
+        await frames.write(self.writer, message)
+
+    def send_nowait(self, message: list[Any]) -> None:
+        """Best effort (exit): nothing to wait for if the child is gone."""
+        if not self.writer.is_closing():
+            self.writer.write(frames.encode(message))
 
 
 def _exit_text(code: int | None) -> str:
@@ -94,20 +117,17 @@ class ProcessPool:
 
     async def _spawn(self) -> _Child:
         mine, theirs = socket.socketpair()
-        # The child imports the app by its spec, so it needs our import path
-        # (the working directory, an editable install, a test's package).
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         proc = subprocess.Popen(
             [sys.executable, "-m", "jobq.worker.child", self.app_spec, str(theirs.fileno()),
              str(os.getpid())],
-            pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL)
+            pass_fds=(theirs.fileno(),), env=child_environment(), stdin=subprocess.DEVNULL)
         theirs.close()
-        child = _Child(proc, Connection(mine.detach()))
-        asyncio.get_running_loop().add_reader(child.conn.fileno(), child.readable.set)
+        reader, writer = await asyncio.open_unix_connection(sock=mine)
+        child = _Child(proc, reader, writer)
         self._children.add(child)
         try:
-            msg = await asyncio.wait_for(self._recv(child), START_TIMEOUT_S)
-        except (EOFError, OSError, TimeoutError) as exc:
+            msg = await asyncio.wait_for(frames.read(child.reader), START_TIMEOUT_S)
+        except (EOFError, OSError, TimeoutError, frames.FrameError) as exc:
             await self._reap(child)
             raise ConfigError(f"a handler child process did not start ({exc!r}, "
                               f"{_exit_text(proc.poll())})") from exc
@@ -116,23 +136,10 @@ class ProcessPool:
             raise ConfigError(f"a handler child process cannot load {self.app_spec}: {msg[1]}")
         return child
 
-    async def _recv(self, child: _Child) -> tuple[Any, ...]:
-        """The child's next message; EOFError/OSError once it died."""
-        while True:
-            if child.conn.poll():
-                msg: tuple[Any, ...] = child.conn.recv()
-                return msg
-            child.readable.clear()
-            await child.readable.wait()
-
     async def _reap(self, child: _Child) -> int | None:
         """Forget a child that died or was told to go; make sure it is gone."""
         self._children.discard(child)
-        loop = asyncio.get_running_loop()
-        if not child.conn.closed:
-            loop.remove_reader(child.conn.fileno())
-        child.conn.close()
-        child.readable.set()  # whoever waits for its next message sees it gone
+        child.writer.close()  # whoever waits for its next message sees it gone
         for _ in range(200):
             if child.proc.poll() is not None:
                 break
@@ -179,9 +186,9 @@ class ProcessPool:
         child = await self._idle.get()
         run.kill_child = lambda: self._stop(child)
         try:
-            child.conn.send(("run", run.job.queue, job_fields))
-            msg = await self._recv(child)
-        except (EOFError, OSError) as exc:
+            await child.send(["run", run.job.queue, job_fields, run.max_result_bytes])
+            msg = await frames.read(child.reader)
+        except (EOFError, OSError, frames.FrameError) as exc:
             code = await self._reap(child)
             self._replace()
             raise ChildDied(f"its handler's child process {child.proc.pid} died "
@@ -195,8 +202,8 @@ class ProcessPool:
             run.kill_child = None
         child.jobs += 1
         self._recycle_or_keep(child)
-        if msg[0] == "ok":
-            return msg[1] if len(msg) > 1 else None
+        if msg[0] == "ok":  # the result as JSON text, checked against the limit
+            return json.loads(msg[1]) if msg[1] is not None else None
         _, kind, text, delay_s = msg
         if kind == "retry":
             raise Retry(text, delay_s=delay_s)
@@ -217,7 +224,7 @@ class ProcessPool:
             return
         log.info("recycling handler child process %d: %s", child.proc.pid, why)
         try:
-            child.conn.send(("exit",))
+            child.send_nowait(["exit"])
         except OSError:
             pass
         self._background(self._reap(child))
@@ -227,7 +234,7 @@ class ProcessPool:
         self._closing = True
         for child in list(self._children):
             try:
-                child.conn.send(("exit",))
+                child.send_nowait(["exit"])
             except OSError:
                 pass
             self._stop(child)
