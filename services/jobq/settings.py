@@ -141,8 +141,17 @@ class Settings(BaseSettings):
     # N-th hit). Empty in production: checking it costs one comparison.
     crash_at: str = ""
     # `jobq dashboard --allow-actions`: operators sign in with this token.
-    # A secret: never printed, never a command-line argument.
+    # A secret: never printed, never a command-line argument; at least 16
+    # characters (a guessable one is a door, however slow guessing is).
     dashboard_token: SecretStr | None = None
+    # Every dashboard page needs a signed-in session (payloads, results and
+    # errors are then seen by operators only); needs the token.
+    dashboard_signin_to_view: bool = False
+    # Host names the dashboard answers to besides loopback and the address
+    # it binds (comma-separated): a DNS-rebinding page gets a 400.
+    dashboard_hosts: str = ""
+    # Mark the session cookie Secure (the dashboard is behind HTTPS).
+    dashboard_secure_cookie: bool = False
 
     consumer: ConsumerSettings = ConsumerSettings()
     reaper: ReaperSettings = ReaperSettings()
@@ -164,6 +173,14 @@ class Settings(BaseSettings):
                 hint = f"; did you mean {near[0]}?" if near else ""
                 raise ValueError(f"unknown setting {var}{hint}")
         return data
+
+    @field_validator("dashboard_token")
+    @classmethod
+    def _long_enough(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and len(v.get_secret_value()) < 16:
+            raise ValueError("JOBQ_DASHBOARD_TOKEN must be at least 16 characters "
+                             "(e.g. python -c 'import secrets; print(secrets.token_urlsafe())')")
+        return v
 
     @property
     def session_url(self) -> str:

@@ -13,6 +13,7 @@ import logging
 import asyncpg
 import uvicorn
 
+from jobq.dashboard.sessions import allowed_hosts, guarded
 from jobq.dashboard.web import Dashboard, make_app
 from jobq.db import open_pool, translated
 from jobq.errors import ConfigError
@@ -38,6 +39,9 @@ async def serve(settings: Settings, host: str, port: int, allow_actions: bool,
     token = settings.dashboard_token.get_secret_value() if settings.dashboard_token else None
     if allow_actions and not token:
         raise ConfigError("--allow-actions needs JOBQ_DASHBOARD_TOKEN: operators sign in with it")
+    if settings.dashboard_signin_to_view and not token:
+        raise ConfigError("JOBQ_DASHBOARD_SIGNIN_TO_VIEW needs JOBQ_DASHBOARD_TOKEN: operators "
+                          "sign in with it")
     role = await _reader_role(settings.database_url)
     pooled = settings.database_pooled
     read = await open_pool(settings.database_url, wait=False, app_name="jobq-dashboard",
@@ -45,7 +49,11 @@ async def serve(settings: Settings, host: str, port: int, allow_actions: bool,
     act = (await open_pool(settings.database_url, wait=False, app_name="jobq-dashboard-actions",
                            max_size=2, pooled=pooled)) if allow_actions else None
     try:
-        app = make_app(Dashboard(read, act, token, refresh_s=max(0, refresh_s)))
+        app = guarded(make_app(Dashboard(
+            read, act, token, refresh_s=max(0, refresh_s),
+            signin_to_view=settings.dashboard_signin_to_view,
+            secure_cookie=settings.dashboard_secure_cookie)),
+            allowed_hosts(host, settings.dashboard_hosts))
         log.info("dashboard on http://%s:%d/ (%s%s)", host, port,
                  f"pages as {role}" if role else "pages as the login (not in jobq_reader)",
                  ", actions on" if allow_actions else ", read-only")
