@@ -76,6 +76,7 @@ def service_env(db_url: str, amqp_url: str, namespace: str, **extra: str) -> dic
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBQ_")}
     env.update({
         "JOBQ_DATABASE_URL": db_url, "JOBQ_AMQP_URL": amqp_url, "JOBQ_NAMESPACE": namespace,
+        "HARNESS_DATABASE_URL": db_url,  # --pool process handlers get no JOBQ_*_URL
         "JOBQ_LOG_LEVEL": "INFO",
         "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
     }, **extra)
