@@ -45,7 +45,7 @@ ORDER BY n;
 SELECT name, max_payload_bytes FROM jobq.queue WHERE name = ANY($1::text[]);
 
 -- name: mark_published
--- grant: jobq_producer, jobq_consumer, jobq_reaper
+-- grant: jobq_producer
 -- plan: generic
 -- After the broker confirmed the ids (the producer defers it, one statement
 -- for many publishes). Only the queued spell that was published is marked:
@@ -67,6 +67,28 @@ WITH target AS (
       -- Not a job that is not due: consumers drop its early delivery (a
       -- repeated idempotency key sends a delayed job's id), and only an
       -- unmarked row is published by the relay when it comes due.
+      AND j.run_at <= now()
+    FOR UPDATE OF j SKIP LOCKED
+)
+UPDATE jobq.job j
+SET published_at = now()
+FROM target
+WHERE j.id = target.id;
+
+-- name: mark_republished
+-- grant: jobq_consumer
+-- plan: generic
+-- mark_published for a consumer's own republishes (release, a child's
+-- death, unpark): only spells whose token the consumer made, so never a new
+-- row's (NULL) spell: a consumer cannot mark another producer's fresh row
+-- published and hide it until the lost-message check.
+WITH target AS (
+    SELECT j.id
+    FROM jobq.job j
+    JOIN unnest($1::uuid[], $2::uuid[]) AS t(id, lock) ON j.id = t.id
+    WHERE j.lock = t.lock
+      AND j.status COLLATE "C" = 'queued'
+      AND j.published_at IS NULL
       AND j.run_at <= now()
     FOR UPDATE OF j SKIP LOCKED
 )
@@ -910,8 +932,11 @@ INSERT INTO jobq.reaper (reaper_id, host, pid) VALUES ($1, $2, $3)
 ON CONFLICT (reaper_id) DO NOTHING;
 
 -- name: reaper_swept
+-- $3: what a duty of the sweep raised (the others went on), or NULL.
 UPDATE jobq.reaper
-SET last_sweep_at = now(), sweeps = sweeps + $2, last_error = NULL, failing_since = NULL
+SET last_sweep_at = now(), sweeps = sweeps + $2, last_error = $3::text,
+    failing_since = CASE WHEN $3::text IS NULL THEN NULL
+                         ELSE coalesce(failing_since, now()) END
 WHERE reaper_id = $1;
 
 -- name: reaper_failed

@@ -146,7 +146,7 @@ class Reaper:
         metrics.LAST_SWEEP.set(time.time())
         if len(sweep.errors) == len(DUTIES):  # nothing worked: the loop backs off
             raise next(iter(sweep.errors.values()))
-        await self._duty(sweep, "record", self._record_sweep())
+        await self._duty(sweep, "record", self._record_sweep(sweep))
         return sweep
 
     async def _duty(self, sweep: Sweep, name: str, work: Awaitable[T]) -> T | None:
@@ -188,7 +188,7 @@ class Reaper:
             if len(rows) < self.cfg.batch_size:
                 break
 
-    async def _record_sweep(self) -> None:
+    async def _record_sweep(self, sweep: Sweep) -> None:
         """Monitor the monitor: last sweep per reaper, at most once a second."""
         assert self.pool is not None
         now = time.monotonic()
@@ -199,7 +199,10 @@ class Reaper:
                 await self.pool.execute(Q["reaper_register"], self.reaper_id,
                                         socket.gethostname(), os.getpid())
                 self._registered = True
-            await self.pool.execute(Q["reaper_swept"], self.reaper_id, self.sweeps)
+            failed = next(iter(sweep.errors.items()), None)
+            await self.pool.execute(Q["reaper_swept"], self.reaper_id, self.sweeps,
+                                    None if failed is None else
+                                    f"{failed[0]}: {type(failed[1]).__name__}: {failed[1]}"[:1000])
             overdue = await self.pool.fetchrow(Q["overdue"])
         assert overdue is not None
         metrics.OVERDUE.set(overdue["overdue_leases"])
@@ -299,8 +302,9 @@ class Reaper:
                              sweep.duration_s)
                 sleep_s = await self._seconds_to_next()
                 backoff.reset()
-                if sweep.errors:  # some duty failed: readiness counts it
-                    await self._sweep_failed(next(iter(sweep.errors.values())))
+                if sweep.errors:  # some duty failed (recorded by the sweep): readiness
+                    self.failures += 1
+                    metrics.SWEEP_FAILURES.inc()
                 else:
                     self.failures = 0
             except UnavailableError as exc:

@@ -33,13 +33,16 @@ RETRY_LATER_S = 5.0  # a row the broker would not take is tried again after this
 
 
 async def publish_and_mark(broker: Broker, pool: asyncpg.Pool,
-                           rows: Sequence[tuple[uuid.UUID, str, uuid.UUID | None]]) -> int:
+                           rows: Sequence[tuple[uuid.UUID, str, uuid.UUID | None]],
+                           *, own_spells: bool = False) -> int:
     """Publish committed rows' ids (id, queue, lock token of their queued
     spell: NULL for a new row), then mark the confirmed ones; returns how
-    many the broker confirmed. Never raises: the relay is the fallback."""
+    many the broker confirmed. Never raises: the relay is the fallback.
+    ``own_spells``: a consumer's republish of spells whose tokens it made
+    (release, unpark), marked by ``mark_republished``."""
     confirmed = await publish_ids(broker, [(i, q) for i, q, _ in rows])
     locks = {i: lk for i, _, lk in rows}
-    await mark(pool, [(i, locks[i]) for i in confirmed])
+    await mark(pool, [(i, locks[i]) for i in confirmed], own_spells=own_spells)
     return len(confirmed)
 
 
@@ -55,14 +58,16 @@ async def publish_ids(broker: Broker, items: Sequence[tuple[uuid.UUID, str]]) ->
         return set()
 
 
-async def mark(pool: asyncpg.Pool, rows: Sequence[tuple[uuid.UUID, uuid.UUID | None]]) -> None:
+async def mark(pool: asyncpg.Pool, rows: Sequence[tuple[uuid.UUID, uuid.UUID | None]],
+               *, own_spells: bool = False) -> None:
     """Mark confirmed ids published (id, lock token). Never raises: a missing
     mark only makes the relay publish the id once more, and consumers drop
     the duplicate."""
     if not rows:
         return
     try:
-        await execute(pool, Q["mark_published"], [i for i, _ in rows], [lk for _, lk in rows])
+        await execute(pool, Q["mark_republished" if own_spells else "mark_published"],
+                      [i for i, _ in rows], [lk for _, lk in rows])
     except Exception as exc:
         log.warning("published %d id(s), but could not mark them published (%s); the reaper "
                     "will publish them again (a harmless duplicate)", len(rows), exc)

@@ -27,6 +27,7 @@ from jobq.sql import BODY, GENERIC_PLAN, Q, statements
 # Statement -> arguments naming up to 32 ids (the rest as a worker would pass them).
 BY_ID: dict[str, Any] = {
     "mark_published": lambda ids: (ids, ids),
+    "mark_republished": lambda ids: (ids, ids),
     "claim": lambda ids: (ids, "w", ["noop"], ids),
     "claim_recover": lambda ids: (ids, ids, "w"),
     "claim_misses": lambda ids: (ids,),

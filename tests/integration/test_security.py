@@ -134,6 +134,17 @@ def test_a_consumer_cannot_forge_history_or_take_parked_tokens(db: SyncDB,
         _as(url, "SELECT * FROM jobq.q_hand_back($1)", [parked])
 
 
+def test_a_consumer_cannot_mark_a_fresh_row_published(db: SyncDB, logins: Any) -> None:
+    """A new row's spell has no token (NULL): marking it published without a
+    message would hide it until the lost-message check."""
+    url = logins.url("consumer", db.url)
+    fresh = db.val("SELECT jobq.enqueue('q', '{}')")
+    with pytest.raises(asyncpg.exceptions.InsufficientPrivilegeError):
+        _as(url, "SELECT * FROM jobq.q_mark_published($1, $2)", [fresh], [None])
+    _as(url, "SELECT * FROM jobq.q_mark_republished($1, $2)", [fresh], [None])
+    assert db.val("SELECT published_at FROM jobq.job WHERE id = $1", fresh) is None
+
+
 def test_schedules_are_the_operators(db: SyncDB, logins: Any) -> None:
     """A consumer alone stores no schedule (a schedule enqueues jobs); a
     consumer that is also a producer stores its app's, never an operator's."""

@@ -21,4 +21,5 @@ def test_only_a_function_keeps_a_generic_plan() -> None:
         "-- name: a\n-- grant: jobq_consumer\n-- plan: generic\nSELECT 1;")
     assert (body, grants, generic) == ({"a": "SELECT 1"}, {"a": ("jobq_consumer",)}, {"a"})
     # the per-job statements of the consumer and the producer's mark
-    assert {"claim", "complete", "renew", "fail", "release", "mark_published"} == GENERIC_PLAN
+    assert {"claim", "complete", "renew", "fail", "release", "mark_published",
+            "mark_republished"} == GENERIC_PLAN

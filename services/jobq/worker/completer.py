@@ -146,7 +146,8 @@ class Completer:
         try:
             rows = await lease.unpark_freed(self.pool, run.lease)
             await publish_and_mark(self.broker, self.pool,
-                                   [(r["id"], r["queue"], r["lock"]) for r in rows])
+                                   [(r["id"], r["queue"], r["lock"]) for r in rows],
+                                   own_spells=True)
         except Exception as exc:
             log.debug("unpark after completion: %r", exc)
 
@@ -207,7 +208,7 @@ class Completer:
                                  attempt=job.attempt, worker=self.worker_id))
         if row["status"] == Status.QUEUED and row["due"]:
             await publish_and_mark(self.broker, self.pool, [(row["id"], row["queue"],
-                                                             row["lock"])])
+                                                             row["lock"])], own_spells=True)
 
     async def release(self, runs: Sequence[Run], why: str, handoff: bool = False) -> None:
         """Give leases back at once (no stall, no error) and publish the ids."""
@@ -231,4 +232,4 @@ class Completer:
                 event="released", job=row["id"], queue=row["queue"], worker=self.worker_id))
         # Publish them ourselves so they run at once; the relay is the fallback.
         await publish_and_mark(self.broker, self.pool,
-                               [(r["id"], r["queue"], r["lock"]) for r in rows])
+                               [(r["id"], r["queue"], r["lock"]) for r in rows], own_spells=True)
