@@ -43,12 +43,11 @@ from typing import TypeVar
 
 import asyncpg
 
-from jobq import crash, lease, limits, metrics, schedules
+from jobq import crash, limits, metrics, rescue, schedules
 from jobq.backoff import Backoff
 from jobq.broker import Broker
 from jobq.db import execute, open_pool, translated
 from jobq.errors import UnavailableError
-from jobq.job import Status
 from jobq.logs import fields
 from jobq.lost import republish_lost
 from jobq.relay import relay_due
@@ -60,12 +59,6 @@ log = logging.getLogger("jobq.reaper")
 
 IDLE_IN_TX_S = 5.0
 FAILING_AFTER = 3  # sweeps failed in a row before /readyz says not ready
-
-# requeue_lapsed's verdicts, for the log line (the rule is in queries.sql).
-_VERDICT = {"own": "charged a stall: it ran alone or isolated",
-            "witness": "not charged: its worker died holding several jobs",
-            "bystander": "not charged: its worker was isolating another job"}
-
 
 # What a sweep does, in order; each fails alone (Reaper._duty).
 DUTIES = ("cut", "requeue", "schedules", "unpark", "relay")
@@ -130,8 +123,9 @@ class Reaper:
         assert self.pool is not None
         started = time.monotonic()
         sweep = Sweep()
-        await self._duty(sweep, "cut", self._cut_vanished(sweep))
-        await self._duty(sweep, "requeue", self._requeue(sweep))
+        await self._duty(sweep, "cut", rescue.cut_vanished(self.pool, sweep.vanished))
+        await self._duty(sweep, "requeue", rescue.requeue_lapsed(
+            self.pool, self.cfg.batch_size, self.reaper_id, sweep.requeued, sweep.failed))
         if sweep.requeued or sweep.failed:
             crash.point("reaper.after_requeue")
         await self._duty(sweep, "schedules", schedules.fire_due(self.pool))  # once per slot
@@ -158,35 +152,6 @@ class Reaper:
                         type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "",
                         extra=fields(event="sweep_duty_failed", duty=name))
             return None
-
-    async def _cut_vanished(self, sweep: Sweep) -> None:
-        assert self.pool is not None
-        for w in await lease.cut_vanished(self.pool):
-            sweep.vanished.append(w["worker_id"])
-            log.warning("worker %s vanished (its database session ended): %d lease(s) cut to "
-                        "the grace period", w["worker_id"], w["jobs"],
-                        extra=fields(event="worker_vanished", worker=w["worker_id"]))
-
-    async def _requeue(self, sweep: Sweep) -> None:
-        assert self.pool is not None
-        while True:
-            rows = await lease.requeue_lapsed(self.pool, self.cfg.batch_size, self.reaper_id)
-            for r in rows:
-                if r["status"] == Status.FAILED:
-                    metrics.JOBS_OF_DEATH.labels(r["queue"]).inc()
-                    sweep.failed.append(str(r["id"]))
-                    log.warning("job of death: lease lapsed %d times; failed", r["stalls"],
-                                extra=fields(event="failed", job=r["id"], queue=r["queue"],
-                                             worker=r["worker_id"], stalls=r["stalls"]))
-                else:
-                    metrics.JOBS_STALLED.labels(r["queue"]).inc()
-                    sweep.requeued.append(str(r["id"]))
-                    log.info("lease lapsed; requeued (%s)", _VERDICT[r["verdict"]],
-                             extra=fields(event="stalled", job=r["id"], queue=r["queue"],
-                                          worker=r["worker_id"], stalls=r["stalls"],
-                                          suspect_stalls=r["suspect_stalls"]))
-            if len(rows) < self.cfg.batch_size:
-                break
 
     async def _record_sweep(self, sweep: Sweep) -> None:
         """Monitor the monitor: last sweep per reaper, at most once a second."""
