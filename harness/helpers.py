@@ -136,7 +136,7 @@ class Proc:
 # (migrate, queue set, cancel, retry, prune) are operators' and run as the
 # schema owner. A test that sets JOBQ_DATABASE_URL itself keeps its own.
 _ROLE_OF = {"consume": "CONSUMER", "reap": "REAPER", "publish": "PRODUCER",
-            "stats": "READER", "inspect": "READER", "queue list": "READER",
+            "stats": "READER", "inspect": "READER", "queue list": "READER", "keys": "READER",
             "queue limits": "READER"}
 
 

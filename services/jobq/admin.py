@@ -41,6 +41,27 @@ async def queue_limits(pool: asyncpg.Pool, auto_create: bool | None,
     return (await fetch(pool, Q["queue_limits_set"], auto_create, max_queues))[0]
 
 
+async def pause(pool: asyncpg.Pool, name: str) -> Any:
+    """No job of the queue starts from the next claim on; BadInput if unknown."""
+    rows = await fetch(pool, Q["queue_pause"], check_queue_name(name))
+    if not rows:
+        raise BadInput(f"no queue named {name!r} (jobq queue list shows them)")
+    return {"queue": name, "paused": True}
+
+
+async def resume(pool: asyncpg.Pool, name: str) -> Any:
+    """Jobs of the queue start again; its parked jobs are published now."""
+    rows = await fetch(pool, Q["queue_resume"], check_queue_name(name))
+    if not rows:
+        raise BadInput(f"no queue named {name!r} (jobq queue list shows them)")
+    return {"queue": name, "paused": False, "released": rows[0]["released"]}
+
+
+async def keys(pool: asyncpg.Pool, queue: str | None) -> list[Any]:
+    """Per key: queued, running, oldest wait (jobq.key_stats)."""
+    return await fetch(pool, Q["key_stats"], queue)
+
+
 async def list_queues(pool: asyncpg.Pool) -> list[Any]:
     return await fetch(pool, Q["queue_list"])
 

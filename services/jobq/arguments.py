@@ -88,8 +88,17 @@ def parser() -> argparse.ArgumentParser:
                      help="the job's payload as JSON (default {}; - reads it from stdin)")
     pub.add_argument("--delay", type=float, default=0.0, metavar="SECONDS",
                      help="run no earlier than this many seconds from now")
+    pub.add_argument("--idempotency-key", default=None, metavar="KEY",
+                     help="publishing the same idempotency key twice yields one job")
+    pub.add_argument("--priority", type=int, default=0, metavar="N",
+                     help="0 to 9, higher first (default 0): goes ahead of every lower job of "
+                     "its queue that has not started")
     pub.add_argument("--key", default=None, metavar="KEY",
-                     help="idempotency key: publishing the same key twice yields one job")
+                     help="who the job is for (a tenant, a customer): the queue's per-key caps, "
+                     "rates and fairness apply to it")
+    pub.add_argument("--debounce", type=float, default=0.0, metavar="SECONDS",
+                     help="with --key: jobs of the same queue and key published within this "
+                     "time run once, with the last payload, this long after the last publish")
 
     con = sub.add_parser("consume", help="run handlers of APP (module:attribute)")
     con.add_argument("app", metavar="APP", help="e.g. jobq.demo:app")
@@ -122,6 +131,14 @@ def parser() -> argparse.ArgumentParser:
         qs.add_argument(q.flag, *q.aliases, dest=q.column, default=None,
                         metavar="on|off" if q.kind is bool else "N",
                         help=f"{q.help} (default {q.default if q.default is not None else 'none'})")
+    for verb, what in (("pause", "from the next claim on no job of QUEUE starts anywhere; "
+                                 "running jobs finish, publishing goes on, nothing is lost or "
+                                 "charged"),
+                       ("resume", "jobs of QUEUE start again; what waited is published at "
+                                  "once")):
+        v = qsub.add_parser(verb, help=what.split(";")[0], description=what[0].upper() + what[1:]
+                            + ".")
+        v.add_argument("name", metavar="QUEUE")
     qsub.add_parser("list", help="show every queue's settings",
                     description="Every queue with its settings (jobq.queue); see "
                     "`jobq queue set --help` for what each means.")
@@ -133,8 +150,13 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("stats", help="jobs per queue and state (stalled = lease lapsed, not reaped)",
                    description="Per queue: queued, delayed, running, stalled (active with a "
                    "lapsed lease that no reaper requeued yet: marked (!)), completed, failed, "
-                   "cancelled, the oldest wait and completions in the last minute. The same as "
-                   "SELECT * FROM jobq.queue_stats.")
+                   "cancelled, the oldest wait, completions in the last minute, and whether "
+                   "it is paused. The same as SELECT * FROM jobq.queue_stats.")
+    ks = sub.add_parser("keys", help="per key: queued, running, oldest wait",
+                        description="Per key of QUEUE (or of every queue): jobs waiting, "
+                        "running, and the oldest wait in seconds, most waiting first (at most "
+                        "1,000 rows). The same as SELECT * FROM jobq.key_stats.")
+    ks.add_argument("queue", metavar="QUEUE", nargs="?", default=None)
     ins = sub.add_parser("inspect", help="show one job row and its history",
                          description="The job's row and its history, oldest first: who "
                          "claimed it, why it stalled or was released, who completed it — the "

@@ -93,10 +93,11 @@ async def _publish(settings: Settings, args: argparse.Namespace) -> None:
     except (RecursionError, ValueError) as exc:  # nested too deep, a 5,000-digit number
         raise BadInput(f"payload cannot be decoded: {type(exc).__name__}: {str(exc)[:120]}") \
             from None
-    validate(NewJob(args.queue, payload, args.delay, args.key))  # before connecting
+    job = NewJob(args.queue, payload, args.delay, args.idempotency_key, args.priority, args.key,
+                 args.debounce)
+    validate(job)  # before connecting
     async with Client(settings) as client:
-        job_id = await client.publish(args.queue, payload, delay_s=args.delay,
-                                      idempotency_key=args.key)
+        (job_id,) = await client.publish_many([job])
     print(job_id)
 
 
@@ -127,6 +128,8 @@ async def _queue(settings: Settings, args: argparse.Namespace) -> None:
     if args.queue_command == "set":
         values = _setting_values(args)
         rows = [await _admin(settings, "set_queue", args.name, values)]
+    elif args.queue_command in ("pause", "resume"):
+        rows = [await _admin(settings, args.queue_command, args.name)]
     elif args.queue_command == "limits":
         auto = None if args.auto_create is None else args.auto_create == "on"
         rows = [await _admin(settings, "queue_limits", auto, args.max_queues)]
@@ -142,8 +145,13 @@ async def _stats(settings: Settings) -> None:
         d["oldest_queued_s"] = round(d["oldest_queued_s"], 1) if d["oldest_queued_s"] else 0
         if d["stalled"]:
             d["stalled"] = f"{d['stalled']} (!)"
+        d["paused"] = "PAUSED" if d["paused"] else ""
         out.append(d)
     _table(out)
+
+
+async def _keys(settings: Settings, queue: str | None) -> None:
+    _table([dict(r) for r in await _admin(settings, "keys", queue)])
 
 
 async def _inspect(settings: Settings, args: argparse.Namespace) -> None:
@@ -297,6 +305,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             asyncio.run(_queue(settings, args))
         elif args.command == "stats":
             asyncio.run(_stats(settings))
+        elif args.command == "keys":
+            asyncio.run(_keys(settings, args.queue))
         elif args.command == "inspect":
             asyncio.run(_inspect(settings, args))
         elif args.command == "retry":

@@ -72,21 +72,30 @@ async def complete_in(conn: Any, job_id: uuid.UUID, lock: uuid.UUID) -> bool:
 
 async def claim(pool: asyncpg.Pool, ids: Sequence[uuid.UUID], worker_id: str,
                 queues: Sequence[str], locks: Sequence[uuid.UUID] | None = None,
-                retried: bool = False) -> list[Any]:
+                retried: bool = False, handed: list[Any] | None = None) -> list[Any]:
     """Claim the given ids with these lock tokens (fresh ones if None);
-    returns, per id, its claim row or None. ``retried``: an earlier attempt
-    with the same tokens may have committed unseen; its rows count as ours."""
+    returns, per id, the claim row it brought (its own, or a higher-priority
+    job's in its place) or None. ``retried``: an earlier attempt with the
+    same tokens may have committed unseen; its rows count as ours.
+    ``handed``: receives (id, queue, lock) of delivered jobs that a higher
+    priority overtook; the caller publishes them again."""
     locks = list(locks) if locks is not None else [uuid.uuid4() for _ in ids]
     rows = await fetch(pool, Q["claim"], list(ids), worker_id, list(queues), locks)
-    by_id = {r["id"]: r for r in rows}
-    if retried and len(by_id) < len(set(ids)):
-        missed = [(i, lk) for i, lk in zip(ids, locks) if i not in by_id]
+    by_via: dict[uuid.UUID, Any] = {}
+    for r in rows:
+        if r["handed"]:
+            if handed is not None:
+                handed.append((r["id"], r["queue"], r["lock"]))
+        else:
+            by_via[r["via"]] = r
+    if retried and len(by_via) < len(set(ids)):
+        missed = [(i, lk) for i, lk in zip(ids, locks) if i not in by_via]
         for r in await fetch(pool, Q["claim_recover"], [i for i, _ in missed],
                              [lk for _, lk in missed], worker_id):
-            by_id[r["id"]] = r
+            by_via[r["via"]] = r
     # The same id twice in one batch (a duplicate delivery) is claimed once:
     # only its first occurrence gets the row.
-    return [by_id.pop(i, None) for i in ids]
+    return [by_via.pop(i, None) for i in ids]
 
 
 async def claim_misses(pool: asyncpg.Pool, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Any]:

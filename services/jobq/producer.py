@@ -27,7 +27,7 @@ from jobq.app import check_queue_name
 from jobq.broker import Broker
 from jobq.db import fetch, open_pool, translated
 from jobq.errors import InvalidPayload
-from jobq.publisher import Marks, Rows, publish
+from jobq.publisher import Marks, Rows, columns, publish
 from jobq.queues import BY_COLUMN
 from jobq.relay import publish_and_mark
 from jobq.settings import Settings
@@ -48,10 +48,27 @@ MAX_PAYLOAD_BYTES = int(BY_COLUMN["max_payload_bytes"].hi)
 
 @dataclass(frozen=True)
 class NewJob:
+    """One job to publish. ``priority`` 0..9, higher first; ``key`` who it is
+    for (per-key caps, rates and fairness); ``debounce_s`` with a key: jobs
+    of the same queue and key published within that time run once, with the
+    last payload, that long after the last publish."""
     queue: str
     payload: Any = None
     delay_s: float = 0.0
     idempotency_key: str | None = None
+    priority: int = 0
+    key: str | None = None
+    debounce_s: float = 0.0
+
+    @property
+    def waits(self) -> bool:
+        """Published by the relay when due, not by the producer now."""
+        return self.delay_s > 0 or self.debounce_s > 0
+
+    def row(self, payload_json: str) -> tuple[str, str, float, str | None, int, str | None,
+                                              float]:
+        return (self.queue, payload_json, max(0.0, float(self.delay_s)), self.idempotency_key,
+                self.priority, self.key, float(self.debounce_s))
 
 
 def validate(job: NewJob) -> str:
@@ -65,6 +82,7 @@ def validate(job: NewJob) -> str:
     if job.idempotency_key is not None and len(job.idempotency_key.encode()) > 200:
         raise InvalidPayload("idempotency key is over 200 bytes: use a short key "
                              "(e.g. a hash of what makes the job unique)")
+    check_flow(job)
     try:
         text = json.dumps({} if job.payload is None else job.payload, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as exc:
@@ -77,6 +95,25 @@ def validate(job: NewJob) -> str:
         raise InvalidPayload(f"payload is {len(text)} bytes, over the {MAX_PAYLOAD_BYTES} "
                              "byte limit any queue can have; pass a reference instead")
     return text
+
+
+def check_flow(job: NewJob) -> None:
+    """priority, key and debounce_s are what jobq.enqueue accepts (issue #30)."""
+    p = job.priority
+    if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p <= 9:
+        raise InvalidPayload(f"priority must be a whole number 0 to 9 (higher first), got {p!r}")
+    k = job.key
+    if k is not None and (not isinstance(k, str) or not 1 <= len(k.encode()) <= 200
+                          or "\x00" in k):
+        raise InvalidPayload("key must be 1 to 200 bytes of text without NUL (a tenant or "
+                             f"customer id, or a hash of one), got {str(k)[:40]!r}")
+    d = job.debounce_s
+    if isinstance(d, bool) or not isinstance(d, int | float) or not 0 <= d < MAX_DELAY_S:
+        raise InvalidPayload(f"debounce_s must be a finite number of seconds under a year, "
+                             f"got {d!r}")
+    if d > 0 and (k is None or job.idempotency_key is not None):
+        raise InvalidPayload("debounce_s needs a key (what the jobs collapse on) and no "
+                             "idempotency key")
 
 
 class Client:
@@ -123,9 +160,12 @@ class Client:
         await self.close()
 
     async def publish(self, queue: str, payload: Any = None, *, delay_s: float = 0.0,
-                      idempotency_key: str | None = None) -> uuid.UUID:
-        """Enqueue one job and publish its id; returns the job id."""
-        (job_id,) = await self.publish_many([NewJob(queue, payload, delay_s, idempotency_key)])
+                      idempotency_key: str | None = None, priority: int = 0,
+                      key: str | None = None, debounce_s: float = 0.0) -> uuid.UUID:
+        """Enqueue one job and publish its id; returns the job id (with
+        ``debounce_s``, the id of the pending job it joined, if any)."""
+        (job_id,) = await self.publish_many([NewJob(queue, payload, delay_s, idempotency_key,
+                                                    priority, key, debounce_s)])
         return job_id
 
     async def publish_many(self, jobs: Iterable[NewJob]) -> list[uuid.UUID]:
@@ -136,12 +176,10 @@ class Client:
         assert self.pool is not None, "call connect() first"
         await self._check_sizes(jobs, payloads)
         assert self._rows is not None and self._marks is not None
-        ids = await self._rows.insert([
-            (j.queue, text, max(0.0, float(j.delay_s)), j.idempotency_key)
-            for j, text in zip(jobs, payloads)])
+        ids = await self._rows.insert([j.row(text) for j, text in zip(jobs, payloads)])
         crash.point("producer.after_commit")
         await publish(self.broker, self._marks,
-                      [(i, j.queue) for i, j in zip(ids, jobs) if j.delay_s <= 0])
+                      [(i, j.queue) for i, j in zip(ids, jobs) if not j.waits])
         return ids
 
     async def _check_sizes(self, jobs: Sequence[NewJob], payloads: Sequence[str]) -> None:
@@ -193,16 +231,18 @@ class Client:
         return await wait(self.pool, job_id, timeout)
 
     async def enqueue(self, conn: asyncpg.Connection, queue: str, payload: Any = None, *,
-                      delay_s: float = 0.0, idempotency_key: str | None = None) -> uuid.UUID:
+                      delay_s: float = 0.0, idempotency_key: str | None = None,
+                      priority: int = 0, key: str | None = None,
+                      debounce_s: float = 0.0) -> uuid.UUID:
         """Insert a job inside the caller's open transaction (``conn``).
 
         Nothing is published now: the reapers publish the id right after the
         caller commits (woken by NOTIFY), and never if it rolls back.
         """
-        payload_json = validate(NewJob(queue, payload, delay_s, idempotency_key))
+        job = NewJob(queue, payload, delay_s, idempotency_key, priority, key, debounce_s)
+        payload_json = validate(job)
         with translated():
-            row = await conn.fetchrow(Q["enqueue_many"], [queue], [payload_json],
-                                      [max(0.0, float(delay_s))], [idempotency_key], 0.0)
+            row = await conn.fetchrow(Q["enqueue_many"], *columns([job.row(payload_json)], 0.0))
         assert row is not None
         job_id: uuid.UUID = row["id"]
         return job_id

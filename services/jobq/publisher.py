@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 import asyncpg
 
@@ -37,8 +38,15 @@ from jobq.errors import BadInput
 from jobq.relay import mark, publish_ids
 from jobq.sql import Q
 
-# (queue, payload JSON, delay seconds, idempotency key)
-Row = tuple[str, str, float, str | None]
+# (queue, payload JSON, delay seconds, idempotency key, priority, key,
+# debounce seconds)
+Row = tuple[str, str, float, str | None, int, str | None, float]
+
+
+def columns(rows: Sequence[Row], grace_s: float) -> tuple[Any, ...]:
+    """enqueue_many's arguments: one array per field, the grace in between."""
+    q, p, d, ik, pr, k, db = (list(c) for c in zip(*rows)) if rows else ([],) * 7
+    return q, p, d, ik, grace_s, pr, k, db
 
 
 class Rows:
@@ -55,9 +63,7 @@ class Rows:
         return await self._coalescer.submit(rows)
 
     async def _commit(self, rows: list[Row]) -> list[uuid.UUID]:
-        got = await fetch(self._pool, Q["enqueue_many"], [r[0] for r in rows],
-                          [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows],
-                          self._grace)
+        got = await fetch(self._pool, Q["enqueue_many"], *columns(rows, self._grace))
         return [r["id"] for r in got]
 
     async def _commit_each_on_bad_input(

@@ -35,9 +35,11 @@
 
 -- name: enqueue_many
 -- One round trip for any number of jobs; ids come back in input order.
--- jobq.enqueue_many (schema 0009) inserts a batch of plain rows in one
--- statement, and anything else row by row through jobq.enqueue.
-SELECT id FROM jobq.enqueue_many($1::text[], $2::jsonb[], $3::float8[], $4::text[], $5::float8)
+-- jobq.enqueue_many (schema 0009, 0013) inserts a batch of plain rows in
+-- one statement, and anything else row by row through jobq.enqueue.
+-- $6..$8: priorities, keys, debounce seconds (issue #30).
+SELECT id FROM jobq.enqueue_many($1::text[], $2::jsonb[], $3::float8[], $4::text[], $5::float8,
+                                 $6::int[], $7::text[], $8::float8[])
 ORDER BY n;
 
 -- name: queue_limits
@@ -138,46 +140,115 @@ SELECT id, 'published', 'by the reaper relay' FROM marked WHERE history;
 -- claim retried after its reply was lost can recognise the rows it already
 -- holds (claim_recover) instead of taking them for someone else's.
 --
--- Limits (issue #17): a queue with max_running or rate_per_s is decided
--- here, for the whole fleet. Its row is locked first, in a statement of its
--- own: the function is VOLATILE, so the claim after it takes a fresh
--- snapshot and counts every job the claim that held the lock before made
--- active. Unlimited queues lock nothing. Ids a limit refuses are parked
+-- Priorities (issue #30): a delivered id is a claim on its queue's next
+-- job, best first. If jobs of a higher priority wait in that queue (due, not
+-- parked), the claim takes the best of them instead (SKIP LOCKED: never two
+-- claims for one) and hands the delivered job back to be published again
+-- (a fresh token; the consumer publishes it, the relay is the fallback).
+-- So a priority-5 job starts with the next delivery of its queue, whatever
+-- the broker delivered or prefetched before it; the job it overtook goes to
+-- the back of the broker queue. `via` says which delivered id each claimed
+-- row came for. In a queue with per-key limits, a keyed job is not taken
+-- this way (its key's lock is not held): it keeps its place.
+--
+-- Limits (issues #17, #30): a queue with max_running, rate_per_s or paused
+-- is decided here, for the whole fleet. Its row is locked first, in a
+-- statement of its own: the function is VOLATILE, so the claim after it
+-- takes a fresh snapshot and counts every job the claim that held the lock
+-- before made active. Per-key limits (max_running_per_key,
+-- rate_per_s_per_key) lock each key of the batch instead (an advisory lock
+-- per queue and key, in queue, key order), so keys never wait on each other.
+-- Unlimited queues lock nothing. Ids a limit refuses are parked
 -- (published_at NULL, relay_after 'infinity', a fresh lock token, so that no
--- late publish mark of the spell before can cover them): their messages are acked, and
--- the reapers' unpark releases them to the relay as slots and tokens free up,
--- so a full queue is neither lost nor spun on. The price: claims of a
--- limited queue take turns (the lock is held to commit): bench/limits.py.
+-- late publish mark of the spell before can cover them): their messages are
+-- acked, and a finished job's consumer (unpark_freed) or the reapers' unpark
+-- release them to the relay as slots and tokens free up, so a full queue or
+-- key is neither lost nor spun on, and a key with a backlog holds only its
+-- cap's worth of messages in the broker: the fairness between keys.
 -- NO KEY UPDATE, so enqueues (their foreign key's KEY SHARE) never wait.
 SELECT name FROM jobq.queue
-WHERE name = ANY($3::text[]) AND (max_running IS NOT NULL OR rate_per_s IS NOT NULL)
+WHERE name = ANY($3::text[]) AND (max_running IS NOT NULL OR rate_per_s IS NOT NULL OR paused)
 ORDER BY name
 FOR NO KEY UPDATE;
-WITH candidate AS (
-    SELECT j.id, j.queue
+SELECT pg_advisory_xact_lock(hashtext(k.queue), hashtext(k.key))
+FROM (SELECT DISTINCT j.queue, j.key
+      FROM jobq.job j JOIN jobq.queue q ON q.name = j.queue
+      WHERE j.id = ANY($1::uuid[]) AND j.key IS NOT NULL
+        AND (q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL)
+      ORDER BY 1, 2) k;
+WITH delivered AS (  -- as seen now, for the swap only: the claim re-checks below
+    SELECT j.id, j.queue, j.priority,
+           row_number() OVER (PARTITION BY j.queue ORDER BY j.priority, j.id) AS rk
     FROM jobq.job j
     WHERE j.id = ANY($1::uuid[])
       AND j.status COLLATE "C" = 'queued'
       AND j.run_at <= now()
       AND j.queue = ANY($3::text[])
+), better AS (
+    SELECT b.id, b.queue, b.priority,
+           row_number() OVER (PARTITION BY b.queue ORDER BY b.priority DESC, b.id) AS rk
+    FROM (SELECT d.queue, count(*) AS n FROM delivered d GROUP BY d.queue) dq
+    JOIN jobq.queue q ON q.name = dq.queue
+    CROSS JOIN LATERAL (
+        SELECT x.id, x.queue, x.priority
+        FROM jobq.job x
+        WHERE x.queue = dq.queue AND x.status COLLATE "C" = 'queued' AND x.priority > 0
+          AND x.run_at <= now() AND x.relay_after < 'infinity'
+          AND x.id <> ALL ($1::uuid[])
+          AND (x.key IS NULL
+               OR (q.max_running_per_key IS NULL AND q.rate_per_s_per_key IS NULL))
+        ORDER BY x.priority DESC, x.id
+        LIMIT dq.n
+        FOR UPDATE OF x SKIP LOCKED) b
+), swap AS (
+    SELECT d.id AS given, b.id AS taken
+    FROM delivered d JOIN better b ON b.queue = d.queue AND b.rk = d.rk
+    WHERE b.priority > d.priority
+), wanted AS (
+    SELECT t.id, t.id AS via FROM unnest($1::uuid[]) AS t(id)
+    WHERE t.id NOT IN (SELECT given FROM swap)
+    UNION  -- a duplicate delivery in the batch is claimed once
+    SELECT taken, given FROM swap
+), candidate AS (
+    SELECT j.id, j.queue, j.key, j.priority, w.via
+    FROM jobq.job j
+    JOIN wanted w ON w.id = j.id
+    WHERE j.status COLLATE "C" = 'queued'
+      AND j.run_at <= now()
+      AND j.queue = ANY($3::text[])
     ORDER BY j.id
     FOR UPDATE OF j
-), allowance AS (  -- jobq.allowance and jobq.rate_tokens: schema 0010
+), allowance AS (  -- jobq.allowance and jobq.rate_tokens: schema 0010, 0013
     SELECT q.name, jobq.rate_tokens(q) AS tokens,
            jobq.allowance(q, (SELECT count(*) FROM jobq.job a
                               WHERE a.queue = q.name AND a.status = 'active')) AS n
     FROM jobq.queue q
     WHERE q.name IN (SELECT queue FROM candidate)
-      AND (q.max_running IS NOT NULL OR q.rate_per_s IS NOT NULL)
+      AND (q.max_running IS NOT NULL OR q.rate_per_s IS NOT NULL OR q.paused)
+), keyed AS (  -- per key: jobq.key_allowance, jobq.key_tokens (schema 0013)
+    SELECT k.queue, k.key, kt.tokens,
+           jobq.key_allowance(q, (SELECT count(*) FROM jobq.job a
+                                  WHERE a.queue = k.queue AND a.key = k.key
+                                    AND a.status = 'active'), kt.tokens) AS n
+    FROM (SELECT DISTINCT c.queue, c.key FROM candidate c WHERE c.key IS NOT NULL) k
+    JOIN jobq.queue q ON q.name = k.queue
+    LEFT JOIN jobq.key_rate r ON r.queue = k.queue AND r.key = k.key
+    CROSS JOIN LATERAL (SELECT jobq.key_tokens(q, r.tokens, r.at) AS tokens) kt
+    WHERE q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL
 ), ranked AS (
-    SELECT c.id, c.queue, a.n IS NULL OR row_number() OVER (
-               PARTITION BY c.queue ORDER BY c.id) <= a.n AS allowed
-    FROM candidate c LEFT JOIN allowance a ON a.name = c.queue
+    SELECT c.id, c.queue, c.key, c.via,
+           (a.n IS NULL OR row_number() OVER (
+               PARTITION BY c.queue ORDER BY c.priority DESC, c.id) <= a.n)
+           AND (k.n IS NULL OR row_number() OVER (
+               PARTITION BY c.queue, c.key ORDER BY c.priority DESC, c.id) <= k.n) AS allowed
+    FROM candidate c
+    LEFT JOIN allowance a ON a.name = c.queue
+    LEFT JOIN keyed k ON k.queue = c.queue AND k.key = c.key
 ), claimed AS (
     UPDATE jobq.job j
     SET status = 'active',
-        -- the token sent at the id's (first) position: same plan as by id alone
-        lock = ($4::uuid[])[array_position($1::uuid[], j.id)],
+        -- the token sent at the delivered id's (first) position: same plan as by id alone
+        lock = ($4::uuid[])[array_position($1::uuid[], ranked.via)],
         worker_id = $2,
         attempts = j.attempts + 1,
         lease_expires_at = now() + make_interval(secs => q.lease_s),
@@ -189,38 +260,65 @@ WITH candidate AS (
     RETURNING j.id, j.queue, j.payload, j.attempts, j.errors, j.stalls, j.lock, j.created_at,
               j.suspect, j.handoffs, q.lease_s, q.timeout_s, q.max_attempts,
               q.vanished_grace_s, q.history, q.max_result_bytes,
-              q.max_running IS NOT NULL OR q.rate_per_s IS NOT NULL AS limited
+              q.max_running IS NOT NULL OR q.rate_per_s IS NOT NULL
+                  OR q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL
+                  AS limited,
+              ranked.via, false AS handed, j.key
 ), parked AS (  -- a new queued spell, with a token of its own: a publish mark
     UPDATE jobq.job j  -- for the spell before (the producer's, late) misses it
     SET published_at = NULL, relay_after = 'infinity', lock = gen_random_uuid()
     FROM ranked
     WHERE j.id = ranked.id AND NOT ranked.allowed
+), handed AS (  -- overtaken by a higher priority: published again, new spell
+    UPDATE jobq.job j
+    SET published_at = NULL, relay_after = now(), lock = gen_random_uuid()
+    FROM swap s
+    WHERE j.id = s.given AND j.status COLLATE "C" = 'queued'
+    RETURNING j.id, j.queue, j.lock
 ), spent AS (
     UPDATE jobq.queue q
     SET rate_tokens = a.tokens - (SELECT count(*) FROM claimed c WHERE c.queue = q.name),
         rate_at = now()
     FROM allowance a
     WHERE q.name = a.name AND q.rate_per_s IS NOT NULL
+), key_spent AS (
+    INSERT INTO jobq.key_rate (queue, key, tokens, at)
+    SELECT k.queue, k.key,
+           k.tokens - (SELECT count(*) FROM claimed c WHERE c.queue = k.queue AND c.key = k.key),
+           now()
+    FROM keyed k WHERE k.tokens IS NOT NULL
+    ON CONFLICT (queue, key) DO UPDATE SET tokens = excluded.tokens, at = excluded.at
 ), logged AS (
     INSERT INTO jobq.job_event (job_id, event, worker_id, attempt)
     SELECT id, 'claimed', $2, attempts FROM claimed WHERE history
 )
-SELECT * FROM claimed;
+SELECT id, queue, payload, attempts, errors, stalls, lock, created_at, suspect, handoffs,
+       lease_s, timeout_s, max_attempts, vanished_grace_s, history, max_result_bytes,
+       limited, via, handed, key
+FROM claimed
+UNION ALL
+SELECT h.id, h.queue, NULL, NULL, NULL, NULL, h.lock, NULL, NULL, NULL,
+       NULL, NULL, NULL, NULL, NULL, NULL, NULL, h.id, true, NULL
+FROM handed h;
 
 -- name: claim_recover
 -- grant: jobq_consumer
 -- A claim retried after an error: rows this worker already claimed with
 -- these very tokens (the first attempt committed, its reply was lost), as
 -- claim returns them. Without it the retry saw them "active", dropped the
--- messages as duplicates, and the jobs waited a whole lease.
+-- messages as duplicates, and the jobs waited a whole lease. A row claimed
+-- in place of a delivered id (a higher priority) carries that id's token:
+-- it is found by the token among this worker's active rows.
 SELECT j.id, j.queue, j.payload, j.attempts, j.errors, j.stalls, j.lock, j.created_at,
        j.suspect, j.handoffs, q.lease_s, q.timeout_s, q.max_attempts, q.vanished_grace_s,
        q.history, q.max_result_bytes,
-       q.max_running IS NOT NULL OR q.rate_per_s IS NOT NULL AS limited
+       q.max_running IS NOT NULL OR q.rate_per_s IS NOT NULL
+           OR q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL AS limited,
+       t.id AS via, false AS handed, j.key
 FROM jobq.job j
-JOIN unnest($1::uuid[], $2::uuid[]) AS t(id, lock) ON j.id = t.id AND j.lock = t.lock
+JOIN unnest($1::uuid[], $2::uuid[]) AS t(id, lock) ON j.lock = t.lock
 JOIN jobq.queue q ON q.name = j.queue
-WHERE j.status COLLATE "C" = 'active' AND j.worker_id = $3 AND j.lease_expires_at > now();
+WHERE j.status = 'active' AND j.worker_id = $3 AND j.lease_expires_at > now();
 
 -- name: claim_misses
 -- grant: jobq_consumer
@@ -603,24 +701,63 @@ WITH target AS (
 SELECT count(*) FROM lost;
 
 -- name: unpark
--- Reapers, every sweep: jobs a queue's limit held back at claim time go back
--- to the relay, oldest first, as many as the limit would let start now (free
--- max_running slots, rate tokens); all of them once the queue has no limit.
--- The claim still decides; this only meters what is published.
-WITH lim AS (
-    SELECT q.name, jobq.allowance(q, (SELECT count(*) FROM jobq.job a  -- schema 0010,
-                                      WHERE a.queue = q.name AND a.status = 'active')) AS n
+-- Reapers, every sweep: jobs a limit or a pause held back at claim time go
+-- back to the relay, as many as the limits would let start now: per queue,
+-- its free max_running slots and rate tokens (none while paused; all once
+-- the queue has no limit); in a queue with per-key limits, per key, its
+-- free per-key slots and tokens, best first. Keys with parked jobs are
+-- found by a loose index scan (one probe per key, not a read of the
+-- backlog). The claim still decides; this only meters what is published,
+-- so a key's backlog never circles through the broker.
+WITH RECURSIVE lim AS (
+    SELECT q.name, q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL
+               AS per_key,
+           jobq.allowance(q, (SELECT count(*) FROM jobq.job a  -- schema 0010, 0013
+                              WHERE a.queue = q.name AND a.status = 'active')) AS n
     FROM jobq.queue q  -- (no limit: 2147483647)
     WHERE EXISTS (SELECT 1 FROM jobq.job p
                   WHERE p.queue = q.name AND p.status = 'queued' AND p.published_at IS NULL
                     AND p.relay_after = 'infinity')
+), parked_keys AS (
+    SELECT f.queue, f.key
+    FROM lim CROSS JOIN LATERAL (
+        SELECT p.queue, p.key FROM jobq.job p
+        WHERE p.queue = lim.name AND p.status = 'queued' AND p.relay_after = 'infinity'
+          AND p.key IS NOT NULL
+        ORDER BY p.key LIMIT 1) f
+    WHERE lim.per_key AND lim.n > 0
+    UNION ALL
+    SELECT nx.queue, nx.key
+    FROM parked_keys pk CROSS JOIN LATERAL (
+        SELECT p.queue, p.key FROM jobq.job p
+        WHERE p.queue = pk.queue AND p.status = 'queued' AND p.relay_after = 'infinity'
+          AND p.key > pk.key
+        ORDER BY p.key LIMIT 1) nx
+), key_room AS (
+    SELECT pk.queue, pk.key,
+           least(l.n, jobq.key_allowance(q, (SELECT count(*) FROM jobq.job a
+                                             WHERE a.queue = pk.queue AND a.key = pk.key
+                                               AND a.status = 'active'),
+                                         jobq.key_tokens(q, r.tokens, r.at))) AS n
+    FROM parked_keys pk
+    JOIN lim l ON l.name = pk.queue
+    JOIN jobq.queue q ON q.name = pk.queue
+    LEFT JOIN jobq.key_rate r ON r.queue = pk.queue AND r.key = pk.key
 ), picked AS (
     SELECT p.id
-    FROM lim
-    CROSS JOIN LATERAL (
+    FROM key_room kr CROSS JOIN LATERAL (
+        SELECT j.id FROM jobq.job j
+        WHERE j.queue = kr.queue AND j.key = kr.key AND j.status = 'queued'
+          AND j.published_at IS NULL AND j.relay_after = 'infinity'
+        ORDER BY j.priority DESC, j.run_at, j.id
+        LIMIT kr.n
+        FOR UPDATE SKIP LOCKED) p
+    UNION ALL
+    SELECT p.id
+    FROM lim CROSS JOIN LATERAL (
         SELECT j.id FROM jobq.job j
         WHERE j.queue = lim.name AND j.status = 'queued' AND j.published_at IS NULL
-          AND j.relay_after = 'infinity'
+          AND j.relay_after = 'infinity' AND (NOT lim.per_key OR j.key IS NULL)
         ORDER BY j.run_at, j.id
         LIMIT lim.n
         FOR UPDATE SKIP LOCKED) p
@@ -631,22 +768,37 @@ FROM picked WHERE j.id = picked.id;
 -- name: unpark_freed
 -- grant: jobq_consumer
 -- A consumer that just finished a job of a limited queue frees a slot: it
--- releases the oldest parked job of that queue and publishes it at once (the
--- claim still decides; the reapers' unpark is the fallback). Fenced by the
--- finished job: $1 and its token $2 prove the caller ran a job of that queue,
--- which is no longer active. The unparked spell gets the caller's fresh
--- token $3 (a parked spell's token is never handed out), so the caller can
--- mark its own publish and a late mark of the spell before still misses.
+-- releases one parked job and publishes it at once (the claim still
+-- decides; the reapers' unpark is the fallback). In a queue with per-key
+-- limits the slot is its key's: the best parked job of the same key;
+-- otherwise the queue's oldest parked job. Nothing while the queue is
+-- paused. Fenced by the finished job: $1 and its token $2 prove the caller
+-- ran a job of that queue, which is no longer active. The unparked spell
+-- gets the caller's fresh token $3 (a parked spell's token is never handed
+-- out), so the caller can mark its own publish and a late mark of the spell
+-- before still misses.
 WITH proof AS (
-    SELECT queue FROM jobq.job
-    WHERE id = $1 AND lock = $2 AND status COLLATE "C" <> 'active'
+    SELECT j.queue, j.key,
+           q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL AS per_key
+    FROM jobq.job j JOIN jobq.queue q ON q.name = j.queue
+    WHERE j.id = $1 AND j.lock = $2 AND j.status COLLATE "C" <> 'active' AND NOT q.paused
 ), picked AS (
-    SELECT id FROM jobq.job
-    WHERE queue = (SELECT queue FROM proof) AND status = 'queued' AND published_at IS NULL
-      AND relay_after = 'infinity'
-    ORDER BY run_at, id
-    LIMIT 1
-    FOR UPDATE SKIP LOCKED
+    SELECT coalesce(
+        (SELECT x.id FROM jobq.job x
+         WHERE proof.per_key AND proof.key IS NOT NULL
+           AND x.queue = proof.queue AND x.key = proof.key AND x.status = 'queued'
+           AND x.relay_after = 'infinity' AND x.published_at IS NULL
+         ORDER BY x.priority DESC, x.run_at, x.id
+         LIMIT 1
+         FOR UPDATE OF x SKIP LOCKED),
+        (SELECT x.id FROM jobq.job x
+         WHERE NOT (proof.per_key AND proof.key IS NOT NULL)
+           AND x.queue = proof.queue AND x.status = 'queued'
+           AND x.relay_after = 'infinity' AND x.published_at IS NULL
+         ORDER BY x.run_at, x.id
+         LIMIT 1
+         FOR UPDATE OF x SKIP LOCKED)) AS id
+    FROM proof
 )
 UPDATE jobq.job j SET relay_after = now(), lock = $3
 FROM picked WHERE j.id = picked.id
@@ -919,6 +1071,11 @@ WITH doomed AS (
 )
 DELETE FROM jobq.job j USING doomed WHERE j.id = doomed.id;
 
+-- name: key_rate_prune
+-- Reapers, with retention: per-key rate buckets idle for an hour are full
+-- again, which is what a missing row means.
+DELETE FROM jobq.key_rate WHERE at < now() - interval '1 hour';
+
 -- name: history
 -- The view adds the events the row keeps ('enqueued', 'completed'), which
 -- have no n (schema 0011).
@@ -961,7 +1118,8 @@ INSERT INTO jobq.queue (name) VALUES ($1) ON CONFLICT (name) DO NOTHING;
 -- name: queue_list
 SELECT name, lease_s, max_stalls, max_attempts, timeout_s, backoff_base_s,
        backoff_max_s, stall_cooldown_s, max_payload_bytes, vanished_grace_s,
-       keep_completed_s, keep_failed_s, history, max_result_bytes, max_running, rate_per_s
+       keep_completed_s, keep_failed_s, history, max_result_bytes, max_running, rate_per_s,
+       max_running_per_key, rate_per_s_per_key, paused
 FROM jobq.queue
 ORDER BY name;
 
@@ -992,11 +1150,49 @@ SET lease_s = coalesce(($2::jsonb->>'lease_s')::float8, lease_s),
     max_running = CASE WHEN $2::jsonb ? 'max_running'
                        THEN nullif(($2::jsonb->>'max_running')::int, 0) ELSE max_running END,
     rate_per_s = CASE WHEN $2::jsonb ? 'rate_per_s'
-                      THEN nullif(($2::jsonb->>'rate_per_s')::float8, 0) ELSE rate_per_s END
+                      THEN nullif(($2::jsonb->>'rate_per_s')::float8, 0) ELSE rate_per_s END,
+    max_running_per_key = CASE WHEN $2::jsonb ? 'max_running_per_key'
+                               THEN nullif(($2::jsonb->>'max_running_per_key')::int, 0)
+                               ELSE max_running_per_key END,
+    rate_per_s_per_key = CASE WHEN $2::jsonb ? 'rate_per_s_per_key'
+                              THEN nullif(($2::jsonb->>'rate_per_s_per_key')::float8, 0)
+                              ELSE rate_per_s_per_key END
 WHERE name = $1
 RETURNING name, lease_s, max_stalls, max_attempts, timeout_s, backoff_base_s,
           backoff_max_s, stall_cooldown_s, max_payload_bytes, vanished_grace_s,
-          keep_completed_s, keep_failed_s, history, max_result_bytes, max_running, rate_per_s;
+          keep_completed_s, keep_failed_s, history, max_result_bytes, max_running, rate_per_s,
+          max_running_per_key, rate_per_s_per_key;
+
+-- name: queue_pause
+-- jobq queue pause: from the next claim on, no job of the queue starts
+-- anywhere (the claim parks what is delivered); running jobs finish;
+-- publishing goes on. No row: no such queue.
+UPDATE jobq.queue SET paused = true WHERE name = $1 RETURNING name;
+
+-- name: queue_resume
+-- jobq queue resume: the queue's parked jobs go back to the relay at once
+-- (the claim applies the queue's limits again), and the reapers are woken
+-- to publish them. No row: no such queue.
+WITH resumed AS (
+    UPDATE jobq.queue SET paused = false WHERE name = $1 RETURNING name
+), released AS (
+    UPDATE jobq.job j SET relay_after = now()
+    FROM resumed
+    WHERE j.queue = resumed.name AND j.status = 'queued' AND j.published_at IS NULL
+      AND j.relay_after = 'infinity'
+    RETURNING j.id
+)
+SELECT r.name, (SELECT count(*) FROM released) AS released,
+       (SELECT count(*) FROM (SELECT pg_notify('jobq_relay', r.name)) n) AS woken
+FROM resumed r;
+
+-- name: key_stats
+-- jobq keys [QUEUE]: per key, what waits, what runs, the oldest wait.
+SELECT queue, key, queued, running, round(oldest_wait_s::numeric, 1)::float8 AS oldest_wait_s
+FROM jobq.key_stats
+WHERE $1::text IS NULL OR queue = $1
+ORDER BY queue, queued DESC, key
+LIMIT 1000;
 
 -- name: queue_limits_get
 SELECT auto_create, max_queues, (SELECT count(*) FROM jobq.queue) AS queues
@@ -1012,7 +1208,7 @@ RETURNING auto_create, max_queues, (SELECT count(*) FROM jobq.queue) AS queues;
 -- name: stats
 SELECT queue, queued, delayed, running, stalled, completed, failed, cancelled,
        extract(epoch FROM oldest_queued_age)::float8 AS oldest_queued_s,
-       completed_last_minute AS done_1m
+       completed_last_minute AS done_1m, paused
 FROM jobq.queue_stats
 ORDER BY queue;
 

@@ -92,6 +92,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("rate_per_s", "--rate-per-second", float, 0, 100000, None,
             "at most this many starts per second, fleet-wide (0 = no limit)",
             lo_open=True, zero_is_none=True, aliases=("--rate-limit",)),
+    Setting("max_running_per_key", "--max-running-per-key", int, 1, 1000000, None,
+            "at most this many jobs of one key run at once, fleet-wide; keys share the "
+            "queue fairly (0 = no limit)", zero_is_none=True),
+    Setting("rate_per_s_per_key", "--rate-per-second-per-key", float, 0, 100000, None,
+            "at most this many starts per second for each key (0 = no limit)",
+            lo_open=True, zero_is_none=True),
 )
 
 BY_COLUMN = {s.column: s for s in SETTINGS}

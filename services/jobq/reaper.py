@@ -190,6 +190,7 @@ class Reaper:
             total += n
             if n < self.cfg.prune_batch:
                 break
+        await execute(self.pool, Q["key_rate_prune"])  # idle per-key buckets are full
         if total:
             metrics.SWEEP_ROWS.labels("pruned").inc(total)
             log.info("pruned %d finished job(s) past their queue's retention", total)

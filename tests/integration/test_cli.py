@@ -31,8 +31,8 @@ def test_publish_prints_the_id_and_stores_the_row(env, db: SyncDB) -> None:
                       "WHERE id = $1", jid)
     assert row["queue"] == "emails" and row["status"] == "queued"
     assert row["p"] == '{"to": "a@b.c"}' and row["published_at"] is not None
-    again = run_cli(env, "publish", "emails", "{}", "--key", "k1")
-    same = run_cli(env, "publish", "emails", "{}", "--key", "k1")
+    again = run_cli(env, "publish", "emails", "{}", "--idempotency-key", "k1")
+    same = run_cli(env, "publish", "emails", "{}", "--idempotency-key", "k1")
     assert again.stdout == same.stdout and again.returncode == same.returncode == 0
     delayed = run_cli(env, "publish", "emails", "{}", "--delay", "60")
     assert db.val("SELECT run_at > now() + interval '50 s' FROM jobq.job WHERE id = $1",

@@ -98,12 +98,17 @@ def _literal(value: Any) -> str:
     return "'" + str(value).replace("'", "''") + "'"
 
 
+# Small tables a plan may read whole: queues, workers, and the per-key rate
+# buckets (keys active in the last hour; the reapers prune the rest).
+SMALL = {"queue", "worker", "key_rate"}
+
+
 def _bad(plans: dict[str, tuple[set[str], set[str]]],
          extra: dict[str, set[str]]) -> dict[str, Any]:
     return {name: (sorted(ix - ALLOWED_INDEXES - extra.get(name, set())),
-                   sorted(seq - {"queue", "worker"}))
+                   sorted(seq - SMALL))
             for name, (ix, seq) in plans.items()
-            if ix - ALLOWED_INDEXES - extra.get(name, set()) or seq - {"queue", "worker"}}
+            if ix - ALLOWED_INDEXES - extra.get(name, set()) or seq - SMALL}
 
 
 @pytest.mark.parametrize("stats", ["empty", "backlog", "fresh"])
@@ -126,7 +131,11 @@ def test_statements_by_id_use_the_primary_key(db_url: str, stats: str) -> None:
     # The claim counts a limited queue's active jobs (max_running) through the
     # partial index of active rows, as its status test there says; its rows
     # by id still go through the key.
-    bad = _bad(asyncio.run(go()), {"claim": {"job_active_idx"}})
+    bad = _bad(asyncio.run(go()), {
+        "claim": {"job_active_idx", "job_active_key_idx", "job_priority_idx", "key_rate_pkey"},
+        # a row claimed in place of a delivered id is found by its token among
+        # this worker's active rows (rare: a claim retried after a lost reply)
+        "claim_recover": {"job_active_idx"}})
     assert not bad, f"statements naming rows by id planned through other paths: {bad}"
 
 
@@ -166,5 +175,9 @@ def test_generic_plans_go_through_the_primary_key_whatever_the_statistics(
         finally:
             await conn.close()
 
-    bad = _bad(asyncio.run(go()), {"claim": {"job_active_idx"}})
+    bad = _bad(asyncio.run(go()), {
+        "claim": {"job_active_idx", "job_active_key_idx", "job_priority_idx", "key_rate_pkey"},
+        # a row claimed in place of a delivered id is found by its token among
+        # this worker's active rows (rare: a claim retried after a lost reply)
+        "claim_recover": {"job_active_idx"}})
     assert not bad, f"generic plans of statements by id through other paths: {bad}"

@@ -28,12 +28,15 @@ TABLE_RIGHTS = {
     *{("jobq_reaper", "worker", r) for r in ("SELECT", "UPDATE", "DELETE")},
     *{("jobq_reaper", "reaper", r) for r in ("SELECT", "INSERT", "UPDATE", "DELETE")},
     ("jobq_reaper", "queue", "SELECT"),
+    ("jobq_reaper", "key_rate", "SELECT"),  # per-key rate buckets (0013)
+    ("jobq_reaper", "key_rate", "DELETE"),
     ("jobq_reaper", "overdue", "SELECT"),
     ("jobq_reaper", "schedule", "SELECT"),  # periodic jobs (0007)
     ("jobq_reaper", "schedule", "UPDATE"),
 }
 FUNCTION_RIGHTS = {("jobq_producer", "enqueue"), ("jobq_producer", "enqueue_many"),
                    ("jobq_reaper", "enqueue"), ("jobq_reaper", "rate_tokens"),
+                   ("jobq_reaper", "key_tokens"), ("jobq_reaper", "key_allowance"),
                    ("jobq_reaper", "allowance")} | {
     (role, f"q_{name}") for name, roles in GRANTS.items() for role in roles}
 GROUPS = ("jobq_producer", "jobq_consumer", "jobq_reaper", "jobq_reader")

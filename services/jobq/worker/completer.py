@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -138,6 +139,12 @@ class Completer:
                                                    worker=self.worker_id))
         elif ok is False:
             self.heartbeat.lose(run, "completion rejected")
+
+    async def republish(self, rows: Sequence[tuple[uuid.UUID, str, uuid.UUID]]) -> None:
+        """Publish spells this worker handed back (a claim that a higher
+        priority overtook); the relay is the fallback. Never raises."""
+        if rows:
+            await publish_and_mark(self.broker, self.pool, rows, own_spells=True)
 
     async def _slot_freed(self, run: Run) -> None:
         """A limited queue's slot is free: publish its oldest parked job now

@@ -146,7 +146,7 @@ class Consumer:
         self.executor = Executor(self.app, self.cfg, self.concurrency, self.worker_id, pool, hb,
                                  completer, self.tally, self._slots, self.processes)
         self.intake = Intake(pool, self.worker_id, self.queues, self._slots, self._stop,
-                             self.tally, self.executor.start)
+                             self.tally, self.executor.start, completer.republish)
         self._completer = completer
         self.registry.start()
         await self.registry.wait_registered()

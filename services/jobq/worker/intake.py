@@ -37,7 +37,7 @@ import asyncio
 import collections
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
@@ -63,7 +63,8 @@ Batch = list[tuple[uuid.UUID, AbstractIncomingMessage]]
 class Intake:
     def __init__(self, pool: asyncpg.Pool, worker_id: str, queues: list[str],
                  slots: asyncio.Semaphore, stop: asyncio.Event, tally: Tally,
-                 start_job: Callable[[asyncpg.Record, float], None]) -> None:
+                 start_job: Callable[[asyncpg.Record, float], None],
+                 republish: Callable[[list[Any]], Awaitable[None]]) -> None:
         self.pool = pool
         self.worker_id = worker_id
         self.queues = queues
@@ -71,6 +72,7 @@ class Intake:
         self._stop = stop
         self.tally = tally
         self._start_job = start_job
+        self._republish = republish  # delivered jobs a higher priority overtook
         self._inbox: collections.deque[AbstractIncomingMessage] = collections.deque()
         self._ready = asyncio.Event()
         self._acks = Acks(self._inbox)
@@ -259,7 +261,12 @@ class Intake:
 
     async def _claim(self, ids: list[uuid.UUID], locks: list[uuid.UUID],
                      retried: bool = False) -> list[Any]:
-        rows = await lease.claim(self.pool, ids, self.worker_id, self.queues, locks, retried)
+        handed: list[Any] = []
+        rows = await lease.claim(self.pool, ids, self.worker_id, self.queues, locks, retried,
+                                 handed)
+        if handed:
+            self.tally.note("overtaken", len(handed))
+            await self._republish(handed)
         misses = [i for i, r in zip(ids, rows) if r is None]
         if misses:
             # The claims above are committed: failing to explain the misses
