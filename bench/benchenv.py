@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import subprocess
 import sys
 import tempfile
 import uuid
@@ -32,15 +33,29 @@ AMQP_URL = os.environ.get("JOBQ_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:56
 
 
 @contextlib.contextmanager
-def scratch(queues: tuple[str, ...] = ("work",)) -> Iterator[tuple[str, str, str]]:
-    """(database url, amqp url, namespace) of a fresh migrated database."""
+def scratch(queues: tuple[str, ...] = ("work",),
+            migrate_with: str | None = None) -> Iterator[tuple[str, str, str]]:
+    """(database url, amqp url, namespace) of a fresh migrated database.
+    ``migrate_with``: the services/ folder of another build, whose own
+    ``jobq migrate`` (its schema, its statements) makes the database: an A/B
+    of SQL changes needs each build on its own schema."""
     name = f"jobq_bench_{uuid.uuid4().hex[:8]}"
     namespace = f"bench{uuid.uuid4().hex[:8]}"
 
+    def other_migrate() -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("JOBQ_")}
+        subprocess.run([sys.executable, "-m", "jobq", "migrate"], check=True,
+                       env={**env, "PYTHONPATH": str(migrate_with),
+                            "JOBQ_DATABASE_URL": _with_db(ADMIN_URL, name)},
+                       stdout=subprocess.DEVNULL)
+
     async def setup() -> None:
         await _admin(ADMIN_URL, f"CREATE DATABASE {name}")
+        if migrate_with is not None:
+            await asyncio.to_thread(other_migrate)
         conn = await asyncpg.connect(_with_db(ADMIN_URL, name))
-        await migrate.apply(conn)
+        if migrate_with is None:
+            await migrate.apply(conn)
         await conn.execute(TEST_RUN_DDL)
         await conn.close()
 
@@ -95,10 +110,11 @@ class World:
 
 
 @contextlib.contextmanager
-def world(queues: tuple[str, ...], name: str, **env: str) -> Iterator[World]:
+def world(queues: tuple[str, ...], name: str, migrate_with: str | None = None,
+          **env: str) -> Iterator[World]:
     """scratch() plus settings, a database handle and a process group whose
     services get ``env`` (e.g. JOBQ_LOG_LEVEL); everything closed afterwards."""
-    with scratch(queues) as (db_url, amqp_url, ns):
+    with scratch(queues, migrate_with) as (db_url, amqp_url, ns):
         settings = Settings(database_url=db_url, amqp_url=amqp_url, namespace=ns)
         db = SyncDB(db_url)
         procs = Procs(service_env(db_url, amqp_url, ns, **env),

@@ -6,7 +6,9 @@ the consumer's restructuring must keep drain within noise).
 A backlog of --jobs no-op jobs is drained by 2 consumer processes of
 concurrency 32 from the build under test; the other build runs next, and so
 on for --rounds. The producer side (filling the backlog) is this checkout's;
-only the consumers differ. Rates from the database clock, as bench/run.py.
+only the consumers differ. Each build's database is made by its own
+`jobq migrate` (its schema and its statement functions), so a change of
+SQL is measured too. Rates from the database clock, as bench/run.py.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ def main() -> None:
     for _ in range(a.rounds):
         for name, services in builds.items():
             path = os.pathsep.join([services, str(HERE), str(HERE.parent)])
-            with world(("noop",), "ab", JOBQ_LOG_LEVEL="WARNING", PYTHONPATH=path) as w:
+            with world(("noop",), "ab", migrate_with=services, JOBQ_LOG_LEVEL="WARNING",
+                       PYTHONPATH=path) as w:
                 reset(w.db, True, w.settings)
                 rates[name].append(round(drain(w.db, w.procs, w.settings, a.jobs, 2), 1))
     ratios = [x / y for x, y in zip(rates["after"], rates["before"], strict=True)]

@@ -94,6 +94,18 @@ async def results(job: Job) -> Any:
     return p.get("return")
 
 
+@app.handler("prio")
+async def prio(job: Job) -> None:
+    """Flow control (priorities): records its run in test_run."""
+    await _work(job)
+
+
+@app.handler("fair")
+async def fair(job: Job) -> None:
+    """Flow control (per-key caps, pause): records its run in test_run."""
+    await _work(job)
+
+
 @app.handler("limited")
 async def limited(job: Job) -> None:
     """For fleet-wide limits: records its run (start and end) in test_run."""

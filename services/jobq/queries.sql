@@ -1243,7 +1243,7 @@ SELECT q.name AS queue,
           AS failed,
        (SELECT extract(epoch FROM now() - min(j.run_at))::float8 FROM jobq.job j
          WHERE j.queue = q.name AND j.status = 'queued' AND j.run_at <= now()) AS oldest_wait_s,
-       q.max_running, q.rate_per_s
+       q.max_running, q.rate_per_s, q.max_running_per_key, q.rate_per_s_per_key, q.paused
 FROM jobq.queue q
 ORDER BY q.name;
 

@@ -140,3 +140,19 @@ def test_a_short_token_is_refused_in_one_line(env: dict[str, str]) -> Any:
     out = run_cli({**env, "JOBQ_DASHBOARD_TOKEN": "a"}, "dashboard", "--port", "1")
     assert out.returncode != 0 and "at least 16 characters" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_an_operator_pauses_and_resumes_a_queue_from_the_queues_page(port: int,
+                                                                      db: SyncDB) -> None:
+    db.execute("INSERT INTO jobq.queue (name) VALUES ('imports')")
+    assert request(port, "/queue/imports/pause", method="POST", form={"csrf": "x"})[0] == 403
+    cookie = sign_in(port)
+    _, _, page = request(port, "/", cookie=cookie)
+    status, _, _ = request(port, "/queue/imports/pause", method="POST", cookie=cookie,
+                           form={"csrf": csrf_of(page, "/queue/imports/pause")})
+    assert status == 303 and db.val("SELECT paused FROM jobq.queue WHERE name = 'imports'")
+    _, _, page = request(port, "/", cookie=cookie)
+    assert "paused</span>" in page
+    status, _, _ = request(port, "/queue/imports/resume", method="POST", cookie=cookie,
+                           form={"csrf": csrf_of(page, "/queue/imports/resume")})
+    assert status == 303 and not db.val("SELECT paused FROM jobq.queue WHERE name = 'imports'")

@@ -25,8 +25,8 @@ def python_blocks() -> dict[str, str]:
     return named
 
 
-def test_every_python_block_is_named_and_there_are_two() -> None:
-    assert set(python_blocks()) == {"myapp.py", "publish_example.py"}
+def test_every_python_block_is_named_and_there_are_three() -> None:
+    assert set(python_blocks()) == {"myapp.py", "publish_example.py", "flow_example.py"}
 
 
 def test_the_handler_module_imports_and_registers_its_queues(tmp_path: Path) -> None:
@@ -46,6 +46,18 @@ def test_the_publishing_script_runs_as_written(tmp_path: Path, env, db: SyncDB) 
     assert out.returncode == 0, out.stderr
     assert db.val("SELECT count(*) FROM jobq.job WHERE queue = 'emails'") == 6
     assert db.val("SELECT count(*) FROM jobq.job WHERE idempotency_key = 'order-42'") == 1
+
+
+def test_the_flow_control_script_runs_as_written(tmp_path: Path, env, db: SyncDB) -> None:
+    script = tmp_path / "flow_example.py"
+    script.write_text(python_blocks()["flow_example.py"])
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert db.val("SELECT priority FROM jobq.job WHERE queue = 'reports'") == 5
+    assert db.val("SELECT count(*) FROM jobq.job WHERE key = 'tenant-42'") == 3
+    assert db.val("SELECT payload->>'q' FROM jobq.job WHERE queue = 'search'") == "job"
+    assert db.val("SELECT count(*) FROM jobq.job WHERE queue = 'search'") == 1
 
 
 class _RolledBack(Exception):

@@ -190,6 +190,20 @@ class Dashboard:
             done = "refused"
         return RedirectResponse(f"/job/{job_id}?done={done}", 303)
 
+    async def queue_action(self, request: Request) -> Response:
+        """Pause or resume a queue (operators, as the job actions)."""
+        form = await request.form()
+        queue, what = request.path_params["name"], request.path_params["action"]
+        if what not in ("pause", "resume"):
+            return Response("no such action", 404)
+        if self._acting(request, form, f"{what}:{queue}") is None or self.act is None:
+            return Response("refused: sign in, and act from this dashboard's own pages", 403)
+        try:
+            await (admin.pause if what == "pause" else admin.resume)(self.act, queue)
+        except JobqError:
+            return Response("no such queue", 404)
+        return RedirectResponse("/", 303)
+
 
 def _json(value: Any) -> str:
     """Pretty JSON, or the text as stored when Python cannot parse it back
@@ -212,4 +226,5 @@ def make_app(dash: Dashboard) -> Starlette:
         Route("/signin", dash.signin, methods=["GET", "POST"]),
         Route("/signout", dash.signout, methods=["POST"]),
         Route("/job/{id:uuid}/{action}", dash.action, methods=["POST"]),
+        Route("/queue/{name}/{action}", dash.queue_action, methods=["POST"]),
     ])

@@ -1,0 +1,167 @@
+"""Flow control (issue #30) with real consumers and reapers: a priority-5
+job overtakes a standing backlog, one key's backlog does not hold up
+another's and never runs more than its cap, a SIGKILLed worker's per-key
+slots come back within seconds, and pause stops every start within a second
+while resume drains what waited. Figures are read from the database
+(test_run: one row per handler start, written by the handler)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+import time
+from typing import Any
+
+from harness.helpers import Procs, SyncDB, lost_and_duplicates, run_cli, set_queue, wait_until
+from jobq.producer import Client, NewJob
+from jobq.settings import Settings
+
+
+def _publish(settings: Settings, jobs: list[NewJob]) -> list[Any]:
+    async def go() -> list[Any]:
+        async with Client(settings) as client:
+            return await client.publish_many(jobs)
+
+    return asyncio.run(go())
+
+
+def _start_latency(db: SyncDB, ids: list[Any]) -> list[float]:
+    """Per job: its first handler start minus its publish (the row's birth)."""
+    return sorted(r["s"] for r in db.fetch(
+        "SELECT extract(epoch FROM min(r.started_at) - j.created_at)::float8 AS s "
+        "FROM jobq.job j JOIN test_run r ON r.job_id = j.id WHERE j.id = ANY($1) "
+        "GROUP BY j.id, j.created_at", ids))
+
+
+def _done(db: SyncDB, ids: list[Any]) -> bool:
+    return db.val("SELECT count(*) FROM jobq.job WHERE id = ANY($1) AND status = 'completed'",
+                  ids) == len(ids)
+
+
+def test_priority_jobs_overtake_a_standing_backlog(db: SyncDB, procs: Procs,
+                                                   settings: Settings) -> None:
+    set_queue(db, "prio", lease_s=30)
+    procs.reaper()
+    for _ in range(2):
+        procs.consumer("--queue", "prio", "--concurrency", "8").worker_id()
+    backlog = _publish(settings, [NewJob("prio", {"sleep": 0.05}) for _ in range(2000)])
+    wait_until(lambda: db.val("SELECT count(*) FROM test_run") >= 100, 30, "a draining backlog")
+
+    async def urgent() -> list[Any]:
+        async with Client(settings) as client:
+            out = []
+            for _ in range(50):  # one by one, into the backlog
+                out.append(await client.publish("prio", {"sleep": 0.05}, priority=5))
+                await asyncio.sleep(0.02)
+            return out
+
+    ids = asyncio.run(urgent())
+    wait_until(lambda: _done(db, ids), 30, "the 50 urgent jobs")
+    waits = _start_latency(db, ids)
+    left = db.val("SELECT count(*) FROM jobq.job WHERE id = ANY($1) AND status = 'queued'",
+                  backlog)
+    print(f"priority 5 into a backlog ({left} of 2000 still waiting): start after publish "
+          f"p50 {waits[24]:.3f} s, p99 {waits[48]:.3f} s, max {waits[-1]:.3f} s")
+    assert left > 500, "the backlog drained: the case was not exercised"
+    assert waits[-1] < 1.0, waits
+
+
+def test_a_keys_backlog_holds_up_no_other_key_nor_outlives_a_killed_worker(
+        db: SyncDB, procs: Procs, settings: Settings) -> None:
+    set_queue(db, "fair", lease_s=30, max_running_per_key=4)
+    procs.reaper()
+    consumers = [procs.consumer("--queue", "fair", "--concurrency", "8") for _ in range(2)]
+    for c in consumers:
+        c.worker_id()
+    peak = {"A": 0}
+    stop = threading.Event()
+
+    own = SyncDB(db.url)  # a SyncDB is one thread's
+
+    def sample() -> None:  # as fast as the database answers
+        while not stop.is_set():
+            n = own.val("SELECT count(*) FROM jobq.job WHERE key = 'A' AND status = 'active' "
+                       "AND lease_expires_at > now()")
+            peak["A"] = max(peak["A"], n)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        a = _publish(settings, [NewJob("fair", {"sleep": 0.05}, key="A") for _ in range(300)])
+        b = _publish(settings, [NewJob("fair", {"sleep": 0.05}, key="B") for _ in range(20)])
+        wait_until(lambda: _done(db, b), 10, "B's 20 jobs")
+        b_took = db.val("SELECT extract(epoch FROM max(finished_at - created_at))::float8 "
+                        "FROM jobq.job WHERE id = ANY($1)", b)
+        a_open = db.val("SELECT count(*) FROM jobq.job WHERE id = ANY($1) AND "
+                        "status <> 'completed'", a)
+        # One consumer dies holding some of A's slots; they come back when its
+        # session's end cuts its leases (vanished_grace_s), not after the 30 s lease.
+        held = db.val("SELECT count(*) FROM jobq.job WHERE key = 'A' AND status = 'active' "
+                      "AND worker_id = $1", consumers[0].worker_id())
+        consumers[0].signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        alive = consumers[1].worker_id()
+        wait_until(lambda: db.val("SELECT count(*) FROM jobq.job WHERE key = 'A' AND "
+                                  "status = 'active' AND worker_id = $1", alive) == 4,
+                   10, "A's four slots on the live consumer")
+        back_s = time.monotonic() - killed_at
+        wait_until(lambda: _done(db, a), 60, "A's 300 jobs")
+    finally:
+        stop.set()
+        sampler.join(5)
+        own.close()
+    lost, _ = lost_and_duplicates(db, a + b)
+    twice = db.val("SELECT count(*) FROM (SELECT job_id FROM test_run WHERE job_id = ANY($1) "
+                   "AND outcome = 'returned' GROUP BY job_id HAVING count(*) > 1) t", a + b)
+    print(f"key B's 20 jobs done within {b_took:.2f} s of publish while {a_open} of A waited; "
+          f"A ran at most {peak['A']} at once; a SIGKILL holding {held} of A's slots: all 4 "
+          f"back in {back_s:.2f} s; lost {lost}, completed twice {twice}")
+    assert b_took < 3.0 and a_open > 100
+    assert peak["A"] <= 4
+    assert held > 0 and back_s < 3.0
+    assert lost == 0 and twice == 0
+
+
+def test_pause_stops_every_start_within_a_second_and_resume_drains(
+        db: SyncDB, procs: Procs, settings: Settings, env: dict[str, str]) -> None:
+    set_queue(db, "fair", lease_s=30)
+    procs.reaper()
+    for _ in range(3):
+        procs.consumer("--queue", "fair", "--concurrency", "4").worker_id()
+    published: list[Any] = []
+    stop = threading.Event()
+
+    def stream() -> None:
+        async def go() -> None:
+            async with Client(settings) as client:
+                while not stop.is_set():
+                    published.append(await client.publish("fair", {"sleep": 0.2}))
+                    await asyncio.sleep(0.02)
+
+        asyncio.run(go())
+
+    producer = threading.Thread(target=stream, daemon=True)
+    producer.start()
+    try:
+        wait_until(lambda: db.val("SELECT count(*) FROM test_run") >= 20, 20, "a steady stream")
+        out = run_cli(env, "queue", "pause", "fair")
+        assert out.returncode == 0, out.stderr
+        paused_at = db.val("SELECT now()")
+        time.sleep(3)  # the stream goes on: publishing still works
+        assert "PAUSED" in run_cli(env, "stats").stdout
+        late = db.val("SELECT count(*) FROM test_run WHERE started_at > $1::timestamptz "
+                      "+ interval '1 second'", paused_at)
+        waiting = db.val("SELECT count(*) FROM jobq.job WHERE status = 'queued'")
+        out = run_cli(env, "queue", "resume", "fair")
+        assert out.returncode == 0, out.stderr
+    finally:
+        stop.set()
+        producer.join(10)
+    wait_until(lambda: _done(db, published), 30, "the backlog after resume")
+    lost, _ = lost_and_duplicates(db, published)
+    charged = db.val("SELECT count(*) FROM jobq.job WHERE stalls > 0 OR errors > 0")
+    print(f"pause: {late} start(s) later than 1 s after it, {waiting} job(s) waited; resume: "
+          f"all {len(published)} completed, {lost} lost, {charged} charged")
+    assert late == 0 and waiting > 50
+    assert lost == 0 and charged == 0
