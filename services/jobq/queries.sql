@@ -131,6 +131,7 @@ SELECT id, 'published', 'by the reaper relay' FROM marked WHERE history;
 -- name: claim
 -- grant: jobq_consumer
 -- plan: generic
+-- fast: claim_plain
 -- queued -> active for every id that is claimable now by a worker handling
 -- the queues in $3. Ids missing from the result were not claimable (see
 -- claim_misses). Rows are locked in id order, so concurrent batched claims
@@ -175,8 +176,28 @@ FROM (SELECT DISTINCT j.queue, j.key
       FROM jobq.job j JOIN jobq.queue q ON q.name = j.queue
       WHERE j.id = ANY($1::uuid[]) AND j.key IS NOT NULL
         AND (q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL)
+        AND EXISTS (SELECT 1 FROM jobq.queue pq  -- none of these queues has a per-key
+                    WHERE pq.name = ANY($3::text[])  -- limit: no job row is read
+                      AND (pq.max_running_per_key IS NOT NULL
+                           OR pq.rate_per_s_per_key IS NOT NULL))
       ORDER BY 1, 2) k;
-WITH delivered AS (  -- as seen now, for the swap only: the claim re-checks below
+WITH better AS (  -- waiting jobs of a priority above 0: an empty index when none is used
+    SELECT b.id, b.queue, b.priority,
+           row_number() OVER (PARTITION BY b.queue ORDER BY b.priority DESC, b.id) AS rk
+    FROM jobq.queue q
+    CROSS JOIN LATERAL (
+        SELECT x.id, x.queue, x.priority
+        FROM jobq.job x
+        WHERE x.queue = q.name AND x.status COLLATE "C" = 'queued' AND x.priority > 0
+          AND x.run_at <= now() AND x.relay_after < 'infinity'
+          AND x.id <> ALL ($1::uuid[])
+          AND (x.key IS NULL
+               OR (q.max_running_per_key IS NULL AND q.rate_per_s_per_key IS NULL))
+        ORDER BY x.priority DESC, x.id
+        LIMIT cardinality($1::uuid[])
+        FOR UPDATE OF x SKIP LOCKED) b
+    WHERE q.name = ANY($3::text[])
+), delivered AS (  -- as seen now, for the swap only (read only if something is better)
     SELECT j.id, j.queue, j.priority,
            row_number() OVER (PARTITION BY j.queue ORDER BY j.priority, j.id) AS rk
     FROM jobq.job j
@@ -184,36 +205,21 @@ WITH delivered AS (  -- as seen now, for the swap only: the claim re-checks belo
       AND j.status COLLATE "C" = 'queued'
       AND j.run_at <= now()
       AND j.queue = ANY($3::text[])
-), better AS (
-    SELECT b.id, b.queue, b.priority,
-           row_number() OVER (PARTITION BY b.queue ORDER BY b.priority DESC, b.id) AS rk
-    FROM (SELECT d.queue, count(*) AS n FROM delivered d GROUP BY d.queue) dq
-    JOIN jobq.queue q ON q.name = dq.queue
-    CROSS JOIN LATERAL (
-        SELECT x.id, x.queue, x.priority
-        FROM jobq.job x
-        WHERE x.queue = dq.queue AND x.status COLLATE "C" = 'queued' AND x.priority > 0
-          AND x.run_at <= now() AND x.relay_after < 'infinity'
-          AND x.id <> ALL ($1::uuid[])
-          AND (x.key IS NULL
-               OR (q.max_running_per_key IS NULL AND q.rate_per_s_per_key IS NULL))
-        ORDER BY x.priority DESC, x.id
-        LIMIT dq.n
-        FOR UPDATE OF x SKIP LOCKED) b
+      AND EXISTS (SELECT 1 FROM better)
 ), swap AS (
     SELECT d.id AS given, b.id AS taken
     FROM delivered d JOIN better b ON b.queue = d.queue AND b.rk = d.rk
     WHERE b.priority > d.priority
-), wanted AS (
-    SELECT t.id, t.id AS via FROM unnest($1::uuid[]) AS t(id)
-    WHERE t.id NOT IN (SELECT given FROM swap)
-    UNION  -- a duplicate delivery in the batch is claimed once
-    SELECT taken, given FROM swap
-), candidate AS (
-    SELECT j.id, j.queue, j.key, j.priority, w.via
+), candidate AS (  -- the claim re-checks every row under its lock
+    SELECT j.id, j.queue, j.key, j.priority,
+           coalesce((SELECT s.given FROM swap s WHERE s.taken = j.id), j.id) AS via
     FROM jobq.job j
-    JOIN wanted w ON w.id = j.id
-    WHERE j.status COLLATE "C" = 'queued'
+    WHERE j.id = ANY (CASE WHEN NOT EXISTS (SELECT 1 FROM swap) THEN $1::uuid[]
+                           ELSE ARRAY(SELECT t.id FROM unnest($1::uuid[]) AS t(id)
+                                      WHERE t.id NOT IN (SELECT given FROM swap)
+                                      UNION ALL
+                                      SELECT taken FROM swap) END)
+      AND j.status COLLATE "C" = 'queued'
       AND j.run_at <= now()
       AND j.queue = ANY($3::text[])
     ORDER BY j.id
@@ -300,6 +306,54 @@ UNION ALL
 SELECT h.id, h.queue, NULL, NULL, NULL, NULL, h.lock, NULL, NULL, NULL,
        NULL, NULL, NULL, NULL, NULL, NULL, NULL, h.id, true, NULL
 FROM handed h;
+
+-- name: claim_plain
+-- The claim's lean path (sql.py, "-- fast:"): when none of the worker's
+-- queues has a limit or a pause and none holds a waiting job of a priority
+-- above 0 (one probe each of the queue table and of job_priority_idx), the
+-- delivered ids are claimed as they always were, by the one statement below,
+-- with none of the flow-control nodes: an unlimited queue that uses no
+-- priority pays for flow control the two probes and nothing else. The
+-- result has the claim's columns. A limit set or a priority job published
+-- while this runs applies from the next claim on.
+SELECT NOT EXISTS (
+           SELECT 1 FROM jobq.queue q
+           WHERE q.name = ANY($3::text[])
+             AND (q.max_running IS NOT NULL OR q.rate_per_s IS NOT NULL OR q.paused
+                  OR q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL))
+       AND NOT EXISTS (
+           SELECT 1 FROM jobq.job x
+           WHERE x.queue = ANY($3::text[]) AND x.status COLLATE "C" = 'queued'
+             AND x.priority > 0);
+WITH candidate AS (
+    SELECT j.id
+    FROM jobq.job j
+    WHERE j.id = ANY($1::uuid[])
+      AND j.status COLLATE "C" = 'queued'
+      AND j.run_at <= now()
+      AND j.queue = ANY($3::text[])
+    ORDER BY j.id
+    FOR UPDATE OF j
+), claimed AS (
+    UPDATE jobq.job j
+    SET status = 'active',
+        lock = ($4::uuid[])[array_position($1::uuid[], j.id)],
+        worker_id = $2,
+        attempts = j.attempts + 1,
+        lease_expires_at = now() + make_interval(secs => q.lease_s),
+        started_at = now(),
+        isolated = false
+    FROM candidate c, jobq.queue q
+    WHERE j.id = c.id AND q.name = j.queue
+    RETURNING j.id, j.queue, j.payload, j.attempts, j.errors, j.stalls, j.lock, j.created_at,
+              j.suspect, j.handoffs, q.lease_s, q.timeout_s, q.max_attempts,
+              q.vanished_grace_s, q.history, q.max_result_bytes, false AS limited,
+              j.id AS via, false AS handed, j.key
+), logged AS (
+    INSERT INTO jobq.job_event (job_id, event, worker_id, attempt)
+    SELECT id, 'claimed', $2, attempts FROM claimed WHERE history
+)
+SELECT * FROM claimed;
 
 -- name: claim_recover
 -- grant: jobq_consumer

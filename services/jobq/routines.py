@@ -20,14 +20,14 @@ import hashlib
 import logging
 from typing import Any
 
-from jobq.sql import BODY, GENERIC_PLAN, GRANTS, arity, function_name, statements
+from jobq.sql import BODY, FAST, GENERIC_PLAN, GRANTS, arity, function_name, statements
 
 log = logging.getLogger("jobq.migrate")
 
 PINNED_PATH = "pg_catalog, pg_temp"
 # Part of every checksum: a change to how functions are generated (not only
 # to their statements) makes migrate recreate them.
-GENERATOR = "plpgsql/2"
+GENERATOR = "plpgsql/3"
 # Plan every call for its arguments, whatever the session says: a generic
 # plan cached while jobq.job was small keeps sequential scans (db.py's
 # SESSION_SETTINGS say the same at login, which PgBouncer does not pass on).
@@ -73,11 +73,16 @@ async def definition(conn: Any, name: str) -> tuple[str, str]:
     create = (f"CREATE FUNCTION {function_name(name)}({args}) RETURNS {returns}\n"
               f"LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = {PINNED_PATH}\n"
               f"{GENERIC_SETTING if name in GENERIC_PLAN else PLAN_SETTING}\n"
-              f"AS $jobq$\n{plpgsql(body, bool(cols))}\n$jobq$")
+              f"AS $jobq$\n{plpgsql(body, bool(cols), lean_path(name))}\n$jobq$")
     return args, create
 
 
-def plpgsql(body: str, returns_rows: bool) -> str:
+def lean_path(name: str) -> str | None:
+    """The block of a statement's ``-- fast:`` path (sql.py), if it has one."""
+    return BODY[FAST[name]] if name in FAST else None
+
+
+def plpgsql(body: str, returns_rows: bool, fast: str | None = None) -> str:
     """The statements as a PL/pgSQL body. PL/pgSQL, not SQL: it keeps each
     statement parsed and analysed for the session, where a SQL function
     called from a new query re-parses its body on every call (measured: the
@@ -89,6 +94,10 @@ def plpgsql(body: str, returns_rows: bool) -> str:
     (its row locks) via PERFORM."""
     parts = statements(body)
     out = ["#variable_conflict use_column", "BEGIN"]
+    if fast is not None:  # sql.py: a guard, then the lean statement
+        guard, lean = statements(fast)
+        out += [f"IF ({guard}) THEN", f"RETURN QUERY {lean};" if returns_rows else f"{lean};",
+                "RETURN;", "END IF;"]
     for i, stmt in enumerate(parts):
         last = i == len(parts) - 1
         if last and returns_rows:
@@ -105,7 +114,7 @@ def checksums(schema_version: int) -> dict[str, str]:
     """What each function is made from: its statement, its roles, and the
     schema it was typed against (a migration can change a column's type)."""
     return {name: hashlib.sha256(
-                f"{GENERATOR}\n{BODY[name]}\n{','.join(roles)}\n{schema_version}"
+                f"{GENERATOR}\n{BODY[name]}\n{lean_path(name)}\n{','.join(roles)}\n{schema_version}"
                 f"{' generic' if name in GENERIC_PLAN else ''}".encode())
             .hexdigest() for name, roles in GRANTS.items()}
 

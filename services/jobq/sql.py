@@ -15,7 +15,12 @@ hold several statements (each ending with ``;`` at the end of a line): the
 function runs them in order, each with a fresh snapshot, and returns what
 the last one returns. ``-- plan: generic`` makes such a function keep one
 plan per session instead of planning every call (routines.py says when that
-is safe).
+is safe). ``-- fast: <other>`` gives such a function a lean path: block
+``<other>`` holds two statements, a SELECT of one boolean (the guard) and
+the lean statement (same result columns); when the guard is true the
+function returns the lean statement's rows and runs nothing else. The claim
+uses it: a queue with no limit, no pause and no waiting priority job is
+claimed by the statement it always had, without the flow-control nodes.
 """
 
 from __future__ import annotations
@@ -28,17 +33,20 @@ from types import MappingProxyType
 _NAME = re.compile(r"^--\s*name:\s*([a-z_0-9]+)\s*$", re.MULTILINE)
 _GRANT = re.compile(r"^--\s*grant:\s*(.+?)\s*$")
 _GENERIC = re.compile(r"^--\s*plan:\s*generic\s*$")
+_FAST = re.compile(r"^--\s*fast:\s*([a-z_0-9]+)\s*$")
 _PARAM = re.compile(r"\$(\d+)")
 ROLE = re.compile(r"^jobq_[a-z]+$")
 
 
-def parse(text: str) -> tuple[dict[str, str], dict[str, tuple[str, ...]], frozenset[str]]:
+def parse(text: str) -> tuple[dict[str, str], dict[str, tuple[str, ...]], frozenset[str],
+                               dict[str, str]]:
     """(name → statement, name → roles granted it as a function, names
-    whose function keeps a generic plan)."""
+    whose function keeps a generic plan, name → its fast-path block)."""
     parts = _NAME.split(text)
     queries: dict[str, str] = {}
     grants: dict[str, tuple[str, ...]] = {}
     generic: set[str] = set()
+    fast: dict[str, str] = {}
     # parts = [preamble, name1, body1, name2, body2, ...]
     for name, body in zip(parts[1::2], parts[2::2]):
         if name in queries:
@@ -52,15 +60,23 @@ def parse(text: str) -> tuple[dict[str, str], dict[str, tuple[str, ...]], frozen
                 grants[name] = roles
             elif _GENERIC.match(ln.strip()):
                 generic.add(name)
+            elif m := _FAST.match(ln.strip()):
+                fast[name] = m.group(1)
         code = [ln for ln in lines if not ln.lstrip().startswith("--")]
         queries[name] = "\n".join(code).strip().rstrip(";")
-        if len(statements(queries[name])) > 1 and name not in grants:
+    lean = set(fast.values())
+    for name, body in queries.items():
+        if len(statements(body)) > 1 and name not in grants and name not in lean:
             raise ValueError(f"queries.sql: {name}: several statements need a grant line "
                              "(they run as one function)")
+    for name, other in fast.items():
+        if name not in grants or other not in queries or len(statements(queries[other])) != 2:
+            raise ValueError(f"queries.sql: {name}: -- fast: names a block of two statements "
+                             "(guard, lean statement) of a granted statement")
     if generic - set(grants):
         raise ValueError(f"queries.sql: {sorted(generic - set(grants))}: only a granted "
                          "statement (a function) keeps a generic plan")
-    return queries, grants, frozenset(generic)
+    return queries, grants, frozenset(generic), fast
 
 
 def statements(body: str) -> list[str]:
@@ -82,11 +98,15 @@ def call(name: str, statement: str) -> str:
     return f"SELECT * FROM {function_name(name)}({args})"
 
 
-_BODY, _GRANTS, GENERIC_PLAN = parse(
+_BODY, _GRANTS, GENERIC_PLAN, _FASTS = parse(
     resources.files("jobq").joinpath("queries.sql").read_text(encoding="utf-8"))
 BODY: Mapping[str, str] = MappingProxyType(_BODY)
 GRANTS: Mapping[str, tuple[str, ...]] = MappingProxyType(_GRANTS)
+FAST: Mapping[str, str] = MappingProxyType(_FASTS)
 
+# A fast path's block runs only inside its function (routines.py), so it
+# has no entry here; tests prepare it with the function's parameter types.
 Q: Mapping[str, str] = MappingProxyType(
-    {name: call(name, body) if name in GRANTS else body for name, body in BODY.items()}
+    {name: call(name, body) if name in GRANTS else body for name, body in BODY.items()
+     if name not in set(_FASTS.values())}
 )

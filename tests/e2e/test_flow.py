@@ -97,8 +97,10 @@ def test_a_keys_backlog_holds_up_no_other_key_nor_outlives_a_killed_worker(
                         "status <> 'completed'", a)
         # One consumer dies holding some of A's slots; they come back when its
         # session's end cuts its leases (vanished_grace_s), not after the 30 s lease.
-        held = db.val("SELECT count(*) FROM jobq.job WHERE key = 'A' AND status = 'active' "
-                      "AND worker_id = $1", consumers[0].worker_id())
+        victim = consumers[0].worker_id()
+        held = wait_until(lambda: db.val("SELECT count(*) FROM jobq.job WHERE key = 'A' AND "
+                                         "status = 'active' AND worker_id = $1", victim),
+                          10, "the first consumer to hold some of A's slots")
         consumers[0].signal(signal.SIGKILL)
         killed_at = time.monotonic()
         alive = consumers[1].worker_id()

@@ -17,9 +17,24 @@ def test_a_block_becomes_a_plpgsql_body_returning_its_last_statement() -> None:
 def test_only_a_function_keeps_a_generic_plan() -> None:
     with pytest.raises(ValueError, match="generic plan"):
         parse("-- name: a\n-- plan: generic\nSELECT 1;")
-    body, grants, generic = parse(
+    body, grants, generic, fast = parse(
         "-- name: a\n-- grant: jobq_consumer\n-- plan: generic\nSELECT 1;")
-    assert (body, grants, generic) == ({"a": "SELECT 1"}, {"a": ("jobq_consumer",)}, {"a"})
+    assert (body, grants, generic, fast) == ({"a": "SELECT 1"}, {"a": ("jobq_consumer",)},
+                                             {"a"}, {})
     # the per-job statements of the consumer and the producer's mark
     assert {"claim", "complete", "renew", "fail", "release", "mark_published",
             "mark_republished"} == GENERIC_PLAN
+
+
+def test_a_fast_path_runs_alone_when_its_guard_holds() -> None:
+    """``-- fast:``: the lean block's guard decides, and then nothing else runs."""
+    text = ("-- name: a\n-- grant: jobq_consumer\n-- fast: a_lean\nSELECT 1 FOR UPDATE;\n"
+            "SELECT 2;\n-- name: a_lean\nSELECT true;\nSELECT 3;")
+    body, _, _, fast = parse(text)
+    assert fast == {"a": "a_lean"}
+    lines = plpgsql(body["a"], True, body["a_lean"]).splitlines()
+    assert lines[2:6] == ["IF (SELECT true) THEN", "RETURN QUERY SELECT 3;", "RETURN;", "END IF;"]
+    assert lines[-2:] == ["RETURN QUERY SELECT 2;", "END"]
+    with pytest.raises(ValueError, match="fast"):
+        parse("-- name: a\n-- grant: jobq_consumer\n-- fast: b\nSELECT 1;\n-- name: b\n"
+              "SELECT 3;")

@@ -41,7 +41,7 @@ def test_settings_reject_bad_urls_and_unknown_keys(monkeypatch: pytest.MonkeyPat
 
 
 def test_granted_statements_become_calls_of_their_function() -> None:
-    body, grants, _ = parse("-- name: a\n-- grant: jobq_consumer, jobq_producer\n"
+    body, grants, _, _ = parse("-- name: a\n-- grant: jobq_consumer, jobq_producer\n"
                          "SELECT $1::int + $3::int, $2::text;\n-- name: b\nSELECT 1;")
     assert grants == {"a": ("jobq_consumer", "jobq_producer")} and "grant" not in body["a"]
     from jobq.sql import call
