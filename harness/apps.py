@@ -197,6 +197,43 @@ def big(job: Job) -> Any:
             "secrets": sorted(k for k in os.environ if k.startswith("JOBQ_") and "URL" in k)}
 
 
+@app.handler("wf")
+async def wf(job: Job) -> Any:
+    """Workflows: a step that records its run, sleeps, may kill its process
+    on its first attempts, and returns its attempt (dependants read it)."""
+    await _work(job)
+    return {"attempt": job.attempt}
+
+
+@app.handler("wf_callback")
+async def wf_callback(job: Job) -> Any:
+    """A fan-in's callback: records its run; returns what its parents returned."""
+    await _work(job)
+    parents = await job.parents()
+    return {"parents": len(parents),
+            "attempts": sorted(str(v["attempt"]) for v in parents.values() if v)}
+
+
+async def _count(name: str) -> int:
+    """An external side effect: bumps a counter outside jobq's tables."""
+    return int(await _once("INSERT INTO test_counter (name, n) VALUES ($1, 1) ON CONFLICT (name) "
+                           "DO UPDATE SET n = test_counter.n + 1 RETURNING n", name))
+
+
+@app.handler("steps")
+async def steps(job: Job) -> Any:
+    """Three durable steps; on its first attempt the process dies after the
+    second (payload "kill_after_step": 2)."""
+    await start(job)
+    out = [await job.step("one", _count, f"{job.id}:one")]
+    out.append(await job.step("two", _count, f"{job.id}:two"))
+    if job.attempt == 1 and job.payload.get("kill_after_step") == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    out.append(await job.step("three", _count, f"{job.id}:three"))
+    await end(job, "returned")
+    return out
+
+
 @app.handler("txn")
 async def txn(job: Job) -> None:
     """Writes its side effect and completes the job in one transaction."""

@@ -19,7 +19,9 @@ CREATE TABLE public.test_run (
     started_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     ended_at   timestamptz,
     outcome    text  -- NULL while running (or killed), 'returned', 'cancelled'
-)"""
+);
+-- an external side effect of durable steps (harness/apps.py: steps)
+CREATE TABLE public.test_counter (name text PRIMARY KEY, n integer NOT NULL)"""
 
 
 def reachable(host: str, port: int) -> bool:

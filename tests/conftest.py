@@ -88,7 +88,9 @@ def template_db(pg_admin_url: str) -> Iterator[str]:
             await conn.execute(TEST_RUN_DDL)
             # ... as the consumers' own role does (harness.apps runs in them).
             await conn.execute("GRANT SELECT, INSERT, UPDATE ON public.test_run TO jobq_consumer;"
-                               "GRANT USAGE ON SEQUENCE public.test_run_n_seq TO jobq_consumer")
+                               "GRANT USAGE ON SEQUENCE public.test_run_n_seq TO jobq_consumer;"
+                               "GRANT SELECT, INSERT, UPDATE ON public.test_counter "
+                               "TO jobq_consumer")
         finally:
             await conn.close()
 

@@ -12,7 +12,8 @@ from jobq.job import Job, Status
 from jobq.producer import Client, NewJob
 from jobq.results import JobFailed
 from jobq.settings import Settings
+from jobq.workflow import Workflow
 
 __all__ = ["App", "Client", "Fail", "Job", "JobFailed", "JobqError", "LeaseLost", "NewJob",
-           "Retry", "Settings", "Status"]
+           "Retry", "Settings", "Status", "Workflow"]
 __version__ = "0.1.0"

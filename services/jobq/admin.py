@@ -74,8 +74,18 @@ async def inspect(pool: asyncpg.Pool, job_id: uuid.UUID) -> tuple[Any, list[Any]
     """The job row and its history, oldest first."""
     rows = await fetch(pool, Q["job_get"], job_id)
     if not rows:
-        raise UnknownJob(f"no job with id {job_id}")
+        raise UnknownJob(f"no job or workflow with id {job_id}")
     return rows[0], await fetch(pool, Q["history"], job_id)
+
+
+async def links_and_steps(pool: asyncpg.Pool, job_id: uuid.UUID) -> tuple[list[Any], list[Any]]:
+    """What the job waits for and what waits for it; its durable steps."""
+    return await fetch(pool, Q["job_links"], job_id), await fetch(pool, Q["job_steps"], job_id)
+
+
+async def workflow(pool: asyncpg.Pool, workflow_id: uuid.UUID) -> list[Any]:
+    """A workflow's steps in publish order (empty: no such workflow)."""
+    return await fetch(pool, Q["workflow_jobs"], workflow_id)
 
 
 async def _status(pool: asyncpg.Pool, job_id: uuid.UUID) -> str:
@@ -96,9 +106,13 @@ async def retry(pool: asyncpg.Pool, job_id: uuid.UUID, who: str | None = None) -
     return row
 
 
-async def cancel(pool: asyncpg.Pool, job_id: uuid.UUID, reason: str | None) -> None:
-    if not await lease.cancel(pool, job_id, reason):
-        raise BadInput(f"job {job_id} is already {await _status(pool, job_id)}")
+async def cancel(pool: asyncpg.Pool, job_id: uuid.UUID, reason: str | None) -> int:
+    """Cancel a job, or every step of a workflow not started yet; how many."""
+    if await lease.cancel(pool, job_id, reason):
+        return 1
+    if await fetchval(pool, Q["job_status"], job_id) is None and await workflow(pool, job_id):
+        return int(await fetchval(pool, Q["workflow_cancel"], job_id, reason))  # its id
+    raise BadInput(f"job {job_id} is already {await _status(pool, job_id)}")
 
 
 async def prunable(pool: asyncpg.Pool, older_than_s: float) -> int:

@@ -96,6 +96,9 @@ def parser() -> argparse.ArgumentParser:
     pub.add_argument("--key", default=None, metavar="KEY",
                      help="who the job is for (a tenant, a customer): the queue's per-key caps, "
                      "rates and fairness apply to it")
+    pub.add_argument("--after", action="append", default=[], metavar="ID",
+                     help="run only once the job ID completed (repeatable); cancelled with "
+                     "the reason if it fails or is cancelled")
     pub.add_argument("--debounce", type=float, default=0.0, metavar="SECONDS",
                      help="with --key: jobs of the same queue and key published within this "
                      "time run once, with the last payload, this long after the last publish")
@@ -157,7 +160,7 @@ def parser() -> argparse.ArgumentParser:
                         "running, and the oldest wait in seconds, most waiting first (at most "
                         "1,000 rows). The same as SELECT * FROM jobq.key_stats.")
     ks.add_argument("queue", metavar="QUEUE", nargs="?", default=None)
-    ins = sub.add_parser("inspect", help="show one job row and its history",
+    ins = sub.add_parser("inspect", help="show one job row and its history, or a workflow",
                          description="The job's row and its history, oldest first: who "
                          "claimed it, why it stalled or was released, who completed it — the "
                          "answer to 'why did this run twice?'. Control characters in payloads "
@@ -167,7 +170,8 @@ def parser() -> argparse.ArgumentParser:
                         description="A failed or cancelled job goes back to queued with "
                         "fresh error and stall allowances, and its id is published at once.")
     rt.add_argument("id", metavar="ID")
-    cn = sub.add_parser("cancel", help="cancel a queued job; an active one stops at its "
+    cn = sub.add_parser("cancel", help="cancel a queued job (or a workflow's steps not "
+                        "started); an active one stops at its "
                         "worker's next renewal")
     cn.add_argument("id", metavar="ID")
     cn.add_argument("--reason", default=None, help="recorded in last_error and the history")

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from jobq import crash, logs
 from jobq.arguments import parse_duration, parser
-from jobq.errors import BadInput, ConfigError, JobqError
+from jobq.errors import BadInput, ConfigError, JobqError, UnknownJob
 from jobq.logs import printable
 from jobq.queues import SETTINGS
 from jobq.settings import Settings
@@ -94,7 +94,7 @@ async def _publish(settings: Settings, args: argparse.Namespace) -> None:
         raise BadInput(f"payload cannot be decoded: {type(exc).__name__}: {str(exc)[:120]}") \
             from None
     job = NewJob(args.queue, payload, args.delay, args.idempotency_key, args.priority, args.key,
-                 args.debounce)
+                 args.debounce, after=tuple(_uuid(a) for a in args.after))
     validate(job)  # before connecting
     async with Client(settings) as client:
         (job_id,) = await client.publish_many([job])
@@ -155,7 +155,16 @@ async def _keys(settings: Settings, queue: str | None) -> None:
 
 
 async def _inspect(settings: Settings, args: argparse.Namespace) -> None:
-    row, events = await _admin(settings, "inspect", _uuid(args.id))
+    wanted = _uuid(args.id)
+    try:
+        row, events = await _admin(settings, "inspect", wanted)
+    except UnknownJob:
+        steps = await _admin(settings, "workflow", wanted)
+        if not steps:
+            raise
+        print(f"workflow {wanted}: {len(steps)} step(s)")
+        _table([{**dict(r), "after": " ".join(str(a)[:8] for a in r["after"])} for r in steps])
+        return
     fields_ = dict(row)  # a Record iterates over its values, not its keys
     width = max(len(k) for k in fields_)
     for k, v in fields_.items():
@@ -164,6 +173,11 @@ async def _inspect(settings: Settings, args: argparse.Namespace) -> None:
     _table([{"at": e["at"].strftime("%Y-%m-%d %H:%M:%S.%f")[:-3], "event": e["event"],
              "worker": e["worker_id"], "attempt": e["attempt"], "detail": e["detail"]}
             for e in events])
+    links, steps = await _admin(settings, "links_and_steps", wanted)
+    for title, rows in (("links", links), ("steps", steps)):
+        if rows:
+            print(f"\n{title}:")
+            _table([{k: printable(str(v)) for k, v in dict(r).items()} for r in rows])
 
 
 async def _retry(settings: Settings, args: argparse.Namespace) -> None:
@@ -180,8 +194,8 @@ async def _retry(settings: Settings, args: argparse.Namespace) -> None:
 
 async def _cancel(settings: Settings, args: argparse.Namespace) -> None:
     job_id = _uuid(args.id)
-    await _admin(settings, "cancel", job_id, args.reason)
-    print(f"{job_id} cancelled")
+    n = await _admin(settings, "cancel", job_id, args.reason)
+    print(f"{job_id} cancelled" + (f" ({n} step(s) not started)" if n != 1 else ""))
 
 
 async def _prune(settings: Settings, args: argparse.Namespace) -> None:

@@ -141,7 +141,8 @@ def translated() -> Any:
         raise InvalidPayload(f"{pg_message(exc)}: PostgreSQL cannot store a NUL character "
                              "(\\u0000) in a payload") from exc
     except (asyncpg.exceptions.CheckViolationError,
-            asyncpg.exceptions.UniqueViolationError) as exc:  # an idempotency key of another login
+            asyncpg.exceptions.UniqueViolationError,  # an idempotency key of another login
+            asyncpg.exceptions.ForeignKeyViolationError) as exc:  # after => an unknown job
         raise BadInput(pg_message(exc)) from exc
     except asyncpg.exceptions.ProtocolViolationError as exc:  # before TRANSIENT: a subclass
         if "unsupported startup parameter" not in str(exc):

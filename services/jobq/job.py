@@ -55,9 +55,41 @@ class Job:
     completed_in_transaction: bool = field(default=False, repr=False)
     _stop: threading.Event | None = field(default=None, repr=False)
     _progress: Any = field(default=None, repr=False)
+    _link: Any = field(default=None, repr=False)  # worker/steps.py: JobLink
 
     def attach_progress(self, writer: Any) -> None:
         self._progress = writer
+
+    def attach_link(self, link: Any) -> None:
+        self._link = link
+
+    def _linked(self) -> Any:
+        if self._link is None:
+            raise RuntimeError("steps and parents need a job run by a consumer (--pool thread "
+                               "or an async handler); jobq.testing runs them in memory")
+        return self._link
+
+    async def step(self, name: str, fn: Any, *args: Any) -> Any:
+        """Run ``fn(*args)`` once per job: a later run of this job (after a
+        crash or a retry) gets the stored result without calling ``fn``. The
+        result (JSON) is recorded, fenced by this run's token, before it is
+        returned; a step that raises is not recorded. See worker/steps.py
+        for what it does not promise, and ``step_key``."""
+        return await self._linked().step(name, fn, *args)
+
+    def step_sync(self, name: str, fn: Any, *args: Any) -> Any:
+        """``step`` for sync handlers (run in the consumer's thread pool)."""
+        return self._linked().step_sync(name, fn, *args)
+
+    def step_key(self, name: str) -> str:
+        """The same on every run of this job: an idempotency key for the
+        side effect of step ``name`` (a payment API's, an email's)."""
+        return f"{self.id}:{name}"
+
+    async def parents(self) -> dict[uuid.UUID, Any]:
+        """The jobs this one waited for (``after``): id -> stored result."""
+        result: dict[uuid.UUID, Any] = await self._linked().parents()
+        return result
 
     async def progress(self, value: Any) -> None:
         """Report progress (a number or a small JSON object): stored on the

@@ -32,6 +32,7 @@ from jobq.queues import BY_COLUMN
 from jobq.relay import publish_and_mark
 from jobq.settings import Settings
 from jobq.sql import Q
+from jobq.workflow import Workflow, enqueue_linked
 
 log = logging.getLogger("jobq.producer")
 
@@ -59,11 +60,18 @@ class NewJob:
     priority: int = 0
     key: str | None = None
     debounce_s: float = 0.0
+    after: Sequence[uuid.UUID] = ()  # runs once each of these completed (issue #31)
+    workflow_id: uuid.UUID | None = None
 
     @property
     def waits(self) -> bool:
-        """Published by the relay when due, not by the producer now."""
-        return self.delay_s > 0 or self.debounce_s > 0
+        """Published by the relay when due (or released), not by the producer now."""
+        return self.delay_s > 0 or self.debounce_s > 0 or bool(self.after)
+
+    @property
+    def linked(self) -> bool:
+        """Enqueued one by one through jobq.enqueue (workflow.py), not in a batch."""
+        return bool(self.after) or self.workflow_id is not None
 
     def row(self, payload_json: str) -> tuple[str, str, float, str | None, int, str | None,
                                               float]:
@@ -111,6 +119,10 @@ def check_flow(job: NewJob) -> None:
     if isinstance(d, bool) or not isinstance(d, int | float) or not 0 <= d < MAX_DELAY_S:
         raise InvalidPayload(f"debounce_s must be a finite number of seconds under a year, "
                              f"got {d!r}")
+    if len(job.after) > 1000:
+        raise InvalidPayload(f"a job may wait for at most 1000 jobs, got {len(job.after)}")
+    if not all(isinstance(a, uuid.UUID) for a in job.after):
+        raise InvalidPayload("after takes job ids (uuid.UUID), as publish returns them")
     if d > 0 and (k is None or job.idempotency_key is not None):
         raise InvalidPayload("debounce_s needs a key (what the jobs collapse on) and no "
                              "idempotency key")
@@ -176,11 +188,23 @@ class Client:
         assert self.pool is not None, "call connect() first"
         await self._check_sizes(jobs, payloads)
         assert self._rows is not None and self._marks is not None
-        ids = await self._rows.insert([j.row(text) for j, text in zip(jobs, payloads)])
+        if any(j.linked for j in jobs):  # one transaction, jobs in order (workflow.py)
+            ids = await enqueue_linked(self.pool, jobs, payloads,
+                                       self.settings.producer.relay_grace_s)
+        else:
+            ids = await self._rows.insert([j.row(text) for j, text in zip(jobs, payloads)])
         crash.point("producer.after_commit")
         await publish(self.broker, self._marks,
                       [(i, j.queue) for i, j in zip(ids, jobs) if not j.waits])
         return ids
+
+    async def publish_workflow(self, workflow: Workflow) -> uuid.UUID:
+        """Publish every step of ``workflow`` in one transaction; returns its
+        id (``jobq inspect`` / ``jobq cancel`` take it). Steps that wait for
+        none start now; each other one when the last it waits for completed."""
+        ids = await self.publish_many(workflow.jobs())
+        workflow.bind(ids)
+        return workflow.id
 
     async def _check_sizes(self, jobs: Sequence[NewJob], payloads: Sequence[str]) -> None:
         """Refuse a large payload clearly over its queue's max_payload_bytes

@@ -42,6 +42,13 @@ SELECT id FROM jobq.enqueue_many($1::text[], $2::jsonb[], $3::float8[], $4::text
                                  $6::int[], $7::text[], $8::float8[])
 ORDER BY n;
 
+-- name: enqueue_linked
+-- One job that waits for others or belongs to a workflow (issue #31):
+-- jobq.enqueue with every option; workflow.py runs a batch of these in one
+-- transaction, parents before the jobs that wait for them.
+SELECT jobq.enqueue($1::text, $2::jsonb, $3::float8, $4::text, $5::float8, $6::int, $7::text,
+                    $8::float8, $9::uuid[], $10::uuid) AS id;
+
 -- name: queue_limits
 -- The producer checks payload sizes before sending them (cached per queue).
 SELECT name, max_payload_bytes FROM jobq.queue WHERE name = ANY($1::text[]);
@@ -66,6 +73,7 @@ WITH target AS (
     WHERE j.lock IS NOT DISTINCT FROM t.lock
       AND j.status COLLATE "C" = 'queued'
       AND j.published_at IS NULL
+      AND j.waiting_on = 0  -- a waiting job's publish is its release's
       -- Not a job that is not due: consumers drop its early delivery (a
       -- repeated idempotency key sends a delayed job's id), and only an
       -- unmarked row is published by the relay when it comes due.
@@ -222,6 +230,7 @@ WITH better AS (  -- waiting jobs of a priority above 0: an empty index when non
       AND j.status COLLATE "C" = 'queued'
       AND j.run_at <= now()
       AND j.queue = ANY($3::text[])
+      AND j.waiting_on = 0  -- a job waiting for others is released by their ends
     ORDER BY j.id
     FOR UPDATE OF j
 ), allowance AS (  -- jobq.allowance and jobq.rate_tokens: schema 0010, 0013
@@ -332,6 +341,7 @@ WITH candidate AS (
       AND j.status COLLATE "C" = 'queued'
       AND j.run_at <= now()
       AND j.queue = ANY($3::text[])
+      AND j.waiting_on = 0  -- a job waiting for others is released by their ends
     ORDER BY j.id
     FOR UPDATE OF j
 ), claimed AS (
@@ -377,7 +387,8 @@ WHERE j.status = 'active' AND j.worker_id = $3 AND j.lease_expires_at > now();
 -- name: claim_misses
 -- grant: jobq_consumer
 -- Why ids could not be claimed: for the log line and counters only.
-SELECT id, queue, status, run_at > now() AS not_due, relay_after = 'infinity' AS parked
+SELECT id, queue, status, run_at > now() AS not_due,
+       relay_after = 'infinity' AND waiting_on = 0 AS parked, waiting_on > 0 AS waiting
 FROM jobq.job
 WHERE id = ANY($1::uuid[]);
 
@@ -444,6 +455,37 @@ WHERE j.id = $1
   AND j.status COLLATE "C" = 'active'
   AND j.lease_expires_at > now()
 RETURNING j.id;
+
+-- name: parents
+-- grant: jobq_consumer
+-- await job.parents(): the jobs this one waited for, with their results.
+-- Only for the job's holder (its token); a pruned parent is missing.
+SELECT p.id, p.status, p.result
+FROM jobq.job j
+JOIN jobq.job_dependency d ON d.job_id = j.id
+JOIN jobq.job p ON p.id = d.parent_id
+WHERE j.id = $1 AND j.lock = $2;
+
+-- name: step_get
+-- grant: jobq_consumer
+-- await job.step(name, fn): the step as a run of this job recorded it, if
+-- it did. Only for the job's holder (its token).
+SELECT s.fn, s.result
+FROM jobq.job_step s JOIN jobq.job j ON j.id = s.job_id
+WHERE s.job_id = $1 AND j.lock = $2 AND s.name = $3;
+
+-- name: step_record
+-- grant: jobq_consumer
+-- Record a step's result, fenced like every worker write: only while this
+-- token holds the lease, so a zombie's step never lands (no row: lost, or
+-- recorded already by this very run, which step_get then says).
+INSERT INTO jobq.job_step (job_id, name, fn, result, attempt)
+SELECT j.id, $3, $4, $5::jsonb, j.attempts
+FROM jobq.job j
+WHERE j.id = $1 AND j.lock = $2 AND j.status COLLATE "C" = 'active'
+  AND j.lease_expires_at > now()
+ON CONFLICT (job_id, name) DO NOTHING
+RETURNING name;
 
 -- name: watch
 -- grant: jobq_producer
@@ -771,12 +813,12 @@ WITH RECURSIVE lim AS (
     FROM jobq.queue q  -- (no limit: 2147483647)
     WHERE EXISTS (SELECT 1 FROM jobq.job p
                   WHERE p.queue = q.name AND p.status = 'queued' AND p.published_at IS NULL
-                    AND p.relay_after = 'infinity')
+                    AND p.relay_after = 'infinity' AND p.waiting_on = 0)
 ), parked_keys AS (
     SELECT f.queue, f.key
     FROM lim CROSS JOIN LATERAL (
         SELECT p.queue, p.key FROM jobq.job p
-        WHERE p.queue = lim.name AND p.status = 'queued' AND p.relay_after = 'infinity'
+        WHERE p.queue = lim.name AND p.status = 'queued' AND p.relay_after = 'infinity' AND p.waiting_on = 0
           AND p.key IS NOT NULL
         ORDER BY p.key LIMIT 1) f
     WHERE lim.per_key AND lim.n > 0
@@ -784,7 +826,7 @@ WITH RECURSIVE lim AS (
     SELECT nx.queue, nx.key
     FROM parked_keys pk CROSS JOIN LATERAL (
         SELECT p.queue, p.key FROM jobq.job p
-        WHERE p.queue = pk.queue AND p.status = 'queued' AND p.relay_after = 'infinity'
+        WHERE p.queue = pk.queue AND p.status = 'queued' AND p.relay_after = 'infinity' AND p.waiting_on = 0
           AND p.key > pk.key
         ORDER BY p.key LIMIT 1) nx
 ), key_room AS (
@@ -802,7 +844,7 @@ WITH RECURSIVE lim AS (
     FROM key_room kr CROSS JOIN LATERAL (
         SELECT j.id FROM jobq.job j
         WHERE j.queue = kr.queue AND j.key = kr.key AND j.status = 'queued'
-          AND j.published_at IS NULL AND j.relay_after = 'infinity'
+          AND j.published_at IS NULL AND j.relay_after = 'infinity' AND j.waiting_on = 0
         ORDER BY j.priority DESC, j.run_at, j.id
         LIMIT kr.n
         FOR UPDATE SKIP LOCKED) p
@@ -811,7 +853,7 @@ WITH RECURSIVE lim AS (
     FROM lim CROSS JOIN LATERAL (
         SELECT j.id FROM jobq.job j
         WHERE j.queue = lim.name AND j.status = 'queued' AND j.published_at IS NULL
-          AND j.relay_after = 'infinity' AND (NOT lim.per_key OR j.key IS NULL)
+          AND j.relay_after = 'infinity' AND j.waiting_on = 0 AND (NOT lim.per_key OR j.key IS NULL)
         ORDER BY j.run_at, j.id
         LIMIT lim.n
         FOR UPDATE SKIP LOCKED) p
@@ -841,14 +883,14 @@ WITH proof AS (
         (SELECT x.id FROM jobq.job x
          WHERE proof.per_key AND proof.key IS NOT NULL
            AND x.queue = proof.queue AND x.key = proof.key AND x.status = 'queued'
-           AND x.relay_after = 'infinity' AND x.published_at IS NULL
+           AND x.relay_after = 'infinity' AND x.waiting_on = 0 AND x.published_at IS NULL
          ORDER BY x.priority DESC, x.run_at, x.id
          LIMIT 1
          FOR UPDATE OF x SKIP LOCKED),
         (SELECT x.id FROM jobq.job x
          WHERE NOT (proof.per_key AND proof.key IS NOT NULL)
            AND x.queue = proof.queue AND x.status = 'queued'
-           AND x.relay_after = 'infinity' AND x.published_at IS NULL
+           AND x.relay_after = 'infinity' AND x.waiting_on = 0 AND x.published_at IS NULL
          ORDER BY x.run_at, x.id
          LIMIT 1
          FOR UPDATE OF x SKIP LOCKED)) AS id
@@ -1233,7 +1275,7 @@ WITH resumed AS (
     UPDATE jobq.job j SET relay_after = now()
     FROM resumed
     WHERE j.queue = resumed.name AND j.status = 'queued' AND j.published_at IS NULL
-      AND j.relay_after = 'infinity'
+      AND j.relay_after = 'infinity' AND j.waiting_on = 0
     RETURNING j.id
 )
 SELECT r.name, (SELECT count(*) FROM released) AS released,
@@ -1272,9 +1314,45 @@ SELECT status FROM jobq.job WHERE id = $1;
 -- name: job_get
 SELECT id, queue, payload, status, lock, worker_id, lease_expires_at, attempts, errors, stalls,
        last_error, idempotency_key, run_at, published_at, created_at, started_at,
-       finished_at, progress, progress_at, result
+       finished_at, progress, progress_at, result, priority, key, waiting_on, workflow_id
 FROM jobq.job
 WHERE id = $1;
+
+-- name: job_links
+-- jobq inspect, the dashboard: what a job waits for and what waits for it.
+SELECT 'waits for' AS link, p.id, p.queue, p.status
+FROM jobq.job_dependency d JOIN jobq.job p ON p.id = d.parent_id
+WHERE d.job_id = $1
+UNION ALL
+SELECT 'waited for by', c.id, c.queue, c.status
+FROM jobq.job_dependency d JOIN jobq.job c ON c.id = d.job_id
+WHERE d.parent_id = $1;
+
+-- name: job_steps
+-- jobq inspect: a job's durable steps, in the order they were recorded.
+SELECT name, fn, attempt, at, result FROM jobq.job_step WHERE job_id = $1 ORDER BY at, name;
+
+-- name: workflow_jobs
+-- jobq inspect WORKFLOW_ID: its steps in the order they were published, with
+-- what each waits for.
+SELECT j.id, j.queue, j.status, j.waiting_on, j.created_at, j.finished_at, j.last_error,
+       ARRAY(SELECT d.parent_id FROM jobq.job_dependency d WHERE d.job_id = j.id
+             ORDER BY d.parent_id) AS after
+FROM jobq.job j
+WHERE j.workflow_id = $1
+ORDER BY j.created_at, j.id;
+
+-- name: workflow_cancel
+-- jobq cancel WORKFLOW_ID: every step not started yet (a running one
+-- finishes; what waits for a cancelled step is cancelled by the trigger).
+WITH cancelled AS (
+    UPDATE jobq.job j
+    SET status = 'cancelled', lease_expires_at = NULL, finished_at = now(), waiting_on = 0,
+        last_error = coalesce($2, 'cancelled with its workflow')
+    WHERE j.workflow_id = $1 AND j.status = 'queued'
+    RETURNING j.id
+)
+SELECT count(*) FROM cancelled;
 
 -- ───────────────────────────── dashboard ─────────────────────────────
 -- One page load is a few of these; each reads through a partial index
@@ -1335,7 +1413,8 @@ LIMIT $1;
 -- name: dash_job
 SELECT id, queue, payload, status, worker_id, attempts, errors, stalls, suspect_stalls,
        last_error, idempotency_key, run_at, created_at, started_at, finished_at,
-       extract(epoch FROM lease_expires_at - now())::float8 AS lease_left_s, progress, result
+       extract(epoch FROM lease_expires_at - now())::float8 AS lease_left_s, progress, result,
+       workflow_id
 FROM jobq.job
 WHERE id = $1;
 

@@ -156,3 +156,16 @@ def test_an_operator_pauses_and_resumes_a_queue_from_the_queues_page(port: int,
     status, _, _ = request(port, "/queue/imports/resume", method="POST", cookie=cookie,
                            form={"csrf": csrf_of(page, "/queue/imports/resume")})
     assert status == 303 and not db.val("SELECT paused FROM jobq.queue WHERE name = 'imports'")
+
+
+def test_a_workflow_and_its_links_show_on_the_dashboard(port: int, db: SyncDB) -> None:
+    wid = uuid.uuid4()
+    first = db.val("SELECT jobq.enqueue('wf', workflow_id => $1)", wid)
+    second = db.val("SELECT jobq.enqueue('wf', after => ARRAY[$1]::uuid[], workflow_id => $2)",
+                    first, wid)
+    status, _, page = request(port, f"/workflow/{wid}")
+    assert status == 200 and str(first) in page and str(second) in page
+    assert "waiting for 1" in page
+    _, _, page = request(port, f"/job/{second}")
+    assert "waits for" in page and f"/workflow/{wid}" in page
+    assert request(port, f"/workflow/{uuid.uuid4()}")[0] == 404

@@ -4,6 +4,7 @@ services and enqueues what it says."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -25,8 +26,9 @@ def python_blocks() -> dict[str, str]:
     return named
 
 
-def test_every_python_block_is_named_and_there_are_three() -> None:
-    assert set(python_blocks()) == {"myapp.py", "publish_example.py", "flow_example.py"}
+def test_every_python_block_is_named_and_there_are_four() -> None:
+    assert set(python_blocks()) == {"myapp.py", "publish_example.py", "flow_example.py",
+                                    "workflow_example.py"}
 
 
 def test_the_handler_module_imports_and_registers_its_queues(tmp_path: Path) -> None:
@@ -58,6 +60,24 @@ def test_the_flow_control_script_runs_as_written(tmp_path: Path, env, db: SyncDB
     assert db.val("SELECT count(*) FROM jobq.job WHERE key = 'tenant-42'") == 3
     assert db.val("SELECT payload->>'q' FROM jobq.job WHERE queue = 'search'") == "job"
     assert db.val("SELECT count(*) FROM jobq.job WHERE queue = 'search'") == 1
+
+
+def test_the_workflow_example_publishes_and_runs_as_written(tmp_path: Path, env, db: SyncDB,
+                                                           procs) -> None:
+    from harness.helpers import wait_until
+
+    (tmp_path / "workflow_example.py").write_text(python_blocks()["workflow_example.py"])
+    out = subprocess.run([sys.executable, "workflow_example.py"], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    procs.reaper()
+    procs.start("consume", "workflow_example:app",
+                PYTHONPATH=f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}")
+    wait_until(lambda: db.val("SELECT count(*) FROM jobq.job WHERE status = 'completed'") == 4,
+               30, "the workflow's four steps")
+    result = db.val("SELECT result FROM jobq.job WHERE queue = 'checkout'")
+    assert '"charge": "ch_1"' in result and "2-small.png" in result
+    assert db.val("SELECT count(*) FROM jobq.job_step WHERE name = 'charge'") == 1
 
 
 class _RolledBack(Exception):

@@ -120,8 +120,20 @@ class Dashboard:
             job[k] = _json(job[k])
         events = await fetch(self.read, Q["history"], job_id)
         return self._page(request, "job.html", job=job, events=events,
+                          links=await fetch(self.read, Q["job_links"], job_id),
+                          steps=await fetch(self.read, Q["job_steps"], job_id),
                           runs=sum(1 for e in events if e["event"] == "claimed"),
                           message=DONE.get(request.query_params.get("done", ""), ""))
+
+    async def workflow(self, request: Request) -> Response:
+        if gate := self._viewer(request):
+            return gate
+        wid = request.path_params["id"]
+        steps = await fetch(self.read, Q["workflow_jobs"], wid)
+        if not steps:
+            return self._page(request, "missing.html", refresh=False, status=404,
+                              what=f"no workflow {wid}")
+        return self._page(request, "workflow.html", workflow_id=wid, steps=steps)
 
     async def workers(self, request: Request) -> Response:
         if gate := self._viewer(request):
@@ -223,6 +235,7 @@ def make_app(dash: Dashboard) -> Starlette:
         Route("/", dash.queues), Route("/running", dash.running),
         Route("/stalled", dash.stalled), Route("/failed", dash.failed),
         Route("/job/{id}", dash.job), Route("/workers", dash.workers),
+        Route("/workflow/{id:uuid}", dash.workflow),
         Route("/signin", dash.signin, methods=["GET", "POST"]),
         Route("/signout", dash.signout, methods=["POST"]),
         Route("/job/{id:uuid}/{action}", dash.action, methods=["POST"]),

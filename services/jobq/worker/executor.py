@@ -42,6 +42,7 @@ from jobq.worker.heartbeat import Heartbeat
 from jobq.worker.processes import ChildDied, ProcessPool
 from jobq.worker.progress import ProgressWriter
 from jobq.worker.run import Run, Stop
+from jobq.worker.steps import JobLink
 from jobq.worker.tally import Tally
 
 log = logging.getLogger("jobq.consumer")
@@ -128,6 +129,8 @@ class Executor:
             run.limited = row["limited"]
             progress = ProgressWriter(self.pool, run, self.heartbeat)
             run.job.attach_progress(progress)
+            run.job.attach_link(JobLink(self.pool, run.job.id, run.job.lock,
+                                        run.max_result_bytes))
             if row["timeout_s"]:
                 run.timeout = loop.call_later(float(row["timeout_s"]), run.stop, Stop.TIMEOUT)
             outcome = await self._execute(run)

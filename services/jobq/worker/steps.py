@@ -1,0 +1,106 @@
+"""Durable steps and parents' results, for a running job (issue #31).
+
+``await job.step("charge", fn, *args)`` runs ``fn`` once per job, however
+often the job runs: a step this job already recorded (a run before a crash
+or a retry) returns its stored result without calling ``fn``; otherwise
+``fn`` runs (a coroutine function is awaited, a plain one runs in a thread)
+and its JSON result is recorded, fenced by the job's token, before it is
+returned. A step that raises is not recorded.
+
+What it does not promise: a crash between ``fn``'s side effect and the
+record repeats that one step on the next run. ``job.step_key(name)`` is the
+same on every run of the job: pass it to the service ``fn`` calls as its
+idempotency key (a payment API's, an email provider's) and that window
+closes too. A step name may not be reused with another function.
+
+``job.step_sync`` is the same for sync handlers (``--pool thread``): it runs
+the database part on the consumer's event loop. A handler in a child process
+(``--pool process``) has no database connection: steps are refused there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import json
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from jobq.db import fetch, fetchval
+from jobq.errors import BadInput, LeaseLost
+from jobq.results import ResultInvalid, encode
+from jobq.sql import Q
+
+
+def fn_name(fn: Callable[..., Any]) -> str:
+    target = fn.func if isinstance(fn, functools.partial) else fn
+    return f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', repr(target))}"
+
+
+class JobLink:
+    """What a job's handler reaches in the database, as its holder."""
+
+    def __init__(self, pool: Any, job_id: uuid.UUID, lock: uuid.UUID,
+                 max_result_bytes: int) -> None:
+        self.pool = pool
+        self.job_id = job_id
+        self.lock = lock
+        self.max_result_bytes = max_result_bytes
+        self.loop = asyncio.get_running_loop()
+
+    async def parents(self) -> dict[uuid.UUID, Any]:
+        rows = await fetch(self.pool, Q["parents"], self.job_id, self.lock)
+        return {r["id"]: (json.loads(r["result"]) if r["result"] is not None else None)
+                for r in rows}
+
+    async def step(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        if not isinstance(name, str) or not 1 <= len(name.encode()) <= 200:
+            raise BadInput("a step name is 1 to 200 bytes of text")
+        who = fn_name(fn)
+        done = await self._recorded(name, who)
+        if done is not None:
+            return done[0]
+        if inspect.iscoroutinefunction(fn):
+            value = await fn(*args)
+        else:
+            value = await asyncio.to_thread(fn, *args)
+        return await self._record(name, who, value)
+
+    def step_sync(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """From a sync handler's thread: the step, on the consumer's loop
+        (``fn`` itself runs in this thread)."""
+        if asyncio.iscoroutinefunction(fn):
+            raise BadInput("job.step_sync takes a plain function; await job.step for a "
+                           "coroutine function")
+        who = fn_name(fn)
+        done = asyncio.run_coroutine_threadsafe(self._recorded(name, who), self.loop).result()
+        if done is not None:
+            return done[0]
+        value = fn(*args)
+        return asyncio.run_coroutine_threadsafe(self._record(name, who, value),
+                                                self.loop).result()
+
+    async def _record(self, name: str, who: str, value: Any) -> Any:
+        try:
+            text = encode(value, self.max_result_bytes)
+        except ResultInvalid as exc:
+            raise BadInput(f"step {name!r}: {exc}") from None
+        if await fetchval(self.pool, Q["step_record"], self.job_id, self.lock, name, who, text):
+            return json.loads(text) if text is not None else None
+        again = await self._recorded(name, who)  # a retried record whose reply was lost
+        if again is None:
+            raise LeaseLost(f"job {self.job_id}: lease lost before step {name!r} was recorded")
+        return again[0]
+
+    async def _recorded(self, name: str, who: str) -> tuple[Any] | None:
+        """(result,) if this job recorded the step; BadInput if with another fn."""
+        rows = await fetch(self.pool, Q["step_get"], self.job_id, self.lock, name)
+        row = rows[0] if rows else None
+        if row is None:
+            return None
+        if row["fn"] != who:
+            raise BadInput(f"step {name!r} was recorded by {row['fn']}, not {who}: a step name "
+                           "names one function")
+        return (json.loads(row["result"]) if row["result"] is not None else None,)

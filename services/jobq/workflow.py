@@ -1,0 +1,114 @@
+"""Workflows (issue #31): jobs that wait for other jobs, declared as a small
+DAG and published in one transaction.
+
+    wf = jobq.Workflow()
+    resize = wf.step("resize", {"img": 7})
+    upload = wf.step("upload", {"img": 7}, after=[resize])
+    wf.step("notify", {"img": 7}, after=[upload])
+    workflow_id = await client.publish_workflow(wf)
+
+A step can wait only for steps declared before it (or for jobs that already
+exist), so a cycle cannot be written. Every step is a row of its own
+(``jobq.job``, ``workflow_id`` set); the database releases a waiting step
+when the last job it waits for completes, exactly once, whoever races or
+dies (the trigger in schema/0014), and cancels it, with the reason, when one
+of them fails or is cancelled. No coordinator process, no polling job.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import asyncpg
+
+from jobq.db import connection
+from jobq.errors import BadInput
+from jobq.sql import Q
+
+if TYPE_CHECKING:
+    from jobq.producer import NewJob
+
+
+@dataclass(frozen=True, eq=False)
+class Step:
+    """A step of a workflow not published yet; its job id once it is."""
+
+    index: int
+    queue: str
+    payload: Any
+    after: tuple[Step | uuid.UUID, ...]
+    options: dict[str, Any]
+    workflow: Workflow
+
+    @property
+    def id(self) -> uuid.UUID:
+        """The step's job id (after ``client.publish_workflow``)."""
+        if self.workflow.ids is None:
+            raise BadInput("a step has a job id once its workflow is published")
+        return self.workflow.ids[self.index]
+
+
+@dataclass(eq=False)
+class Workflow:
+    id: uuid.UUID = field(default_factory=uuid.uuid4)
+    steps: list[Step] = field(default_factory=list)
+    ids: list[uuid.UUID] | None = None
+
+    def step(self, queue: str, payload: Any = None, *,
+             after: Sequence[Step | uuid.UUID] = (), **options: Any) -> Step:
+        """Declare a step: a job of ``queue`` that runs once each of ``after``
+        (steps of this workflow, or ids of existing jobs) completed. Options
+        as for ``Client.publish`` (priority, key, delay_s, idempotency_key)."""
+        if self.ids is not None:
+            raise BadInput("this workflow is published already: declare a new one")
+        for a in after:
+            if isinstance(a, Step) and (a.workflow is not self or a.index >= len(self.steps)):
+                raise BadInput("a step can wait only for steps declared before it in the "
+                               "same workflow (or for job ids)")
+        s = Step(len(self.steps), queue, payload, tuple(after), dict(options), self)
+        self.steps.append(s)
+        return s
+
+    def jobs(self) -> list[NewJob]:
+        """The steps as jobs; ``bind`` maps each to its id afterwards. A step
+        waiting for an earlier step refers to it by its position, resolved
+        as the batch is enqueued (enqueue_linked)."""
+        from jobq.producer import NewJob
+
+        if not self.steps:
+            raise BadInput("a workflow needs at least one step")
+        return [NewJob(s.queue, s.payload, workflow_id=self.id,
+                       after=tuple(_Ref(a.index) if isinstance(a, Step) else a for a in s.after),
+                       **s.options) for s in self.steps]
+
+    def bind(self, ids: list[uuid.UUID]) -> None:
+        self.ids = list(ids)
+
+
+class _Ref(uuid.UUID):
+    """Stands for the id of an earlier job of the same batch (by position)."""
+
+    index: int
+
+    def __init__(self, index: int) -> None:
+        super().__init__(int=index)
+        object.__setattr__(self, "index", index)
+
+
+async def enqueue_linked(pool: asyncpg.Pool, jobs: Sequence[NewJob], payloads: Sequence[str],
+                         relay_grace_s: float) -> list[uuid.UUID]:
+    """Enqueue jobs one by one, in order, in one transaction: a job's
+    ``after`` may name an earlier job of the batch (a workflow's step)."""
+    ids: list[uuid.UUID] = []
+    async with connection(pool) as conn, conn.transaction():
+        for job, text in zip(jobs, payloads):
+            after = [ids[a.index] if isinstance(a, _Ref) else a for a in job.after]
+            job_id = await conn.fetchval(
+                Q["enqueue_linked"], job.queue, text, max(0.0, float(job.delay_s)),
+                job.idempotency_key, relay_grace_s, job.priority, job.key,
+                float(job.debounce_s), after or None, job.workflow_id)
+            ids.append(job_id)
+    return ids
