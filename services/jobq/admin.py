@@ -74,7 +74,7 @@ async def inspect(pool: asyncpg.Pool, job_id: uuid.UUID) -> tuple[Any, list[Any]
     """The job row and its history, oldest first."""
     rows = await fetch(pool, Q["job_get"], job_id)
     if not rows:
-        raise UnknownJob(f"no job or workflow with id {job_id}")
+        raise UnknownJob(f"no job with id {job_id} (nor a workflow with that id)")
     return rows[0], await fetch(pool, Q["history"], job_id)
 
 

@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import sys
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,26 +21,12 @@ from pydantic import ValidationError
 
 from jobq import crash, logs
 from jobq.arguments import parse_duration, parser
-from jobq.errors import BadInput, ConfigError, JobqError, UnknownJob
-from jobq.logs import printable
+from jobq.cli_read import admin_call, inspect, keys, parse_id, stats, table
+from jobq.errors import BadInput, ConfigError, JobqError
 from jobq.queues import SETTINGS
 from jobq.settings import Settings
 
 log = logging.getLogger("jobq.cli")
-
-def _uuid(text: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(text)
-    except ValueError:
-        raise BadInput(f"{text!r} is not a job id (expected a UUID)") from None
-
-
-async def _pool(settings: Settings) -> Any:
-    from jobq.db import open_pool
-
-    return await open_pool(settings.database_url, wait=False, app_name="jobq-cli",
-                           pooled=settings.database_pooled)
-
 
 async def _migrate(settings: Settings) -> None:
     from jobq import migrate
@@ -63,7 +48,7 @@ async def _wait(settings: Settings, args: argparse.Namespace) -> None:
     from jobq.db import open_pool
     from jobq.results import wait
 
-    job_id = _uuid(args.id)
+    job_id = parse_id(args.id)
     # LISTEN needs a session of its own: the direct URL behind PgBouncer.
     pool = await open_pool(settings.session_url, wait=False, app_name="jobq-cli", max_size=1)
     try:
@@ -94,7 +79,7 @@ async def _publish(settings: Settings, args: argparse.Namespace) -> None:
         raise BadInput(f"payload cannot be decoded: {type(exc).__name__}: {str(exc)[:120]}") \
             from None
     job = NewJob(args.queue, payload, args.delay, args.idempotency_key, args.priority, args.key,
-                 args.debounce, after=tuple(_uuid(a) for a in args.after))
+                 args.debounce, after=tuple(parse_id(a) for a in args.after))
     validate(job)  # before connecting
     async with Client(settings) as client:
         (job_id,) = await client.publish_many([job])
@@ -113,78 +98,25 @@ def _setting_values(args: argparse.Namespace) -> dict[str, Any]:
     return values
 
 
-async def _admin(settings: Settings, action: str, *args: Any) -> Any:
-    """Run one admin action on a short-lived pool."""
-    from jobq import admin
-
-    pool = await _pool(settings)
-    try:
-        return await getattr(admin, action)(pool, *args)
-    finally:
-        await pool.close()
-
-
 async def _queue(settings: Settings, args: argparse.Namespace) -> None:
     if args.queue_command == "set":
         values = _setting_values(args)
-        rows = [await _admin(settings, "set_queue", args.name, values)]
+        rows = [await admin_call(settings, "set_queue", args.name, values)]
     elif args.queue_command in ("pause", "resume"):
-        rows = [await _admin(settings, args.queue_command, args.name)]
+        rows = [await admin_call(settings, args.queue_command, args.name)]
     elif args.queue_command == "limits":
         auto = None if args.auto_create is None else args.auto_create == "on"
-        rows = [await _admin(settings, "queue_limits", auto, args.max_queues)]
+        rows = [await admin_call(settings, "queue_limits", auto, args.max_queues)]
     else:
-        rows = await _admin(settings, "list_queues")
-    _table([dict(r) for r in rows])
-
-
-async def _stats(settings: Settings) -> None:
-    out = []
-    for r in await _admin(settings, "stats"):
-        d = dict(r)
-        d["oldest_queued_s"] = round(d["oldest_queued_s"], 1) if d["oldest_queued_s"] else 0
-        if d["stalled"]:
-            d["stalled"] = f"{d['stalled']} (!)"
-        d["paused"] = "PAUSED" if d["paused"] else ""
-        out.append(d)
-    _table(out)
-
-
-async def _keys(settings: Settings, queue: str | None) -> None:
-    _table([dict(r) for r in await _admin(settings, "keys", queue)])
-
-
-async def _inspect(settings: Settings, args: argparse.Namespace) -> None:
-    wanted = _uuid(args.id)
-    try:
-        row, events = await _admin(settings, "inspect", wanted)
-    except UnknownJob:
-        steps = await _admin(settings, "workflow", wanted)
-        if not steps:
-            raise
-        print(f"workflow {wanted}: {len(steps)} step(s)")
-        _table([{**dict(r), "after": " ".join(str(a)[:8] for a in r["after"])} for r in steps])
-        return
-    fields_ = dict(row)  # a Record iterates over its values, not its keys
-    width = max(len(k) for k in fields_)
-    for k, v in fields_.items():
-        print(f"{k:<{width}}  {printable(str(v))}")  # payloads and errors are user data
-    print()
-    _table([{"at": e["at"].strftime("%Y-%m-%d %H:%M:%S.%f")[:-3], "event": e["event"],
-             "worker": e["worker_id"], "attempt": e["attempt"], "detail": e["detail"]}
-            for e in events])
-    links, steps = await _admin(settings, "links_and_steps", wanted)
-    for title, rows in (("links", links), ("steps", steps)):
-        if rows:
-            print(f"\n{title}:")
-            _table([{k: printable(str(v)) for k, v in dict(r).items()} for r in rows])
+        rows = await admin_call(settings, "list_queues")
+    table([dict(r) for r in rows])
 
 
 async def _retry(settings: Settings, args: argparse.Namespace) -> None:
     from jobq import admin
     from jobq.producer import Client
 
-    job_id = _uuid(args.id)
+    job_id = parse_id(args.id)
     async with Client(settings) as client:
         assert client.pool is not None
         row = await admin.retry(client.pool, job_id)
@@ -193,8 +125,8 @@ async def _retry(settings: Settings, args: argparse.Namespace) -> None:
 
 
 async def _cancel(settings: Settings, args: argparse.Namespace) -> None:
-    job_id = _uuid(args.id)
-    n = await _admin(settings, "cancel", job_id, args.reason)
+    job_id = parse_id(args.id)
+    n = await admin_call(settings, "cancel", job_id, args.reason)
     print(f"{job_id} cancelled" + (f" ({n} step(s) not started)" if n != 1 else ""))
 
 
@@ -206,23 +138,11 @@ async def _prune(settings: Settings, args: argparse.Namespace) -> None:
     if args.batch < 1:
         raise BadInput("--batch must be at least 1")
     if args.dry_run:
-        n = await _admin(settings, "prunable", older)
+        n = await admin_call(settings, "prunable", older)
         print(f"would prune {n} finished job(s)")
         return
-    total = await _admin(settings, "prune", older, args.batch)
+    total = await admin_call(settings, "prune", older, args.batch)
     print(f"pruned {total} finished job(s)")
-
-
-def _table(rows: list[dict[str, Any]]) -> None:
-    if not rows:
-        print("(none)")
-        return
-    cols = list(rows[0])
-    cells = [[("" if r[c] is None else printable(str(r[c]), 200)) for c in cols] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip())
-    for row in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
 
 
 def _install_uvloop(settings: Settings) -> None:
@@ -272,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         elif args.command == "schedule":
             from jobq import cli_schedule
 
-            _table(asyncio.run(cli_schedule.run(settings, args)))
+            table(asyncio.run(cli_schedule.run(settings, args)))
         elif args.command == "dashboard":
             from jobq.dashboard.server import serve
 
@@ -318,11 +238,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         elif args.command == "queue":
             asyncio.run(_queue(settings, args))
         elif args.command == "stats":
-            asyncio.run(_stats(settings))
+            asyncio.run(stats(settings))
         elif args.command == "keys":
-            asyncio.run(_keys(settings, args.queue))
+            asyncio.run(keys(settings, args.queue))
         elif args.command == "inspect":
-            asyncio.run(_inspect(settings, args))
+            asyncio.run(inspect(settings, args))
         elif args.command == "retry":
             asyncio.run(_retry(settings, args))
         elif args.command == "cancel":
