@@ -12,8 +12,23 @@ from jobq.job import Job, Status
 from jobq.producer import Client, NewJob
 from jobq.results import JobFailed
 from jobq.settings import Settings
+from jobq.sync_client import ClientClosed, SyncClient
 from jobq.workflow import Workflow
 
-__all__ = ["App", "Client", "Fail", "Job", "JobFailed", "JobqError", "LeaseLost", "NewJob",
-           "Retry", "Settings", "Status", "Workflow"]
+__all__ = [
+           "App",
+           "Client",
+           "ClientClosed",
+           "Fail",
+           "Job",
+           "JobFailed",
+           "JobqError",
+           "LeaseLost",
+           "NewJob",
+           "Retry",
+           "Settings",
+           "Status",
+           "SyncClient",
+           "Workflow",
+]
 __version__ = "0.1.0"

@@ -14,23 +14,13 @@ import asyncpg
 import pytest
 
 from harness.helpers import SyncDB, run_cli, set_queue
+from harness.helpers import with_pool as run
 from jobq import admin, lease
 from jobq.errors import InvalidPayload
 from jobq.lease import Lease
 from jobq.producer import Client, NewJob
 from jobq.settings import Settings
 from jobq.sql import Q
-
-
-def run(db_url: str, body: Any) -> Any:
-    async def go() -> Any:
-        pool = await asyncpg.create_pool(db_url, min_size=1, max_size=4)
-        try:
-            return await body(pool)
-        finally:
-            await pool.close()
-
-    return asyncio.run(go())
 
 
 async def enqueue(pool: asyncpg.Pool, queue: str, n: int = 1, **kw: Any) -> list[uuid.UUID]:

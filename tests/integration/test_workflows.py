@@ -14,7 +14,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from harness.helpers import SyncDB, run_cli
+from harness.helpers import SyncDB, run_cli, with_pool
 from jobq import lease
 from jobq.errors import BadInput, LeaseLost
 from jobq.lease import Lease
@@ -96,17 +96,6 @@ def test_parents_are_checked_at_publish(db: SyncDB) -> None:
         validate(NewJob("q", after=[uuid.uuid4() for _ in range(1001)]))
 
 
-def _link(db_url: str, body: Any) -> Any:
-    async def go() -> Any:
-        pool = await asyncpg.create_pool(db_url, min_size=1, max_size=4)
-        try:
-            return await body(pool)
-        finally:
-            await pool.close()
-
-    return asyncio.run(go())
-
-
 calls: list[str] = []
 
 
@@ -148,7 +137,7 @@ def test_a_step_runs_once_per_job_and_a_zombie_cannot_record_one(db_url: str) ->
         assert Lease is not None
 
     calls.clear()
-    _link(db_url, body)
+    with_pool(db_url, body)
 
 
 def test_a_workflow_is_one_transaction_inspected_and_cancelled(
