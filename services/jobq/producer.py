@@ -194,8 +194,14 @@ class Client:
         else:
             ids = await self._rows.insert([j.row(text) for j, text in zip(jobs, payloads)])
         crash.point("producer.after_commit")
+        held: set[uuid.UUID] = set()
+        if any(j.key is not None for j in jobs):  # a per-key cap may have parked some
+            try:
+                held = {r["id"] for r in await fetch(self.pool, Q["held_back"], ids)}
+            except Exception as exc:  # committed: publish all, the claim decides
+                log.debug("held_back: %r", exc)
         await publish(self.broker, self._marks,
-                      [(i, j.queue) for i, j in zip(ids, jobs) if not j.waits])
+                      [(i, j.queue) for i, j in zip(ids, jobs) if not j.waits and i not in held])
         return ids
 
     async def publish_workflow(self, workflow: Workflow) -> uuid.UUID:

@@ -49,6 +49,15 @@ ORDER BY n;
 SELECT jobq.enqueue($1::text, $2::jsonb, $3::float8, $4::text, $5::float8, $6::int, $7::text,
                     $8::float8, $9::uuid[], $10::uuid) AS id;
 
+-- name: held_back
+-- grant: jobq_producer
+-- After a publish with keys: which of these new jobs a per-key cap parked
+-- as they were inserted (schema 0015); the producer sends no message for
+-- them (their key's freed slots release them).
+SELECT id FROM jobq.job
+WHERE id = ANY($1::uuid[]) AND status = 'queued' AND relay_after = 'infinity'
+  AND waiting_on = 0;
+
 -- name: queue_limits
 -- The producer checks payload sizes before sending them (cached per queue).
 SELECT name, max_payload_bytes FROM jobq.queue WHERE name = ANY($1::text[]);

@@ -176,3 +176,27 @@ def test_bad_flow_control_input_is_one_line(env: dict[str, str], db: SyncDB) -> 
             (args, out.stderr)
     set_queue(db, "q")
     assert db.val("SELECT count(*) FROM jobq.job") == 0
+
+
+def test_a_keys_burst_is_parked_at_the_door_and_gets_no_messages(
+        settings: Settings, db: SyncDB) -> None:
+    """Schema 0015: past its cap, a key's new due jobs are parked as they are
+    inserted, and the producer publishes none of them."""
+    set_queue(db, "door", max_running_per_key=3)
+
+    async def go() -> tuple[list[Any], list[Any]]:
+        async with Client(settings) as client:
+            a = await client.publish_many([NewJob("door", {}, key="A") for _ in range(50)])
+            b = [await client.publish("door", {}, key="B") for _ in range(2)]
+            return a, b
+
+    a, b = asyncio.run(go())
+    held = db.val("SELECT count(*) FROM jobq.job WHERE id = ANY($1) AND relay_after = "
+                  "'infinity'", a)
+    assert held == 47 and db.val("SELECT count(*) FROM jobq.job WHERE id = ANY($1) AND "
+                                 "relay_after = 'infinity'", b) == 0
+    # the 47 are not in the broker: only the 3 in line and B's 2 were published
+    from tests.integration.test_publish import broker_ids
+
+    out = asyncio.run(broker_ids(settings, "door"))
+    assert len(out) == 5 and set(map(str, b)) <= set(out)
