@@ -1,7 +1,10 @@
 """Intake: deliveries → batched claims → acks, the consumer's ack policy.
 
 - body not a job id             → reject, no requeue (dead-letters to <ns>.dead)
-- claim committed               → ack, then the executor runs the job
+- claim committed               → ack, then the executor runs the job (a
+                                  higher-priority job may run in the
+                                  delivered one's place: the delivered one
+                                  is handed back and published again)
 - row not claimable (unknown id,
   duplicate delivery, not due,
   already finished)             → ack and drop: the row, not the message, is
