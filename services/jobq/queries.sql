@@ -958,10 +958,11 @@ SET queue = excluded.queue, payload = excluded.payload, cron = excluded.cron,
                        THEN s.next_run_at ELSE excluded.next_run_at END
 RETURNING name;
 
--- name: schedule_declare
+-- name: schedule_upsert
 -- grant: jobq_consumer
 -- Consumers store the schedules their app declares (@app.periodic), the
--- narrow path: a schedule enqueues jobs, so the caller's login must also be
+-- narrow path (the name and arguments it always had, so consumers of the
+-- release before keep working through an upgrade; its reach is new): a schedule enqueues jobs, so the caller's login must also be
 -- a producer (jobq_producer); it never touches a schedule an operator set
 -- (source 'operator'); it keeps an unchanged schedule's next slot. No row
 -- back: not stored (the consumer logs why, once).

@@ -5,7 +5,7 @@ A schedule is a cron expression (five fields, in an IANA time zone; parsed
 by cronsim, DST handled) or an interval in seconds, plus a queue and a
 payload. It lives in ``jobq.schedule``; apps declare schedules
 (``@app.periodic`` / ``app.schedule``) and consumers store them at start
-through a narrow path (``schedule_declare``: the login must also be a
+through a narrow path (``schedule_upsert``: the login must also be a
 producer, and a schedule an operator set is never touched); operators use
 ``jobq schedule set|list|delete`` or SQL, and their word wins.
 
@@ -134,7 +134,7 @@ async def declare(conn: Any, schedules: list[Schedule]) -> int:
         try:
             with refused(s.name):
                 async with conn.transaction():
-                    row = await conn.fetchrow(Q["schedule_declare"], *s.row(now))
+                    row = await conn.fetchrow(Q["schedule_upsert"], *s.row(now))
         except BadInput as exc:
             log.warning("%s; not stored", exc, extra=fields(event="schedule_refused"))
             continue

@@ -23,7 +23,7 @@ def _slots(db: SyncDB) -> list[tuple[str, int]]:
 def test_three_reapers_one_frozen_enqueue_each_slot_once(
         db: SyncDB, procs: Procs, env: dict[str, str], logins: Any) -> None:
     # An app that declares schedules runs as a consumer that is also a
-    # producer: a schedule enqueues jobs (schedule_declare, issue #28).
+    # producer: a schedule enqueues jobs (schedule_upsert, issue #28).
     user, password = logins.create(f"cp{uuid.uuid4().hex[:8]}", "jobq_consumer", "jobq_producer")
     consumer = procs.start("consume", "harness.periodic_app:app",  # declares "tick", every 1 s
                            JOBQ_DATABASE_URL=login_url(db.url, user, password))

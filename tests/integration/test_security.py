@@ -152,7 +152,7 @@ def test_schedules_are_the_operators(db: SyncDB, logins: Any) -> None:
     both = _login(logins, db, "jobq_consumer", "jobq_producer")
     db.execute("INSERT INTO jobq.schedule (name, queue, payload, interval_s, next_run_at) "
                "VALUES ('nightly', 'reports', '{\"who\": \"ops\"}', 60, now() + interval '1h')")
-    declare = ("SELECT * FROM jobq.q_schedule_declare($1, 'reports', '{\"who\": \"app\"}', NULL, "
+    declare = ("SELECT * FROM jobq.q_schedule_upsert($1, 'reports', '{\"who\": \"app\"}', NULL, "
                "'UTC', 5, now(), true)")
     assert _as(consumer, declare, "mine") == []
     assert _as(both, declare, "nightly") == []
