@@ -589,6 +589,10 @@ SELECT id, queue, lock FROM released;
 -- that it caused the crash:
 --   * it was the one suspect its worker ran isolated (isolated = true), or
 --   * it was the worker's only active job.
+-- A worker whose handlers ran in child processes (--pool process) is never
+-- evidence against a job: a handler that crashes kills its child, which the
+-- parent charges exactly (child_died); the parent's own death is from
+-- outside ('parent': requeued, nothing charged; schema 0016).
 -- Every other job of a worker that held an isolated suspect is a bystander:
 -- requeued at once, nothing charged. A worker that died holding several jobs
 -- and no isolated suspect died for a reason nobody can pin on one job (a
@@ -615,13 +619,15 @@ WITH lapsed AS (
     GROUP BY worker_id
 ), judged AS (
     SELECT l.id, coalesce(h.n, 1) AS held,
-           CASE WHEN j.isolated THEN 'own'
+           CASE WHEN w.pool = 'process' THEN 'parent'  -- schema 0016: no evidence
+                WHEN j.isolated THEN 'own'
                 WHEN coalesce(h.isolating, 0) > 0 THEN 'bystander'
                 WHEN coalesce(h.n, 1) <= 1 THEN 'own'
                 ELSE 'witness' END AS verdict
     FROM lapsed l
     JOIN jobq.job j ON j.id = l.id
     LEFT JOIN held h ON h.worker_id = l.worker_id
+    LEFT JOIN jobq.worker w ON w.worker_id = l.worker_id
 ), requeued AS (
     UPDATE jobq.job j
     SET stalls = j.stalls + CASE WHEN d.verdict = 'own' THEN 1 ELSE 0 END,
@@ -655,6 +661,9 @@ WITH lapsed AS (
                                                  'requeued', worker_id, stalls)
                 WHEN verdict = 'bystander' THEN format('lease of worker %s lapsed while it '
                     'isolated another (suspect) job; requeued, not charged', worker_id)
+                WHEN verdict = 'parent' THEN format('lease of worker %s lapsed: its handlers '
+                    'ran in child processes, so its own death is no evidence against this '
+                    'job; requeued, not charged', worker_id)
                 ELSE format('lease of worker %s lapsed while it held %s jobs; requeued, not '
                             'charged (crashes witnessed: %s%s)', worker_id, held,
                             suspect_stalls, CASE WHEN suspect THEN ', now a suspect: runs '
@@ -1055,6 +1064,13 @@ RETURNING w.worker_id;
 -- Graceful stop: the worker released its leases; nothing to shorten. Only
 -- from the worker's own registry session.
 UPDATE jobq.worker SET vanished_at = now()
+WHERE worker_id = $1 AND backend_pid = pg_backend_pid();
+
+-- name: worker_pool
+-- grant: jobq_consumer
+-- The worker says how it runs handlers (requeue_lapsed judges by it), from
+-- its own registry session only.
+UPDATE jobq.worker SET pool = $2
 WHERE worker_id = $1 AND backend_pid = pg_backend_pid();
 
 -- name: workers_vanished

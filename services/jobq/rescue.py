@@ -21,7 +21,9 @@ log = logging.getLogger("jobq.reaper")
 # requeue_lapsed's verdicts, for the log line (the rule is in queries.sql).
 VERDICT = {"own": "charged a stall: it ran alone or isolated",
            "witness": "not charged: its worker died holding several jobs",
-           "bystander": "not charged: its worker was isolating another job"}
+           "bystander": "not charged: its worker was isolating another job",
+           "parent": "not charged: its worker ran handlers in child processes, and a "
+                     "handler's crash would have killed only its child"}
 
 
 async def cut_vanished(pool: asyncpg.Pool | None, vanished: list[str]) -> None:

@@ -141,3 +141,26 @@ def test_large_payloads_and_results_cross_the_child_channel(db, procs, settings,
     row = job(db, over)
     assert (row["status"], row["stalls"]) == ("failed", 0)
     assert "max_result_bytes" in row["last_error"]
+
+
+def test_a_healthy_job_survives_five_kills_of_its_process_pool_parent(db, procs, settings):
+    """Issue #36: the parent's death is no evidence against a job whose
+    handler runs in a child (a crashing handler kills the child, charged
+    exactly: the job-of-death test above). Concurrency 1, so the job is
+    always alone on its worker: before schema 0016 each outside SIGKILL
+    charged it a stall, and the third made it a job of death."""
+    set_queue(db, "proc", lease_s=30, max_stalls=2)
+    procs.reaper()
+    (jid,) = publish(settings, "proc", [{"sleep": 60}])
+    for kill in range(5):
+        c = pool_consumer(procs, 1)
+        worker = c.worker_id()
+        wait_until(lambda: job(db, jid)["worker_id"] == worker and
+                   job(db, jid)["status"] == "active", 20, f"run {kill + 1}")
+        c.signal(signal.SIGKILL)
+        wait_until(lambda: job(db, jid)["status"] == "queued", 15, "requeued after the kill")
+    row = job(db, jid)
+    assert (row["status"], row["stalls"], row["suspect_stalls"]) == ("queued", 0, 0)
+    details = [r["detail"] for r in db.fetch(
+        "SELECT detail FROM jobq.job_event WHERE job_id = $1 AND event = 'stalled'", jid)]
+    assert len(details) == 5 and all("child processes" in d for d in details), details

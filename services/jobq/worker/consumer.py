@@ -140,7 +140,8 @@ class Consumer:
             await self.processes.start()
         hb = self._heartbeat = Heartbeat(self.runs, self.cfg, self.worker_id, self.tally, pool)
         self.registry = Registry(self.settings.session_url, self.worker_id,
-                                 on_lost=hb.session_lost, on_registered=hb.renew_now)
+                                 on_lost=hb.session_lost, on_registered=hb.renew_now,
+                                 pool_kind=self.cfg.pool)
         hb.registry = self.registry
         completer = Completer(pool, self.broker, hb, self.tally, self.worker_id)
         self.executor = Executor(self.app, self.cfg, self.concurrency, self.worker_id, pool, hb,

@@ -34,9 +34,10 @@ log = logging.getLogger("jobq.consumer")
 
 class Registry:
     def __init__(self, database_url: str, worker_id: str, on_lost: Callable[[float], None],
-                 on_registered: Callable[[], None]) -> None:
+                 on_registered: Callable[[], None], pool_kind: str = "thread") -> None:
         self._url = database_url
         self.worker_id = worker_id
+        self.pool_kind = pool_kind  # --pool: requeue_lapsed judges a dead worker by it
         self._on_lost = on_lost
         self._on_registered = on_registered
         self.conn: asyncpg.Connection | None = None  # None while not registered
@@ -68,6 +69,7 @@ class Registry:
                 # after a broken connection: the loop tries again.
                 raise RuntimeError(f"worker id {self.worker_id} is registered by a live "
                                    "session")
+            await conn.execute(Q["worker_pool"], self.worker_id, self.pool_kind)
             self.conn = conn
             self.registered.set()
             self._on_registered()

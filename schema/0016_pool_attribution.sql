@@ -1,0 +1,12 @@
+-- Who is charged when a --pool process worker dies (issue #36, found by an
+-- outside harness): its handlers run in child processes, and a handler that
+-- kills its process kills the *child*, which the parent sees and charges to
+-- exactly that job (child_died). The parent's own death (SIGKILL from
+-- outside, a deploy, an OOM kill of the pod) is then no evidence against a
+-- job, even one that ran alone: such a worker's lapsed leases are requeued
+-- with nothing charged (verdict 'parent' in requeue_lapsed). A healthy job
+-- on a worker of concurrency 1 used to be charged a stall per outside kill
+-- and failed as a job of death after three. pool: 'thread' or 'process',
+-- written by the worker itself after it registered (NULL: an older worker,
+-- judged as before).
+ALTER TABLE jobq.worker ADD COLUMN pool text CHECK (pool IN ('thread', 'process'));
