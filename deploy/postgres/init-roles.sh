@@ -22,7 +22,8 @@ CREATE ROLE jobq_reader NOLOGIN;
 CREATE ROLE app_migrate LOGIN PASSWORD :'migrate_pw' IN ROLE jobq_owner;
 GRANT CREATE ON DATABASE :"DBNAME" TO app_migrate;
 CREATE ROLE app_producer LOGIN PASSWORD :'producer_pw' IN ROLE jobq_producer;
--- handlers of the demo app enqueue nothing; add jobq_producer if yours do
+-- handlers of the demo app enqueue nothing and it declares no schedule; add
+-- jobq_producer if yours do either (a schedule enqueues jobs)
 CREATE ROLE app_consumer LOGIN PASSWORD :'consumer_pw' IN ROLE jobq_consumer;
 CREATE ROLE app_reaper LOGIN PASSWORD :'reaper_pw' IN ROLE jobq_reaper;
 CREATE ROLE app_reader LOGIN PASSWORD :'reader_pw' IN ROLE jobq_reader;

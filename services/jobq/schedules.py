@@ -172,9 +172,8 @@ async def fire_due(pool: Any) -> int:
     async with connection(pool) as conn:
         due = await conn.fetch(Q["schedules_due"], FIRE_BATCH)
         for r in due:
-            try:
-                async with conn.transaction():
-                    job_id = await _fire(conn, r)
+            try:  # one statement, autocommitted: a reaper frozen after it holds no lock
+                job_id = await _fire(conn, r)
             except Exception as exc:
                 if is_transient(exc) or conn.is_closed():
                     raise

@@ -1,0 +1,181 @@
+"""Test your own handlers without PostgreSQL or RabbitMQ (issue #32).
+
+    from jobq.testing import InMemoryClient, run_job
+
+    async def test_welcome_email():
+        result = await run_job(app, "emails", {"to": "a@b.c"})
+        assert result == {"sent": 1}
+
+``run_job`` runs a handler as a consumer would, in memory: the payload is
+validated by the handler's model, a sync handler runs in a thread,
+``job.progress`` records values, ``job.step`` runs each step once per job
+(a second ``run_job`` of the same ``MemoryJob`` returns stored steps, as a re-run
+after a crash would), ``job.parents()`` returns what you give, and
+``Retry`` / ``Fail`` / any other exception propagates, for ``pytest.raises``.
+
+``InMemoryClient`` records what code under test publishes (the async
+client's ``publish`` / ``publish_many`` and the ``SyncClient``'s, without
+``await``) and can run it: ``await client.run_all(app)`` runs every recorded
+job whose handler ``app`` has, in publish order, and returns their results.
+The pytest fixture ``jobq_client`` (``pytest -p jobq.testing``, or import it
+in a conftest) gives one per test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from jobq.app import App
+from jobq.errors import BadInput
+from jobq.job import Job
+from jobq.producer import NewJob, validate
+from jobq.worker.steps import fn_name
+
+
+@dataclass
+class _Memory:
+    """What a test job keeps between runs: its steps and its progress."""
+
+    steps: dict[str, tuple[str, Any]] = field(default_factory=dict)
+    progress: list[Any] = field(default_factory=list)
+    parents: dict[uuid.UUID, Any] = field(default_factory=dict)
+
+    async def step(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        who = fn_name(fn)
+        if name in self.steps:
+            recorded, value = self.steps[name]
+            if recorded != who:
+                raise BadInput(f"step {name!r} was recorded by {recorded}, not {who}")
+            return value
+        value = await fn(*args) if asyncio.iscoroutinefunction(fn) else fn(*args)
+        try:  # stored as JSON, as the database stores it
+            stored = json.loads(json.dumps(value, allow_nan=False))
+        except (TypeError, ValueError) as exc:
+            raise BadInput(f"step {name!r}: the result is not JSON ({exc})") from None
+        self.steps[name] = (who, stored)
+        return stored
+
+    def step_sync(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        return asyncio.run(self.step(name, fn, *args))
+
+    async def set(self, value: Any) -> None:  # job.progress
+        self.progress.append(value)
+
+    async def parents_of(self) -> dict[uuid.UUID, Any]:
+        return dict(self.parents)
+
+
+class _Link:
+    def __init__(self, memory: _Memory) -> None:
+        self._m = memory
+
+    async def step(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        return await self._m.step(name, fn, *args)
+
+    def step_sync(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        return self._m.step_sync(name, fn, *args)
+
+    async def parents(self) -> dict[uuid.UUID, Any]:
+        return await self._m.parents_of()
+
+
+@dataclass
+class MemoryJob:
+    """A job to run in memory; keep it to run it again (attempt + 1)."""
+
+    queue: str
+    payload: Any = None
+    attempt: int = 1
+    id: uuid.UUID = field(default_factory=uuid.uuid4)
+    parents: dict[uuid.UUID, Any] = field(default_factory=dict)
+    memory: _Memory = field(default_factory=_Memory)
+
+    @property
+    def progress(self) -> list[Any]:
+        return self.memory.progress
+
+    @property
+    def steps(self) -> dict[str, Any]:
+        return {k: v for k, (_, v) in self.memory.steps.items()}
+
+
+async def run_job(app: App, queue_or_job: str | MemoryJob, payload: Any = None) -> Any:
+    """Run the handler of a queue (or a MemoryJob again) in memory; its result."""
+    tj = queue_or_job if isinstance(queue_or_job, MemoryJob) else MemoryJob(queue_or_job, payload)
+    handler = app.handlers.get(tj.queue)
+    if handler is None:
+        raise BadInput(f"the app has no handler for queue {tj.queue!r}")
+    text = validate(NewJob(tj.queue, tj.payload))  # what publish would refuse
+    tj.memory.parents = dict(tj.parents)
+    job = Job(id=tj.id, queue=tj.queue, payload=json.loads(text), attempt=tj.attempt,
+              lock=uuid.uuid4(), worker_id="jobq-testing")
+    if handler.payload_model is not None:
+        job.payload = handler.payload_model.model_validate(job.payload)
+    job.attach_progress(tj.memory)
+    job.attach_link(_Link(tj.memory))
+    try:
+        if handler.is_async:
+            return await handler.fn(job)
+        return await asyncio.to_thread(handler.fn, job)
+    finally:
+        tj.attempt += 1
+
+
+class InMemoryClient:
+    """Records publishes instead of sending them; runs them on request."""
+
+    def __init__(self) -> None:
+        self.published: list[tuple[uuid.UUID, NewJob]] = []
+        self._lock = threading.Lock()
+
+    def _record(self, jobs: Iterable[NewJob]) -> list[uuid.UUID]:
+        out = []
+        for j in jobs:
+            validate(j)  # the same refusals as the real client's
+            job_id = uuid.uuid4()
+            with self._lock:
+                self.published.append((job_id, j))
+            out.append(job_id)
+        return out
+
+    async def publish(self, queue: str, payload: Any = None, **options: Any) -> uuid.UUID:
+        (job_id,) = self._record([NewJob(queue, payload, **options)])
+        return job_id
+
+    async def publish_many(self, jobs: Iterable[NewJob]) -> list[uuid.UUID]:
+        return self._record(jobs)
+
+    def publish_sync(self, queue: str, payload: Any = None, **options: Any) -> uuid.UUID:
+        (job_id,) = self._record([NewJob(queue, payload, **options)])
+        return job_id
+
+    def jobs(self, queue: str | None = None) -> list[NewJob]:
+        """What was published (to ``queue``), in order."""
+        return [j for _, j in self.published if queue is None or j.queue == queue]
+
+    async def run_all(self, app: App) -> dict[uuid.UUID, Any]:
+        """Run every recorded job that ``app`` handles, in publish order."""
+        results: dict[uuid.UUID, Any] = {}
+        for job_id, j in list(self.published):
+            if j.queue in app.handlers:
+                tj = MemoryJob(j.queue, j.payload, id=job_id,
+                             parents={p: results.get(p) for p in j.after})
+                results[job_id] = await run_job(app, tj)
+        return results
+
+
+try:  # the pytest fixture, when pytest is there
+    import pytest
+
+    @pytest.fixture
+    def jobq_client() -> InMemoryClient:
+        """An InMemoryClient for one test."""
+        return InMemoryClient()
+except ImportError:  # pragma: no cover - pytest is a test dependency
+    pass
