@@ -65,6 +65,17 @@ class Lease:
 
 # ── worker side: every write fenced by (id, lock, status='active', not lapsed) ──
 
+def in_lock_order(leases: Iterable[Lease]) -> list[Lease]:
+    """Leases sorted by job id (uuid order, as PostgreSQL sorts uuids). The
+    batched writes of one worker (renew on its registry session, complete,
+    fail, release on the pool) run at once and can name the same rows; each
+    locks its rows in the order of its arrays (a nested loop over unnest,
+    the primary key inside), so one order for all of them, the claim's ORDER
+    BY id, means they queue behind each other instead of deadlocking (seen:
+    q_renew against q_complete, issue #36)."""
+    return sorted(leases, key=lambda le: le.job_id.bytes)
+
+
 async def complete_in(conn: Any, job_id: uuid.UUID, lock: uuid.UUID) -> bool:
     """Complete inside the caller's open transaction (``job.complete_in``)."""
     return bool(await conn.fetch(Q["complete"], [job_id], [lock], [None]))
@@ -110,6 +121,7 @@ async def renew(conn: asyncpg.Connection, leases: Sequence[Lease],
     if not leases:
         return set()
     with translated():
+        leases = in_lock_order(leases)
         rows = await conn.fetch(
             Q["renew"], [le.job_id for le in leases], [le.lock for le in leases],
             [le.lease_s for le in leases], worker_id,
@@ -121,9 +133,10 @@ async def complete(pool: asyncpg.Pool, leases: Sequence[Lease],
                    results: Sequence[str | None] | None = None) -> list[bool]:
     """Complete each lease's job, storing its result (JSON text or None);
     True also when this token had already done it."""
-    rows = await fetch(pool, Q["complete"], [le.job_id for le in leases],
-                       [le.lock for le in leases],
-                       list(results) if results is not None else [None] * len(leases))
+    pairs = sorted(zip(leases, results if results is not None else [None] * len(leases)),
+                   key=lambda p: p[0].job_id.bytes)  # in_lock_order, with each one's result
+    rows = await fetch(pool, Q["complete"], [le.job_id for le, _ in pairs],
+                       [le.lock for le, _ in pairs], [r for _, r in pairs])
     done = {r["id"] for r in rows}
     missed = [le for le in leases if le.job_id not in done]
     if missed:
@@ -147,11 +160,12 @@ async def fail(pool: asyncpg.Pool, failures: Sequence[Failure]) -> list[Any]:
     if lost. A retried write whose first reply was lost finds its own token
     on a row it already moved (queued for a retry, or failed): that is ours,
     with retry_in_s None."""
+    ordered = sorted(failures, key=lambda f: f.lease.job_id.bytes)  # see in_lock_order
     rows = await fetch(
         pool, Q["fail"],
-        [f.lease.job_id for f in failures], [f.lease.lock for f in failures],
-        [f.error[:4000] for f in failures], [f.retry for f in failures],
-        [f.delay_s for f in failures])
+        [f.lease.job_id for f in ordered], [f.lease.lock for f in ordered],
+        [f.error[:4000] for f in ordered], [f.retry for f in ordered],
+        [f.delay_s for f in ordered])
     by_id: dict[uuid.UUID, Any] = {r["id"]: r for r in rows}
     missed = [f.lease for f in failures if f.lease.job_id not in by_id]
     if missed:
@@ -169,6 +183,7 @@ async def release(pool: asyncpg.Pool, leases: Iterable[Lease],
     leases = list(leases)
     if not leases:
         return []
+    leases = in_lock_order(leases)
     return await fetch(pool, Q["release"], [le.job_id for le in leases],
                        [le.lock for le in leases], why, handoff)
 
