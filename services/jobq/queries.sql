@@ -1371,11 +1371,16 @@ ORDER BY j.created_at, j.id;
 -- name: workflow_cancel
 -- jobq cancel WORKFLOW_ID: every step not started yet (a running one
 -- finishes; what waits for a cancelled step is cancelled by the trigger).
-WITH cancelled AS (
+WITH steps AS (  -- locked in id order, as every multi-row write (schema 0017)
+    SELECT id FROM jobq.job WHERE workflow_id = $1 AND status = 'queued'
+    ORDER BY id
+    FOR NO KEY UPDATE
+), cancelled AS (
     UPDATE jobq.job j
     SET status = 'cancelled', lease_expires_at = NULL, finished_at = now(), waiting_on = 0,
         last_error = coalesce($2, 'cancelled with its workflow')
-    WHERE j.workflow_id = $1 AND j.status = 'queued'
+    FROM steps
+    WHERE j.id = steps.id AND j.status = 'queued'
     RETURNING j.id
 )
 SELECT count(*) FROM cancelled;
