@@ -90,6 +90,7 @@ class Reaper:
         self.failures = 0  # sweeps failed in a row
         self.reaper_id = f"reaper-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._registered = False
+        self._recorded_failing = False  # what reaper_status says now
 
     async def connect(self, *, wait: bool = True) -> None:
         crash.configure(self.settings.crash_at)
@@ -154,10 +155,13 @@ class Reaper:
             return None
 
     async def _record_sweep(self, sweep: Sweep) -> None:
-        """Monitor the monitor: last sweep per reaper, at most once a second."""
+        """Monitor the monitor: last sweep per reaper, at most once a second,
+        and at once when a duty starts or stops failing (so the status never
+        says healthy while /readyz says not ready)."""
         assert self.pool is not None
         now = time.monotonic()
-        if self.last_sweep_at is not None and now - self.last_sweep_at < 1.0:
+        changed = bool(sweep.errors) != self._recorded_failing
+        if not changed and self.last_sweep_at is not None and now - self.last_sweep_at < 1.0:
             return
         with translated():
             if not self._registered:
@@ -170,6 +174,7 @@ class Reaper:
                                     f"{failed[0]}: {type(failed[1]).__name__}: {failed[1]}"[:1000])
             overdue = await self.pool.fetchrow(Q["overdue"])
         assert overdue is not None
+        self._recorded_failing = bool(sweep.errors)
         metrics.OVERDUE.set(overdue["overdue_leases"])
         metrics.OLDEST_OVERDUE.set(overdue["oldest_overdue_s"])
         self.sweeps = 0
