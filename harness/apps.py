@@ -128,8 +128,8 @@ class Email(BaseModel):
     subject: str
 
 
-@app.handler("typed", payload=Email)
-async def typed(job: Job) -> None:
+@app.task("typed", payload=Email)  # a typed handle: typed.publish(Email(...))
+async def typed(job: Job[Email]) -> None:
     assert isinstance(job.payload, Email)
     await _work(Job(job.id, job.queue, {}, job.attempt, job.lock, job.worker_id))
 

@@ -7,12 +7,13 @@ worker/consumer.py (it names the consumer's units), reaper.py.
 """
 
 from jobq.app import App
-from jobq.errors import Fail, JobqError, LeaseLost, Retry
+from jobq.errors import Fail, InvalidPayload, JobqError, LeaseLost, Retry
 from jobq.job import Job, Status
 from jobq.producer import Client, NewJob
 from jobq.results import JobFailed
 from jobq.settings import Settings
 from jobq.sync_client import ClientClosed, SyncClient
+from jobq.task import Task
 from jobq.workflow import Workflow
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
            "Client",
            "ClientClosed",
            "Fail",
+           "InvalidPayload",
            "Job",
            "JobFailed",
            "JobqError",
@@ -29,6 +31,7 @@ __all__ = [
            "Settings",
            "Status",
            "SyncClient",
+           "Task",
            "Workflow",
 ]
 __version__ = "0.1.0"

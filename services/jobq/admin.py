@@ -16,10 +16,9 @@ from typing import Any
 import asyncpg
 
 from jobq import lease
-from jobq.app import check_queue_name
 from jobq.db import execute, fetch, fetchval
 from jobq.errors import BadInput, UnknownJob
-from jobq.queues import changes
+from jobq.queues import changes, check_queue_name
 from jobq.sql import Q
 
 

@@ -21,31 +21,22 @@ that fails validation fails the job at once (no retries: it cannot get better).
 from __future__ import annotations
 
 import inspect
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, overload
 
 from pydantic import BaseModel
 
 from jobq.errors import ConfigError, InvalidQueue
+from jobq.queues import QUEUE_NAME, RESERVED_QUEUES, check_queue_name
+from jobq.task import M, Task
 
-QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}")  # whole name: fullmatch
-# Names jobq itself uses on the broker: <namespace>.dead is the dead-letter
-# queue, and a job queue of that name made every relay sweep fail.
-RESERVED_QUEUES = frozenset({"dead"})
+if TYPE_CHECKING:
+    from jobq.producer import Client
+    from jobq.settings import Settings
+    from jobq.sync_client import SyncClient
 
-
-def check_queue_name(name: object) -> str:
-    """The name, if it can be a job queue; InvalidQueue (one line) if not."""
-    if not isinstance(name, str) or not QUEUE_NAME.fullmatch(name):
-        raise InvalidQueue(f"invalid queue name {name!r}: use 1-100 letters, digits, _ . : - "
-                           "(first a letter or digit)")
-    if name in RESERVED_QUEUES:
-        raise InvalidQueue(f"queue name {name!r} is reserved (jobq's dead-letter queue); "
-                           "choose another name")
-    return name
-
+__all__ = ["QUEUE_NAME", "RESERVED_QUEUES", "App", "Handler", "check_queue_name", "load"]
 
 @dataclass(frozen=True)
 class Handler:
@@ -56,9 +47,13 @@ class Handler:
 
 
 class App:
-    def __init__(self) -> None:
+    def __init__(self, settings: Settings | None = None) -> None:
         self.handlers: dict[str, Handler] = {}
         self.schedules: dict[str, Any] = {}  # name -> jobq.schedules.Schedule
+        self.settings = settings  # for the clients tasks open (None: Settings())
+        self._sync: SyncClient | None = None  # task.publish_sync's default client
+        self._async: dict[Any, Client] = {}  # event loop -> task.publish's default client
+        self._given: list[Any] = []  # clients given to use(): theirs to close
 
     def schedule(self, name: str, queue: str, *, cron: str | None = None,
                  every: float | None = None, timezone: str = "UTC",
@@ -79,7 +74,8 @@ class App:
         """Put over ``@app.handler(queue)``: also run that queue's handler on a
         schedule (named after the queue unless ``name`` is given)."""
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
-            queue = next((h.queue for h in self.handlers.values() if h.fn is fn), None)
+            target = fn.fn if isinstance(fn, Task) else fn
+            queue = next((h.queue for h in self.handlers.values() if h.fn is target), None)
             if queue is None:
                 raise ConfigError("@app.periodic goes above @app.handler(queue)")
             self.schedule(name or queue, queue, cron=cron, every=every, timezone=timezone,
@@ -103,6 +99,79 @@ class App:
             return fn
 
         return register
+
+    @overload
+    def task(self, queue: str, *,
+             payload: type[M]) -> Callable[[Callable[..., Any]], Task[M]]: ...
+    @overload
+    def task(self, queue: str, *, payload: None = None
+             ) -> Callable[[Callable[..., Any]], Task[Any]]: ...
+
+    def task(self, queue: str, *, payload: type[Any] | None = None
+             ) -> Callable[[Callable[..., Any]], Task[Any]]:
+        """``@app.handler`` that gives back a typed handle (jobq/task.py):
+        ``await send_email.publish(Email(...))``, ``send_email.publish_sync(...)``."""
+        register = self.handler(queue, payload=payload)
+
+        def wrap(fn: Callable[..., Any]) -> Task[Any]:
+            return Task(self, queue, register(fn), payload)
+
+        return wrap
+
+    # ── the clients tasks publish with, unless given one ──
+
+    def use(self, client: Client | SyncClient) -> None:
+        """Tasks publish with ``client`` (its owner connects and closes it)."""
+        from jobq.sync_client import SyncClient
+
+        if isinstance(client, SyncClient):
+            self._sync = client
+        else:
+            self._async[None] = client  # any loop: the owner's
+        self._given.append(client)
+
+    async def async_client(self) -> Client:
+        """The client ``task.publish`` uses: given to ``use``, else one per
+        event loop, opened on first use."""
+        import asyncio
+
+        from jobq.producer import Client
+
+        if None in self._async:
+            return self._async[None]
+        loop = asyncio.get_running_loop()
+        client = self._async.get(loop)
+        if client is None:
+            client = self._async[loop] = Client(self.settings)
+            try:
+                await client.connect()
+            except BaseException:
+                del self._async[loop]
+                raise
+        return client
+
+    def sync_client(self) -> SyncClient:
+        """The client ``task.publish_sync`` uses (one per process, fork-safe)."""
+        from jobq.sync_client import SyncClient
+
+        if self._sync is None:
+            self._sync = SyncClient(self.settings)
+        return self._sync
+
+    async def aclose(self) -> None:
+        """Close the clients this app opened itself (not those given to use())."""
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        client = self._async.pop(loop, None)
+        if client is not None and client not in self._given:
+            await client.close()
+        self.close()
+
+    def close(self) -> None:
+        if self._sync is not None and self._sync not in self._given:
+            self._sync.close()
+            self._sync = None
 
     @property
     def queues(self) -> list[str]:

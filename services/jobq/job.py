@@ -17,9 +17,10 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Generic
 
 import asyncpg
+from typing_extensions import TypeVar
 
 from jobq.errors import LeaseLost
 
@@ -32,8 +33,14 @@ class Status(str, enum.Enum):
     CANCELLED = "cancelled"
 
 
+# The payload's type: a handler registered with ``payload=Model`` may annotate
+# ``job: jobq.Job[Model]`` and mypy knows ``job.payload``; a bare ``Job`` is
+# ``Job[Any]`` (the payload as decoded JSON).
+P = TypeVar("P", default=Any)
+
+
 @dataclass(eq=False)
-class Job:
+class Job(Generic[P]):
     """What a handler receives.
 
     ``lock`` is this run's lease token: unique per claim, so it is the fencing
@@ -46,7 +53,7 @@ class Job:
 
     id: uuid.UUID
     queue: str
-    payload: Any
+    payload: P
     attempt: int
     lock: uuid.UUID
     worker_id: str

@@ -23,12 +23,11 @@ from typing import Any
 import asyncpg
 
 from jobq import crash
-from jobq.app import check_queue_name
 from jobq.broker import Broker
 from jobq.db import fetch, open_pool, translated
 from jobq.errors import InvalidPayload
 from jobq.publisher import Marks, Rows, columns, publish
-from jobq.queues import BY_COLUMN
+from jobq.queues import BY_COLUMN, check_queue_name
 from jobq.relay import publish_and_mark
 from jobq.settings import Settings
 from jobq.sql import Q

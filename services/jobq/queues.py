@@ -11,8 +11,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
+
+from jobq.errors import InvalidQueue
 
 
 @dataclass(frozen=True)
@@ -114,3 +117,20 @@ def changes(values: dict[str, Any]) -> str:
             raise KeyError(column)
         out[column] = value
     return json.dumps(out)
+
+
+QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}")  # whole name: fullmatch
+# Names jobq itself uses on the broker: <namespace>.dead is the dead-letter
+# queue, and a job queue of that name made every relay sweep fail.
+RESERVED_QUEUES = frozenset({"dead"})
+
+
+def check_queue_name(name: object) -> str:
+    """The name, if it can be a job queue; InvalidQueue (one line) if not."""
+    if not isinstance(name, str) or not QUEUE_NAME.fullmatch(name):
+        raise InvalidQueue(f"invalid queue name {name!r}: use 1-100 letters, digits, _ . : - "
+                           "(first a letter or digit)")
+    if name in RESERVED_QUEUES:
+        raise InvalidQueue(f"queue name {name!r} is reserved (jobq's dead-letter queue); "
+                           "choose another name")
+    return name

@@ -61,7 +61,7 @@ class Schedule:
     enabled: bool = True
 
     def __post_init__(self) -> None:
-        from jobq.app import QUEUE_NAME
+        from jobq.queues import QUEUE_NAME
 
         for what, value in (("schedule name", self.name), ("queue", self.queue)):
             if not isinstance(value, str) or not QUEUE_NAME.fullmatch(value):

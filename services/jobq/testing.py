@@ -15,7 +15,8 @@ after a crash would), ``job.parents()`` returns what you give, and
 
 ``InMemoryClient`` records what code under test publishes (the async
 client's ``publish`` / ``publish_many`` and the ``SyncClient``'s, without
-``await``) and can run it: ``await client.run_all(app)`` runs every recorded
+``await``; ``client.bind(app)`` also takes what ``app``'s task handles
+publish) and can run it: ``await client.run_all(app)`` runs every recorded
 job whose handler ``app`` has, in publish order, and returns their results.
 The pytest fixture ``jobq_client`` (``pytest -p jobq.testing``, or import it
 in a conftest) gives one per test.
@@ -35,6 +36,7 @@ from jobq.app import App
 from jobq.errors import BadInput
 from jobq.job import Job
 from jobq.producer import NewJob, validate
+from jobq.task import Task
 from jobq.worker.steps import fn_name
 
 
@@ -105,8 +107,11 @@ class MemoryJob:
         return {k: v for k, (_, v) in self.memory.steps.items()}
 
 
-async def run_job(app: App, queue_or_job: str | MemoryJob, payload: Any = None) -> Any:
+async def run_job(app: App, queue_or_job: str | MemoryJob | Task[Any],
+                  payload: Any = None) -> Any:
     """Run the handler of a queue (or a MemoryJob again) in memory; its result."""
+    if isinstance(queue_or_job, Task):  # a handle: its queue, its payload as published
+        queue_or_job, payload = queue_or_job.queue, queue_or_job.encode(payload)
     tj = queue_or_job if isinstance(queue_or_job, MemoryJob) else MemoryJob(queue_or_job, payload)
     handler = app.handlers.get(tj.queue)
     if handler is None:
@@ -155,6 +160,13 @@ class InMemoryClient:
         (job_id,) = self._record([NewJob(queue, payload, **options)])
         return job_id
 
+    def bind(self, app: App) -> InMemoryClient:
+        """Make ``app``'s task handles (``@app.task``) publish here, from
+        ``publish`` and ``publish_sync`` alike."""
+        app._async = {None: self}  # type: ignore[dict-item]
+        app._sync = _SyncView(self)  # type: ignore[assignment]
+        return self
+
     def jobs(self, queue: str | None = None) -> list[NewJob]:
         """What was published (to ``queue``), in order."""
         return [j for _, j in self.published if queue is None or j.queue == queue]
@@ -168,6 +180,16 @@ class InMemoryClient:
                              parents={p: results.get(p) for p in j.after})
                 results[job_id] = await run_job(app, tj)
         return results
+
+
+class _SyncView:
+    """An InMemoryClient as a task's ``publish_sync`` calls a SyncClient."""
+
+    def __init__(self, memory: InMemoryClient) -> None:
+        self.memory = memory
+
+    def publish_many(self, jobs: Iterable[NewJob]) -> list[uuid.UUID]:
+        return self.memory._record(jobs)
 
 
 try:  # the pytest fixture, when pytest is there

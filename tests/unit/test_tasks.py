@@ -1,0 +1,91 @@
+"""Typed task handles without services (issue #32): the handle is the
+handler when called, encodes and checks its payload, runs in jobq.testing,
+publishes into an InMemoryClient bound to its app from async and sync code,
+and @app.periodic goes above it as above @app.handler."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+from pydantic import BaseModel
+
+import jobq
+from jobq.errors import ConfigError, InvalidPayload
+from jobq.testing import InMemoryClient, run_job
+
+
+class Invoice(BaseModel):
+    number: int
+    total: float
+
+
+def make_app() -> tuple[jobq.App, jobq.Task[Invoice], jobq.Task[object]]:
+    app = jobq.App()
+
+    @app.periodic(every=60)
+    @app.task("invoices", payload=Invoice)
+    async def send_invoice(job: jobq.Job[Invoice]) -> dict[str, float]:
+        return {"n": job.payload.number, "total": job.payload.total}
+
+    @app.task("plain")
+    def plain(job: jobq.Job) -> object:
+        return job.payload
+
+    return app, send_invoice, plain
+
+
+def test_the_handle_is_registered_and_calling_it_calls_the_handler() -> None:
+    app, send_invoice, plain = make_app()
+    assert app.handlers["invoices"].fn is send_invoice.fn
+    assert app.handlers["invoices"].payload_model is Invoice and app.handlers["invoices"].is_async
+    assert "invoices" in app.schedules  # @app.periodic above @app.task
+    job = jobq.Job(id=uuid.uuid4(), queue="plain", payload={"x": 1}, attempt=1,
+                   lock=uuid.uuid4(), worker_id="w")
+    assert plain(job) == {"x": 1}
+    assert repr(send_invoice) == "<jobq.Task send_invoice queue=invoices payload=Invoice>"
+
+
+def test_payloads_are_encoded_as_json_and_checked_against_the_model() -> None:
+    _, send_invoice, plain = make_app()
+    assert send_invoice.encode(Invoice(number=7, total=9.5)) == {"number": 7, "total": 9.5}
+    assert send_invoice.encode({"number": "7", "total": 1}) == {"number": 7, "total": 1.0}
+    with pytest.raises(InvalidPayload, match=r"does not fit Invoice: total: Field required"):
+        send_invoice.encode({"number": 7})
+    assert plain.encode({"any": ["json"]}) == {"any": ["json"]}
+    new = send_invoice.job(Invoice(number=1, total=2), priority=3, key="k", delay_s=5)
+    assert (new.queue, new.payload, new.priority, new.key, new.delay_s) == (
+        "invoices", {"number": 1, "total": 2.0}, 3, "k", 5)
+
+
+def test_a_handle_runs_in_memory_and_publishes_into_a_bound_client() -> None:
+    app, send_invoice, _ = make_app()
+    client = InMemoryClient().bind(app)
+
+    async def go() -> None:
+        assert await run_job(app, send_invoice, Invoice(number=4, total=1)) == {
+            "n": 4, "total": 1.0}
+        await send_invoice.publish(Invoice(number=1, total=10))
+        await asyncio.to_thread(send_invoice.publish_sync, Invoice(number=2, total=20),
+                                priority=9)
+        assert [j.payload["number"] for j in client.jobs("invoices")] == [1, 2]
+        assert client.jobs()[1].priority == 9
+        results = await client.run_all(app)
+        assert sorted(r["n"] for r in results.values()) == [1, 2]
+
+    asyncio.run(go())
+
+
+def test_a_bad_payload_publishes_nothing() -> None:
+    app, send_invoice, _ = make_app()
+    client = InMemoryClient().bind(app)
+    with pytest.raises(InvalidPayload, match="pass a valid Invoice"):
+        send_invoice.publish_sync({"number": "seven", "total": 1})  # type: ignore[arg-type]
+    assert client.published == []
+
+
+def test_a_queue_has_one_handler_whichever_decorator_registered_it() -> None:
+    app, _, _ = make_app()
+    with pytest.raises(ConfigError, match="already has a handler"):
+        app.task("invoices")(lambda job: None)
