@@ -14,7 +14,7 @@ from typing import Any
 import asyncpg
 from pydantic import BaseModel
 
-from jobq import App, Fail, Job, Retry
+from jobq import App, Fail, Job, Retry, job_context
 
 app = App()
 _pool: asyncpg.Pool | None = None
@@ -244,3 +244,15 @@ async def txn(job: Job) -> None:
             "VALUES ($1,$2,$3,$4,$5,'returned')",
             job.id, job.worker_id, job.attempt, job.lock, os.getpid())
         await job.complete_in(conn)
+
+
+@app.handler("context")
+async def context(job: Job) -> Any:
+    """Returns what jobq.job_context() says inside an async handler."""
+    return job_context()
+
+
+@app.handler("context_sync")
+def context_sync(job: Job) -> Any:
+    """The same from a sync handler (the consumer's thread pool)."""
+    return job_context()

@@ -7,6 +7,7 @@ worker/consumer.py (it names the consumer's units), reaper.py.
 """
 
 from jobq.app import App
+from jobq.current import job_context
 from jobq.errors import Fail, InvalidPayload, JobqError, LeaseLost, Retry
 from jobq.job import Job, Status
 from jobq.producer import Client, NewJob
@@ -33,5 +34,6 @@ __all__ = [
            "SyncClient",
            "Task",
            "Workflow",
+           "job_context",
 ]
 __version__ = "0.1.0"

@@ -13,6 +13,8 @@ import sys
 import time
 from typing import Any
 
+from jobq.current import JobContextFilter
+
 _CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F]}
 _CONTROL.update({ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"})
 
@@ -62,6 +64,7 @@ class _JsonFormatter(logging.Formatter):
 def setup(level: str = "INFO", as_json: bool = False) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_JsonFormatter() if as_json else _TextFormatter())
+    handler.addFilter(JobContextFilter())  # a handler's own records carry its job
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

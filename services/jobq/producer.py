@@ -22,11 +22,11 @@ from typing import Any
 
 import asyncpg
 
-from jobq import crash
+from jobq import crash, tracing
 from jobq.broker import Broker
 from jobq.db import fetch, open_pool, translated
 from jobq.errors import InvalidPayload
-from jobq.publisher import Marks, Rows, columns, publish
+from jobq.publisher import Marks, Row, Rows, columns, publish
 from jobq.queues import BY_COLUMN, check_queue_name
 from jobq.relay import publish_and_mark
 from jobq.settings import Settings
@@ -72,10 +72,9 @@ class NewJob:
         """Enqueued one by one through jobq.enqueue (workflow.py), not in a batch."""
         return bool(self.after) or self.workflow_id is not None
 
-    def row(self, payload_json: str) -> tuple[str, str, float, str | None, int, str | None,
-                                              float]:
+    def row(self, payload_json: str, trace: str | None = None) -> Row:
         return (self.queue, payload_json, max(0.0, float(self.delay_s)), self.idempotency_key,
-                self.priority, self.key, float(self.debounce_s))
+                self.priority, self.key, float(self.debounce_s), trace)
 
 
 def validate(job: NewJob) -> str:
@@ -191,7 +190,8 @@ class Client:
             ids = await enqueue_linked(self.pool, jobs, payloads,
                                        self.settings.producer.relay_grace_s)
         else:
-            ids = await self._rows.insert([j.row(text) for j, text in zip(jobs, payloads)])
+            trace = tracing.carrier()  # the caller's span, if any: the runs' parent
+            ids = await self._rows.insert([j.row(text, trace) for j, text in zip(jobs, payloads)])
         crash.point("producer.after_commit")
         held: set[uuid.UUID] = set()
         if any(j.key is not None for j in jobs):  # a per-key cap may have parked some
@@ -270,8 +270,9 @@ class Client:
         """
         job = NewJob(queue, payload, delay_s, idempotency_key, priority, key, debounce_s)
         payload_json = validate(job)
+        statement, args = columns([job.row(payload_json, tracing.carrier())], 0.0)
         with translated():
-            row = await conn.fetchrow(Q["enqueue_many"], *columns([job.row(payload_json)], 0.0))
+            row = await conn.fetchrow(statement, *args)
         assert row is not None
         job_id: uuid.UUID = row["id"]
         return job_id

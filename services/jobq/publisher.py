@@ -39,14 +39,17 @@ from jobq.relay import mark, publish_ids
 from jobq.sql import Q
 
 # (queue, payload JSON, delay seconds, idempotency key, priority, key,
-# debounce seconds)
-Row = tuple[str, str, float, str | None, int, str | None, float]
+# debounce seconds, the publisher's trace context or None: tracing.py)
+Row = tuple[str, str, float, str | None, int, str | None, float, str | None]
 
 
-def columns(rows: Sequence[Row], grace_s: float) -> tuple[Any, ...]:
-    """enqueue_many's arguments: one array per field, the grace in between."""
-    q, p, d, ik, pr, k, db = (list(c) for c in zip(*rows)) if rows else ([],) * 7
-    return q, p, d, ik, grace_s, pr, k, db
+def columns(rows: Sequence[Row], grace_s: float) -> tuple[str, tuple[Any, ...]]:
+    """The statement and its arguments: one array per field, the grace in
+    between; with any trace context, the statement that also stores those."""
+    q, p, d, ik, pr, k, db, tr = (list(c) for c in zip(*rows)) if rows else ([],) * 8
+    if any(t is not None for t in tr):
+        return Q["enqueue_many_traced"], (q, p, d, ik, grace_s, pr, k, db, tr)
+    return Q["enqueue_many"], (q, p, d, ik, grace_s, pr, k, db)
 
 
 class Rows:
@@ -63,7 +66,8 @@ class Rows:
         return await self._coalescer.submit(rows)
 
     async def _commit(self, rows: list[Row]) -> list[uuid.UUID]:
-        got = await fetch(self._pool, Q["enqueue_many"], *columns(rows, self._grace))
+        statement, args = columns(rows, self._grace)
+        got = await fetch(self._pool, statement, *args)
         return [r["id"] for r in got]
 
     async def _commit_each_on_bad_input(

@@ -42,6 +42,27 @@ SELECT id FROM jobq.enqueue_many($1::text[], $2::jsonb[], $3::float8[], $4::text
                                  $6::int[], $7::text[], $8::float8[])
 ORDER BY n;
 
+-- name: enqueue_many_traced
+-- enqueue_many, and the publisher's trace context of each row that has one
+-- stored beside it in the same statement (tracing.py; $9: JSON or NULL).
+-- The job's row is inserted by the function before this statement's foreign
+-- key checks run at its end.
+WITH made AS (
+    SELECT id, n FROM jobq.enqueue_many($1::text[], $2::jsonb[], $3::float8[], $4::text[],
+                                        $5::float8, $6::int[], $7::text[], $8::float8[])
+), stored AS (
+    INSERT INTO jobq.job_trace (job_id, carrier)
+    SELECT made.id, t.carrier::jsonb
+    FROM made JOIN unnest($9::text[]) WITH ORDINALITY AS t(carrier, n) ON t.n = made.n
+    WHERE t.carrier IS NOT NULL
+    ON CONFLICT (job_id) DO NOTHING
+)
+SELECT id FROM made ORDER BY n;
+
+-- name: trace_of
+-- A job's stored trace context (the consumer, before its handler runs).
+SELECT carrier::text FROM jobq.job_trace WHERE job_id = $1;
+
 -- name: enqueue_linked
 -- One job that waits for others or belongs to a workflow (issue #31):
 -- jobq.enqueue with every option; workflow.py runs a batch of these in one

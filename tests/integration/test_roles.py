@@ -33,6 +33,8 @@ TABLE_RIGHTS = {
     ("jobq_reaper", "overdue", "SELECT"),
     ("jobq_reaper", "schedule", "SELECT"),  # periodic jobs (0007)
     ("jobq_reaper", "schedule", "UPDATE"),
+    ("jobq_producer", "job_trace", "INSERT"),  # OpenTelemetry context (0018)
+    ("jobq_consumer", "job_trace", "SELECT"),
 }
 FUNCTION_RIGHTS = {("jobq_producer", "enqueue"), ("jobq_producer", "enqueue_many"),
                    ("jobq_reaper", "enqueue"), ("jobq_reaper", "rate_tokens"),

@@ -32,6 +32,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from jobq import current
 from jobq.errors import Fail, Retry
 from jobq.job import Job
 from jobq.results import ResultInvalid, encode
@@ -74,7 +75,9 @@ def rebuild(fields: dict[str, Any]) -> Job:
 def run_one(app: Any, queue: str, fields: dict[str, Any], max_result_bytes: int) -> list[Any]:
     """Run one job's handler; the reply to send."""
     try:
-        value = app.handlers[queue].fn(rebuild(fields))
+        job = rebuild(fields)
+        with current.running(job, job.worker_id, fields.get("trace_id")):
+            value = app.handlers[queue].fn(job)
         return ["ok", encode(value, max_result_bytes)]
     except ResultInvalid as exc:
         return ["error", "fail", str(exc), None]

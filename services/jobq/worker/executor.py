@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import functools
 import json
 import logging
@@ -31,12 +32,14 @@ from typing import Any
 
 import asyncpg
 
-from jobq import crash, lease
+from jobq import crash, current, lease, tracing
 from jobq.app import App
+from jobq.db import fetchval
 from jobq.job import Job
 from jobq.lease import Lease
 from jobq.logs import fields
 from jobq.settings import ConsumerSettings
+from jobq.sql import Q
 from jobq.worker.completer import Completer, PayloadUndecodable
 from jobq.worker.heartbeat import Heartbeat
 from jobq.worker.processes import ChildDied, ProcessPool
@@ -133,7 +136,11 @@ class Executor:
                                         run.max_result_bytes))
             if row["timeout_s"]:
                 run.timeout = loop.call_later(float(row["timeout_s"]), run.stop, Stop.TIMEOUT)
-            outcome = await self._execute(run)
+            stored = await self._trace_of(run) if tracing.enabled() else None
+            with tracing.run_span(run.job, stored, self.worker_id) as traced:
+                with current.running(run.job, self.worker_id, tracing.trace_id()):
+                    outcome = await self._execute(run)
+                traced(outcome)
         finally:
             if progress is not None:
                 progress.close()  # nothing may land after the job's end
@@ -143,6 +150,15 @@ class Executor:
             run.disarm()
             if run.stop_reason is not Stop.SHUTDOWN:
                 self.runs.pop(run.job.id, None)  # shutdown: the drain releases it
+
+    async def _trace_of(self, run: Run) -> str | None:
+        """The publisher's trace context (tracing.py); None if none or unreadable."""
+        try:
+            stored: str | None = await fetchval(self.pool, Q["trace_of"], run.job.id)
+            return stored
+        except Exception as exc:  # telemetry: the job runs all the same
+            log.debug("trace context of %s: %r", run.job.id, exc)
+            return None
 
     def _isolates(self, run: Run) -> bool:
         if self.concurrency == 1:
@@ -210,7 +226,9 @@ class Executor:
         if self._processes is not None:
             return await self._processes.call(run, _job_fields(job))
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._threads, functools.partial(handler.fn, job))
+        context = contextvars.copy_context()  # the job's log fields and span, in the thread
+        return await loop.run_in_executor(self._threads,
+                                          functools.partial(context.run, handler.fn, job))
 
     async def _after_stop(self, run: Run) -> str:
         reason = run.stop_reason
@@ -240,7 +258,7 @@ def _job_fields(job: Job) -> dict[str, Any]:
     """What a child process needs to rebuild the Job (no event, no lock object)."""
     return {"id": job.id, "queue": job.queue, "payload": job.payload, "attempt": job.attempt,
             "lock": job.lock, "worker_id": job.worker_id, "stalls": job.stalls,
-            "created_at": job.created_at}
+            "created_at": job.created_at, "trace_id": tracing.trace_id()}
 
 
 __all__ = ["Executor"]

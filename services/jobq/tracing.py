@@ -1,0 +1,90 @@
+"""OpenTelemetry, with the ``jobq[otel]`` extra: a job's run is a span in the
+trace of the code that published it.
+
+The publisher's trace context (W3C ``traceparent``/``tracestate``, as the
+configured propagator writes it) is stored beside the job in
+``jobq.job_trace`` in the statement that inserts the job; the consumer reads
+it before the handler runs and opens a ``jobq.run`` span (kind CONSUMER) as
+its child, with the job's id, queue, attempt and worker, and the outcome when
+it ends. Spans the handler opens are children of that span. A job enqueued
+from SQL or fired by a schedule has no stored context and starts a trace of
+its own; a retry or a re-run after a crash is a new span of the same trace,
+since every run reads the same stored context.
+
+Zero cost without the extra, and nearly none with it until a tracer provider
+is configured: nothing is stored for a publish outside a recording span, and
+a consumer with no provider (OpenTelemetry's default proxy) reads nothing.
+A ``--pool process`` handler runs in a child, outside the span (its
+duration and outcome are still the span's).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+try:
+    import opentelemetry.context as otel_context
+    import opentelemetry.propagate as propagate
+    import opentelemetry.trace as trace
+
+    INSTALLED = True
+except ImportError:  # the extra is not installed: every function here is a no-op
+    INSTALLED = False
+
+MAX_CARRIER_BYTES = 4096  # jobq.job_trace's CHECK: a header set, not a payload
+
+
+def enabled() -> bool:
+    """True when OpenTelemetry is installed and a tracer provider is set."""
+    if not INSTALLED:
+        return False
+    provider = trace.get_tracer_provider()
+    return not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+
+
+def carrier() -> str | None:
+    """The current trace context as a JSON object, or None outside a span."""
+    if not INSTALLED or not trace.get_current_span().get_span_context().is_valid:
+        return None
+    headers: dict[str, str] = {}
+    propagate.inject(headers)
+    text = json.dumps(headers)
+    return text if headers and len(text) <= MAX_CARRIER_BYTES else None
+
+
+def _ignore(outcome: str) -> None:
+    return None
+
+
+@contextmanager
+def run_span(job: Any, stored: str | None, worker: str) -> Iterator[Callable[[str], None]]:
+    """The ``jobq.run`` span of one run of ``job``; yields a setter of its
+    outcome. ``stored``: the publisher's carrier (None: a trace of its own)."""
+    if not enabled():
+        yield _ignore
+        return
+    parent = propagate.extract(json.loads(stored)) if stored else otel_context.Context()
+    tracer = trace.get_tracer("jobq")
+    attributes = {"jobq.job_id": str(job.id), "jobq.queue": job.queue,
+                  "jobq.attempt": job.attempt, "jobq.worker": worker,
+                  "messaging.system": "jobq", "messaging.destination.name": job.queue}
+    with tracer.start_as_current_span("jobq.run", context=parent, kind=trace.SpanKind.CONSUMER,
+                                      attributes=attributes,
+                                      record_exception=False) as span:
+        def outcome(label: str) -> None:
+            span.set_attribute("jobq.outcome", label)
+            if label != "ok":
+                span.set_status(trace.Status(trace.StatusCode.ERROR, label))
+
+        yield outcome
+
+
+def trace_id() -> str | None:
+    """The current span's trace id (32 hex digits), for log records."""
+    if not INSTALLED:
+        return None
+    ctx = trace.get_current_span().get_span_context()
+    return format(ctx.trace_id, "032x") if ctx.is_valid else None

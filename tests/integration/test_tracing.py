@@ -1,0 +1,90 @@
+"""OpenTelemetry and log context (issue #32), with an in-process consumer and
+the SDK's in-memory exporter: a run is a ``jobq.run`` span, child of the
+span that published the job; a retry is another span of the same trace; a
+job enqueued from SQL starts a trace of its own; handlers (async and sync)
+see their job, and its trace id, in ``jobq.job_context()``."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from jobq.settings import Settings
+from tests.integration.test_consumer import World, _app_db, scenario  # noqa: F401 (fixture)
+
+sdk = pytest.importorskip("opentelemetry.sdk.trace", reason="the jobq[otel] test extra")
+from opentelemetry import trace  # noqa: E402
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E402
+    InMemorySpanExporter,
+)
+
+EXPORTER = InMemorySpanExporter()
+
+
+@pytest.fixture(autouse=True)
+def _provider() -> None:
+    """One SDK provider per process (OpenTelemetry allows setting it once)."""
+    if not isinstance(trace.get_tracer_provider(), sdk.TracerProvider):
+        provider = sdk.TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(EXPORTER))
+        trace.set_tracer_provider(provider)
+    EXPORTER.clear()
+
+
+def _runs(job_id: uuid.UUID) -> list[Any]:
+    return sorted((s for s in EXPORTER.get_finished_spans()
+                   if s.name == "jobq.run" and s.attributes["jobq.job_id"] == str(job_id)),
+                  key=lambda s: s.attributes["jobq.attempt"])
+
+
+def test_runs_are_children_of_the_publishing_span_and_retries_share_its_trace(
+        settings: Settings) -> None:
+    async def body(w: World) -> None:
+        with trace.get_tracer("test").start_as_current_span("POST /signup") as request:
+            (jid,) = await w.publish("work", {"fail_times": 1})
+        await w.wait_status(jid, "completed")
+        runs = _runs(jid)
+        ctx = request.get_span_context()
+        assert [s.attributes["jobq.attempt"] for s in runs] == [1, 2]
+        assert [s.attributes["jobq.outcome"] for s in runs] == ["error", "ok"]
+        for span in runs:
+            assert span.context.trace_id == ctx.trace_id
+            assert span.parent is not None and span.parent.span_id == ctx.span_id
+            assert span.kind is trace.SpanKind.CONSUMER
+            assert span.attributes["jobq.queue"] == "work"
+            assert span.attributes["jobq.worker"] == w.consumer.worker_id
+        assert runs[0].context.span_id != runs[1].context.span_id
+
+    scenario(settings, body)
+
+
+def test_a_job_enqueued_from_sql_starts_a_trace_of_its_own(settings: Settings) -> None:
+    async def body(w: World) -> None:
+        with trace.get_tracer("test").start_as_current_span("unrelated") as other:
+            jid = await w.pool.fetchval("SELECT jobq.enqueue('work', '{}'::jsonb)")
+        await w.wait_status(jid, "completed")
+        (run,) = _runs(jid)
+        assert run.parent is None
+        assert run.context.trace_id != other.get_span_context().trace_id
+        assert await w.pool.fetchval("SELECT count(*) FROM jobq.job_trace") == 0
+
+    scenario(settings, body)
+
+
+def test_handlers_see_their_job_and_trace_in_job_context(settings: Settings) -> None:
+    async def body(w: World) -> None:
+        with trace.get_tracer("test").start_as_current_span("publish"):
+            ids = await w.publish("context", None)
+            ids += await w.publish("context_sync", None)
+        for jid, queue in zip(ids, ("context", "context_sync")):
+            row = await w.wait_status(jid, "completed")
+            (run,) = _runs(jid)
+            got = __import__("json").loads(row["result"])
+            assert got == {"job": str(jid), "queue": queue, "attempt": 1,
+                           "worker": w.consumer.worker_id,
+                           "trace_id": format(run.context.trace_id, "032x")}
+
+    scenario(settings, body, queues=["context", "context_sync", "work"])
