@@ -32,7 +32,7 @@ test: $(VENV)/.installed
 	$(PY) -m pytest -m exclusive $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check services tests harness bench
+	$(VENV)/bin/ruff check services tests harness bench examples
 	$(VENV)/bin/mypy
 
 run: $(VENV)/.installed
