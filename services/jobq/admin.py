@@ -127,3 +127,59 @@ async def prune(pool: asyncpg.Pool, older_than_s: float, batch: int) -> int:
         total += n
         if n < batch:
             return total
+
+
+# ── bulk verbs (jobq cancel --queue, jobq retry --queue, jobq queue delete) ──
+
+BULK_BATCH = 1000  # rows per statement: short locks, as prune
+
+
+async def counts(pool: asyncpg.Pool, queue: str) -> dict[str, int]:
+    """Jobs of the queue per state (states with none are left out)."""
+    rows = await fetch(pool, Q["queue_job_counts"], check_queue_name(queue))
+    return {r["status"]: int(r["n"]) for r in rows}
+
+
+async def cancel_queue(pool: asyncpg.Pool, queue: str, statuses: list[str],
+                       reason: str | None) -> int:
+    """Cancel every job of the queue in those states (queued, active), in
+    batches; how many."""
+    total = 0
+    while True:
+        n = int(await fetchval(pool, Q["cancel_queue_batch"], check_queue_name(queue), statuses,
+                               BULK_BATCH, reason))
+        total += n
+        if n < BULK_BATCH:
+            return total
+
+
+async def retry_queue(pool: asyncpg.Pool, queue: str, statuses: list[str]) -> list[Any]:
+    """Put every failed (or cancelled) job of the queue back in line, in
+    batches; the rows (id, queue, lock) for the caller to publish."""
+    out: list[Any] = []
+    while True:
+        rows = await fetch(pool, Q["retry_queue_batch"], check_queue_name(queue), statuses,
+                           BULK_BATCH)
+        out += rows
+        if len(rows) < BULK_BATCH:
+            return out
+
+
+async def delete_queue(pool: asyncpg.Pool, queue: str) -> int:
+    """Delete an idle queue with its finished jobs; how many jobs went.
+    Refused (BadInput) while jobs of it are queued or active, or a schedule
+    fires into it."""
+    try:
+        (row,) = await fetch(pool, Q["queue_delete"], check_queue_name(queue))
+    except asyncpg.ForeignKeyViolationError:
+        raise BadInput(f"a job was just published to {queue}; try again, or cancel its jobs "
+                       f"first (jobq cancel --queue {queue})") from None
+    if row["queue"] is None:
+        raise BadInput(f"no queue named {queue!r} (jobq queue list shows them)")
+    if row["live"]:
+        raise BadInput(f"queue {queue} has {row['live']} queued or running job(s): cancel them "
+                       f"first (jobq cancel --queue {queue} --status queued --status active)")
+    if row["schedules"]:
+        raise BadInput(f"{row['schedules']} schedule(s) enqueue into {queue}: remove them first "
+                       "(jobq schedule list)")
+    return int(row["jobs"])

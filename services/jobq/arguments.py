@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from typing import Any
 
 from jobq.errors import BadInput
 from jobq.queues import SETTINGS
@@ -38,11 +39,21 @@ def parser() -> argparse.ArgumentParser:
         description="Crash-safe background jobs: RabbitMQ delivers ids, PostgreSQL holds "
                     "the lease. Configure with JOBQ_DATABASE_URL and JOBQ_AMQP_URL.",
     )
-    from jobq import __version__
+    from jobq import __version__, cli_schedule
 
     p.add_argument("--version", action="version", version=f"jobq {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _install(sub)
+    _services(sub)
+    _publishing(sub)
+    cli_schedule.add_parser(sub)
+    _queues(sub)
+    _reading(sub)
+    _job_verbs(sub)
+    return p
 
+
+def _install(sub: Any) -> None:
     mig = sub.add_parser(
         "migrate", help="create or upgrade the jobq schema (safe to rerun)",
         description="Apply the numbered migrations in schema/ that the database does not have "
@@ -60,50 +71,23 @@ def parser() -> argparse.ArgumentParser:
         "that these exist. Run it again after adding a queue.")
     dec.add_argument("queues", metavar="QUEUE", nargs="*", help="also declare these queues")
 
-    wait = sub.add_parser("wait", help="wait for a job to end and print its result",
-                          description="Block until the job completes and print its result "
-                          "as JSON (null if its handler returned None); exit 1 with the "
-                          "reason if it failed or was cancelled, or after --timeout.")
-    wait.add_argument("id", metavar="ID")
-    wait.add_argument("--timeout", type=float, default=None, metavar="SECONDS")
-    from jobq import cli_schedule
+    un = sub.add_parser(
+        "uninstall", help="remove jobq from this database and broker namespace",
+        description="Remove what `jobq migrate --declare` made: the jobq schema (every job and "
+        "its history), what jobq's group roles own or were granted in this database, the roles "
+        "themselves where no other database uses them, and the namespace's exchanges and "
+        "queues on the broker. Without --yes it only says what it would remove.")
+    un.add_argument("--yes", action="store_true", help="remove it (there is no undo)")
 
-    cli_schedule.add_parser(sub)
-    dash = sub.add_parser(
-        "dashboard", help="serve the web dashboard (read-only unless --allow-actions)",
-        description="Queues, running, stalled, failed, each job's timeline, workers and "
-        "reapers, as web pages. Pages read as jobq_reader when the login is a member of it. "
-        "--allow-actions lets operators who sign in with JOBQ_DASHBOARD_TOKEN retry and "
-        "cancel jobs (written to the job's history with their name).")
-    dash.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
-    dash.add_argument("--port", type=int, default=8080, help="listen port (default 8080)")
-    dash.add_argument("--refresh", type=int, default=5, metavar="SECONDS",
-                      help="pages reload themselves this often (default 5; 0 = never)")
-    dash.add_argument("--allow-actions", action="store_true",
-                      help="retry and cancel buttons, for operators signed in with the token")
 
-    pub = sub.add_parser("publish", help="enqueue a job and print its id")
-    pub.add_argument("queue", metavar="QUEUE")
-    pub.add_argument("payload", metavar="JSON", nargs="?", default="{}",
-                     help="the job's payload as JSON (default {}; - reads it from stdin)")
-    pub.add_argument("--delay", type=float, default=0.0, metavar="SECONDS",
-                     help="run no earlier than this many seconds from now")
-    pub.add_argument("--idempotency-key", default=None, metavar="KEY",
-                     help="publishing the same idempotency key twice yields one job")
-    pub.add_argument("--priority", type=int, default=0, metavar="N",
-                     help="0 to 9, higher first (default 0): goes ahead of every lower job of "
-                     "its queue that has not started")
-    pub.add_argument("--key", default=None, metavar="KEY",
-                     help="who the job is for (a tenant, a customer): the queue's per-key caps, "
-                     "rates and fairness apply to it")
-    pub.add_argument("--after", action="append", default=[], metavar="ID",
-                     help="run only once the job ID completed (repeatable); cancelled with "
-                     "the reason if it fails or is cancelled")
-    pub.add_argument("--debounce", type=float, default=0.0, metavar="SECONDS",
-                     help="with --key: jobs of the same queue and key published within this "
-                     "time run once, with the last payload, this long after the last publish")
-
-    con = sub.add_parser("consume", help="run handlers of APP (module:attribute)")
+def _services(sub: Any) -> None:
+    con = sub.add_parser(
+        "consume", help="run handlers of APP (module:attribute)",
+        description="Run a consumer until SIGTERM or Ctrl-C: it claims jobs of APP's queues, "
+        "renews their leases while the handlers run, and records how each ended. On SIGTERM it "
+        "stops taking jobs, lets running ones finish within JOBQ_CONSUMER__SHUTDOWN_GRACE_S and "
+        "releases the rest at once, uncharged. JOBQ_HEALTH_PORT serves /healthz, /readyz, "
+        "/metrics.")
     con.add_argument("app", metavar="APP", help="e.g. jobq.demo:app")
     con.add_argument("--queue", "-q", action="append", dest="queues", metavar="Q",
                      help="queue to consume (repeatable; default: every queue APP handles)")
@@ -126,9 +110,62 @@ def parser() -> argparse.ArgumentParser:
                    "finished jobs by their queue's retention. Run any number: they are peers. "
                    "JOBQ_HEALTH_PORT serves /healthz, /readyz and /metrics.")
 
-    qp = sub.add_parser("queue", help="per-queue settings")
+    dash = sub.add_parser(
+        "dashboard", help="serve the web dashboard (read-only unless --allow-actions)",
+        description="Queues, running, stalled, failed, each job's timeline, workers and "
+        "reapers, as web pages. Pages read as jobq_reader when the login is a member of it. "
+        "--allow-actions lets operators who sign in with JOBQ_DASHBOARD_TOKEN retry and "
+        "cancel jobs (written to the job's history with their name).")
+    dash.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
+    dash.add_argument("--port", type=int, default=8080, help="listen port (default 8080)")
+    dash.add_argument("--refresh", type=int, default=5, metavar="SECONDS",
+                      help="pages reload themselves this often (default 5; 0 = never)")
+    dash.add_argument("--allow-actions", action="store_true",
+                      help="retry and cancel buttons, for operators signed in with the token")
+
+
+
+def _publishing(sub: Any) -> None:
+    pub = sub.add_parser(
+        "publish", help="enqueue a job and print its id",
+        description="Insert one job into QUEUE and publish its id; prints the id. A queue name "
+        "not seen before is created with default settings (said on stderr).")
+    pub.add_argument("queue", metavar="QUEUE")
+    pub.add_argument("payload", metavar="JSON", nargs="?", default="{}",
+                     help="the job's payload as JSON (default {}; - reads it from stdin)")
+    pub.add_argument("--delay", type=float, default=0.0, metavar="SECONDS",
+                     help="run no earlier than this many seconds from now")
+    pub.add_argument("--idempotency-key", default=None, metavar="KEY",
+                     help="publishing the same idempotency key twice yields one job")
+    pub.add_argument("--priority", type=int, default=0, metavar="N",
+                     help="0 to 9, higher first (default 0): goes ahead of every lower job of "
+                     "its queue that has not started")
+    pub.add_argument("--key", default=None, metavar="KEY",
+                     help="who the job is for (a tenant, a customer): the queue's per-key caps, "
+                     "rates and fairness apply to it")
+    pub.add_argument("--after", action="append", default=[], metavar="ID",
+                     help="run only once the job ID completed (repeatable); cancelled with "
+                     "the reason if it fails or is cancelled")
+    pub.add_argument("--debounce", type=float, default=0.0, metavar="SECONDS",
+                     help="with --key: jobs of the same queue and key published within this "
+                     "time run once, with the last payload, this long after the last publish")
+
+    wait = sub.add_parser("wait", help="wait for a job to end and print its result",
+                          description="Block until the job completes and print its result "
+                          "as JSON (null if its handler returned None); exit 1 with the "
+                          "reason if it failed or was cancelled, or after --timeout.")
+    wait.add_argument("id", metavar="ID")
+    wait.add_argument("--timeout", type=float, default=None, metavar="SECONDS")
+
+
+def _queues(sub: Any) -> None:
+    qp = sub.add_parser("queue", help="per-queue settings, pause and resume, delete",
+                        description="Show and change per-queue settings, pause and resume a "
+                        "queue, limit how queues are created, delete an idle queue.")
     qsub = qp.add_subparsers(dest="queue_command", required=True, metavar="ACTION")
-    qs = qsub.add_parser("set", help="create a queue or change its settings")
+    qs = qsub.add_parser("set", help="create a queue or change its settings",
+                         description="Create QUEUE if it does not exist and change the "
+                         "settings given; the others keep their values.")
     qs.add_argument("name", metavar="QUEUE")
     for q in SETTINGS:
         qs.add_argument(q.flag, *q.aliases, dest=q.column, default=None,
@@ -146,10 +183,24 @@ def parser() -> argparse.ArgumentParser:
                     description="Every queue with its settings (jobq.queue); see "
                     "`jobq queue set --help` for what each means.")
     ql = qsub.add_parser("limits", help="show or change whether publishing to a new queue name "
-                                        "creates it, and the cap on the number of queues")
-    ql.add_argument("--auto-create", choices=("on", "off"), default=None)
-    ql.add_argument("--max-queues", type=int, default=None, metavar="N")
+                                        "creates it, and the cap on the number of queues",
+                         description="Without flags, show both limits; with flags, change "
+                         "them.")
+    ql.add_argument("--auto-create", choices=("on", "off"), default=None,
+                    help="publishing to an unknown queue name creates it (on) or is refused")
+    ql.add_argument("--max-queues", type=int, default=None, metavar="N",
+                    help="refuse to create queues beyond this many")
+    qd = qsub.add_parser(
+        "delete", help="delete an idle queue, its finished jobs and its broker queue",
+        description="Delete QUEUE's settings, its finished jobs and their history, and its "
+        "queue on the broker. Refused while any of its jobs is queued or running (cancel them "
+        "first: jobq cancel --queue QUEUE) or a schedule enqueues into it.")
+    qd.add_argument("name", metavar="QUEUE")
+    qd.add_argument("--dry-run", action="store_true", help="only say what it would delete")
 
+
+
+def _reading(sub: Any) -> None:
     sub.add_parser("stats", help="jobs per queue and state (stalled = lease lapsed, not reaped)",
                    description="Per queue: queued, delayed, running, stalled (active with a "
                    "lapsed lease that no reaper requeued yet: marked (!)), completed, failed, "
@@ -166,16 +217,28 @@ def parser() -> argparse.ArgumentParser:
                          "answer to 'why did this run twice?'. Control characters in payloads "
                          "and errors are shown escaped.")
     ins.add_argument("id", metavar="ID")
-    rt = sub.add_parser("retry", help="put a failed (or cancelled) job back in line",
-                        description="A failed or cancelled job goes back to queued with "
-                        "fresh error and stall allowances, and its id is published at once.")
-    rt.add_argument("id", metavar="ID")
-    cn = sub.add_parser("cancel", help="cancel a queued job (or a workflow's steps not "
-                        "started); an active one stops at its "
-                        "worker's next renewal")
-    cn.add_argument("id", metavar="ID")
+
+
+def _job_verbs(sub: Any) -> None:
+    rt = sub.add_parser(
+        "retry", help="put a failed job (or every failed job of a queue) back in line",
+        description="A failed or cancelled job goes back to queued with fresh error and stall "
+        "allowances, and its id is published at once. With --queue, every job of QUEUE in "
+        "the --status given (default failed), in batches of 1,000.")
+    rt.add_argument("id", metavar="ID", nargs="?", default=None)
+    _bulk(rt, "retry", ("failed", "cancelled"), "failed")
+    cn = sub.add_parser(
+        "cancel", help="cancel a job, a workflow's steps, or every queued job of a queue",
+        description="A queued job is cancelled at once; an active one stops at its worker's "
+        "next renewal. A workflow's id cancels its steps not started. With --queue, every job "
+        "of QUEUE in the --status given (default queued), in batches of 1,000.")
+    cn.add_argument("id", metavar="ID", nargs="?", default=None)
     cn.add_argument("--reason", default=None, help="recorded in last_error and the history")
-    pr = sub.add_parser("prune", help="delete finished jobs (and their history) in batches")
+    _bulk(cn, "cancel", ("queued", "active"), "queued")
+    pr = sub.add_parser("prune", help="delete finished jobs (and their history) in batches",
+                        description="Delete completed, failed and cancelled jobs that finished "
+                        "more than --older-than ago, with their history, in short batches. "
+                        "The reapers also prune by each queue's retention.")
     pr.add_argument("--older-than", required=True, metavar="DURATION",
                     help="finished more than this long ago, with a unit: 90s, 15m, 12h, 7d, 2w")
     pr.add_argument("--batch", type=int, default=1000, metavar="N",
@@ -184,4 +247,13 @@ def parser() -> argparse.ArgumentParser:
                     help="only count what would be deleted")
     pr.add_argument("--force", action="store_true",
                     help="allow --older-than under a minute (deletes jobs finished just now)")
-    return p
+
+
+def _bulk(p: argparse.ArgumentParser, verb: str, statuses: tuple[str, ...],
+          default: str) -> None:
+    p.add_argument("--queue", default=None, metavar="QUEUE",
+                   help=f"{verb} every job of QUEUE in --status instead of one ID")
+    p.add_argument("--status", action="append", choices=statuses, default=None,
+                   help=f"with --queue: which jobs (repeatable; default {default})")
+    p.add_argument("--dry-run", action="store_true",
+                   help=f"with --queue: only count the jobs it would {verb}")

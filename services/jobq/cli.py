@@ -1,9 +1,11 @@
-"""The ``jobq`` command.
+"""The ``jobq`` command: one small function per verb, errors handled once.
 
 Expected errors (bad input, a service down, a missing schema) print one line
 ``jobq: error: ...`` on stderr and exit non-zero: 1 for bad input or an
-unreachable service, 2 for bad usage or configuration. Tracebacks are only
-for bugs.
+unreachable service, 2 for bad usage or configuration, 130 after Ctrl-C.
+Tracebacks are only for bugs. Output cut short by a closed pipe
+(``jobq stats | head``) ends quietly. The operator verbs are in
+``cli_admin.py``, the read verbs in ``cli_read.py``.
 """
 
 from __future__ import annotations
@@ -14,21 +16,21 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pydantic import ValidationError
 
-from jobq import crash, logs
-from jobq.arguments import parse_duration, parser
-from jobq.cli_read import admin_call, inspect, keys, parse_id, stats, table
+from jobq import cli_admin, cli_read, crash, logs
+from jobq.arguments import parser
+from jobq.cli_read import parse_id, table
 from jobq.errors import BadInput, ConfigError, JobqError
-from jobq.queues import SETTINGS
 from jobq.settings import Settings
 
 log = logging.getLogger("jobq.cli")
 
-async def _migrate(settings: Settings) -> None:
+
+async def _migrate(settings: Settings, args: argparse.Namespace) -> None:
     from jobq import migrate
     from jobq.db import open_pool, translated
 
@@ -42,6 +44,15 @@ async def _migrate(settings: Settings) -> None:
     finally:
         await pool.close()
     print(f"applied {len(applied)} migration(s)" if applied else "schema is up to date")
+    if args.declare:
+        await _declare(settings, argparse.Namespace(queues=[]))
+
+
+async def _declare(settings: Settings, args: argparse.Namespace) -> None:
+    from jobq.topology import declare
+
+    done = await declare(settings, args.queues)
+    print(f"declared the {settings.namespace} exchange and {len(done)} queue(s)")
 
 
 async def _wait(settings: Settings, args: argparse.Namespace) -> None:
@@ -60,15 +71,10 @@ async def _wait(settings: Settings, args: argparse.Namespace) -> None:
     print(json.dumps(result))
 
 
-async def _declare(settings: Settings, queues: list[str]) -> None:
-    from jobq.topology import declare
-
-    done = await declare(settings, queues)
-    print(f"declared the {settings.namespace} exchange and {len(done)} queue(s)")
-
-
 async def _publish(settings: Settings, args: argparse.Namespace) -> None:
+    from jobq.db import fetch
     from jobq.producer import Client, NewJob, validate
+    from jobq.sql import Q
 
     text = sys.stdin.read() if args.payload == "-" else args.payload
     try:
@@ -82,67 +88,62 @@ async def _publish(settings: Settings, args: argparse.Namespace) -> None:
                  args.debounce, after=tuple(parse_id(a) for a in args.after))
     validate(job)  # before connecting
     async with Client(settings) as client:
+        assert client.pool is not None
+        known = await fetch(client.pool, Q["queue_limits"], [args.queue])
         (job_id,) = await client.publish_many([job])
     print(job_id)
+    if not known:  # a typo would otherwise make a durable queue in silence
+        print(f"jobq: created queue {args.queue!r} (a new name; `jobq queue delete "
+              f"{args.queue}` removes it once empty)", file=sys.stderr)
 
 
-def _setting_values(args: argparse.Namespace) -> dict[str, Any]:
-    values = {}
-    for q in SETTINGS:
-        text = getattr(args, q.column)
-        if text is not None:
-            try:
-                values[q.column] = q.parse(text)
-            except argparse.ArgumentTypeError as exc:
-                raise BadInput(f"{q.flag} {exc}") from None
-    return values
+async def _schedule(settings: Settings, args: argparse.Namespace) -> None:
+    from jobq import cli_schedule
+
+    table(await cli_schedule.run(settings, args))
 
 
-async def _queue(settings: Settings, args: argparse.Namespace) -> None:
-    if args.queue_command == "set":
-        values = _setting_values(args)
-        rows = [await admin_call(settings, "set_queue", args.name, values)]
-    elif args.queue_command in ("pause", "resume"):
-        rows = [await admin_call(settings, args.queue_command, args.name)]
-    elif args.queue_command == "limits":
-        auto = None if args.auto_create is None else args.auto_create == "on"
-        rows = [await admin_call(settings, "queue_limits", auto, args.max_queues)]
-    else:
-        rows = await admin_call(settings, "list_queues")
-    table([dict(r) for r in rows])
+async def _dashboard(settings: Settings, args: argparse.Namespace) -> None:
+    from jobq.dashboard.server import serve
+
+    await serve(settings, args.host, args.port, args.allow_actions, args.refresh)
 
 
-async def _retry(settings: Settings, args: argparse.Namespace) -> None:
-    from jobq import admin
-    from jobq.producer import Client
+def _consume(settings: Settings, args: argparse.Namespace) -> None:
+    from jobq.app import load
+    from jobq.worker.consumer import Consumer
 
-    job_id = parse_id(args.id)
-    async with Client(settings) as client:
-        assert client.pool is not None
-        row = await admin.retry(client.pool, job_id)
-        await client.republish([(row["id"], row["queue"], row["lock"])])
-    print(f"{job_id} queued again")
+    # Everything jobq imports is imported before the working directory joins
+    # the path for APP: a stray uvloop.py there never runs.
+    _install_uvloop(settings)
+    sys.path.insert(0, os.getcwd())
+    app = load(args.app)
+    if args.concurrency is not None and args.concurrency < 1:
+        raise ConfigError("--concurrency must be at least 1")
+    pool_flags = {"pool": args.pool, "max_jobs_per_child": args.max_jobs_per_child,
+                  "max_memory_per_child_mb": args.max_memory_per_child}
+    chosen = {k: v for k, v in pool_flags.items() if v is not None}
+    if chosen:
+        try:
+            cfg = settings.consumer.model_validate({**settings.consumer.model_dump(), **chosen})
+        except ValidationError as exc:
+            raise ConfigError(f"bad --{exc.errors()[0]['loc'][0]}: "
+                              f"{exc.errors()[0]['msg']}") from exc
+        settings = settings.model_copy(update={"consumer": cfg})
+    consumer = Consumer(app, settings, args.queues, args.concurrency, app_spec=args.app)
+    asyncio.run(consumer.run())
+    # Sync handlers still running in threads must not keep a process whose
+    # leases were released alive.
+    logging.shutdown()
+    sys.stdout.flush()
+    os._exit(0)
 
 
-async def _cancel(settings: Settings, args: argparse.Namespace) -> None:
-    job_id = parse_id(args.id)
-    n = await admin_call(settings, "cancel", job_id, args.reason)
-    print(f"{job_id} cancelled" + (f" ({n} step(s) not started)" if n != 1 else ""))
+def _reap(settings: Settings, args: argparse.Namespace) -> None:
+    from jobq.reaper import Reaper
 
-
-async def _prune(settings: Settings, args: argparse.Namespace) -> None:
-    older = parse_duration(args.older_than, unit_required=True)
-    if older < 60 and not args.force:
-        raise BadInput(f"--older-than {args.older_than} would delete jobs that finished "
-                       "under a minute ago; add --force if that is what you want")
-    if args.batch < 1:
-        raise BadInput("--batch must be at least 1")
-    if args.dry_run:
-        n = await admin_call(settings, "prunable", older)
-        print(f"would prune {n} finished job(s)")
-        return
-    total = await admin_call(settings, "prune", older, args.batch)
-    print(f"pruned {total} finished job(s)")
+    _install_uvloop(settings)
+    asyncio.run(Reaper(settings).run())
 
 
 def _install_uvloop(settings: Settings) -> None:
@@ -158,97 +159,55 @@ def _install_uvloop(settings: Settings) -> None:
                               "pip install 'jobq[fast]'") from None
 
 
-def _run_service(coro: Any) -> None:
-    asyncio.run(coro)
+Verb = Callable[[Settings, argparse.Namespace], Any]
+# Each verb: a coroutine function (run with asyncio.run) or, for the
+# services that set up their own loop, a plain function.
+VERBS: dict[str, Verb] = {
+    "migrate": _migrate, "declare": _declare, "uninstall": cli_admin.uninstall,
+    "consume": _consume, "reap": _reap, "dashboard": _dashboard,
+    "publish": _publish, "wait": _wait, "schedule": _schedule,
+    "queue": cli_admin.queue, "stats": lambda s, a: cli_read.stats(s),
+    "keys": lambda s, a: cli_read.keys(s, a.queue), "inspect": cli_read.inspect,
+    "retry": cli_admin.retry, "cancel": cli_admin.cancel, "prune": cli_admin.prune,
+}
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    for i, a in enumerate(argv[:-1]):  # "--older-than -5d": argparse would take -5d for a flag
-        if a == "--older-than" and argv[i + 1].startswith("-"):
-            argv[i:i + 2] = [f"--older-than={argv[i + 1]}"]
-            break
-    args = parser().parse_args(argv)
+def _settings() -> Settings:
     try:
-        settings = Settings()
+        return Settings()
     except ValidationError as exc:
         err = exc.errors()[0]
         msg = str(err["msg"]).removeprefix("Value error, ")
         if err["loc"]:
             where = "JOBQ_" + "__".join(str(x).upper() for x in err["loc"])
             msg = f"bad setting {where}: {msg}"
-        print(f"jobq: error: {msg}", file=sys.stderr)  # no input value: it may hold a secret
-        sys.exit(2)
+        raise ConfigError(msg) from None  # no input value: it may hold a secret
+
+
+def _argv(argv: Sequence[str] | None) -> list[str]:
+    out = list(sys.argv[1:] if argv is None else argv)
+    for i, a in enumerate(out[:-1]):  # "--older-than -5d": argparse would take -5d for a flag
+        if a == "--older-than" and out[i + 1].startswith("-"):
+            out[i:i + 2] = [f"--older-than={out[i + 1]}"]
+            break
+    return out
+
+
+def _run(args: argparse.Namespace) -> None:
+    settings = _settings()
     logs.setup(settings.log_level, settings.log_json)
     crash.configure(settings.crash_at)
+    result = VERBS[args.command](settings, args)
+    if asyncio.iscoroutine(result):
+        asyncio.run(result)
+    sys.stdout.flush()  # here, so a closed pipe is caught below
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parser().parse_args(_argv(argv))
     code = 0
     try:
-        if args.command == "migrate":
-            asyncio.run(_migrate(settings))
-            if args.declare:
-                asyncio.run(_declare(settings, []))
-        elif args.command == "wait":
-            asyncio.run(_wait(settings, args))
-        elif args.command == "schedule":
-            from jobq import cli_schedule
-
-            table(asyncio.run(cli_schedule.run(settings, args)))
-        elif args.command == "dashboard":
-            from jobq.dashboard.server import serve
-
-            asyncio.run(serve(settings, args.host, args.port, args.allow_actions, args.refresh))
-        elif args.command == "declare":
-            asyncio.run(_declare(settings, args.queues))
-        elif args.command == "publish":
-            asyncio.run(_publish(settings, args))
-        elif args.command == "consume":
-            from jobq.app import load
-            from jobq.worker.consumer import Consumer
-
-            # Everything jobq imports is imported before the working directory
-            # joins the path for APP: a stray uvloop.py there never runs.
-            _install_uvloop(settings)
-            sys.path.insert(0, os.getcwd())
-            app = load(args.app)
-            if args.concurrency is not None and args.concurrency < 1:
-                raise ConfigError("--concurrency must be at least 1")
-            pool_flags = {"pool": args.pool, "max_jobs_per_child": args.max_jobs_per_child,
-                          "max_memory_per_child_mb": args.max_memory_per_child}
-            chosen = {k: v for k, v in pool_flags.items() if v is not None}
-            if chosen:
-                try:
-                    cfg = settings.consumer.model_validate(
-                        {**settings.consumer.model_dump(), **chosen})
-                except ValidationError as exc:
-                    raise ConfigError(f"bad --{exc.errors()[0]['loc'][0]}: "
-                                      f"{exc.errors()[0]['msg']}") from exc
-                settings = settings.model_copy(update={"consumer": cfg})
-            consumer = Consumer(app, settings, args.queues, args.concurrency, app_spec=args.app)
-            _run_service(consumer.run())
-            # Sync handlers still running in threads must not keep a process
-            # whose leases were released alive.
-            logging.shutdown()
-            sys.stdout.flush()
-            os._exit(0)
-        elif args.command == "reap":
-            from jobq.reaper import Reaper
-
-            _install_uvloop(settings)
-            _run_service(Reaper(settings).run())
-        elif args.command == "queue":
-            asyncio.run(_queue(settings, args))
-        elif args.command == "stats":
-            asyncio.run(stats(settings))
-        elif args.command == "keys":
-            asyncio.run(keys(settings, args.queue))
-        elif args.command == "inspect":
-            asyncio.run(inspect(settings, args))
-        elif args.command == "retry":
-            asyncio.run(_retry(settings, args))
-        elif args.command == "cancel":
-            asyncio.run(_cancel(settings, args))
-        elif args.command == "prune":
-            asyncio.run(_prune(settings, args))
+        _run(args)
     except ConfigError as exc:
         print(f"jobq: error: {exc}", file=sys.stderr)
         code = 2
@@ -257,4 +216,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         code = 1
     except KeyboardInterrupt:
         code = 130
+    except BrokenPipeError:  # `jobq stats | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     sys.exit(code)

@@ -21,7 +21,9 @@ def add_parser(sub: Any) -> None:
                          "or every N seconds); the reapers fire each slot exactly once, and "
                          "slots missed while no reaper ran are run once at catch-up.")
     verbs = sch.add_subparsers(dest="verb", required=True, metavar="VERB")
-    put = verbs.add_parser("set", help="create or change a schedule")
+    put = verbs.add_parser("set", help="create or change a schedule",
+                           description="Store schedule NAME: a job for QUEUE at every slot of "
+                           "--cron (in --tz) or --every seconds. Setting it again changes it.")
     put.add_argument("name", metavar="NAME")
     put.add_argument("queue", metavar="QUEUE", nargs="?", help="the queue its jobs go to")
     put.add_argument("--queue", dest="queue_opt", metavar="QUEUE", help="the same, as a flag")
@@ -33,8 +35,11 @@ def add_parser(sub: Any) -> None:
                      help="IANA time zone of the cron expression (default UTC)")
     put.add_argument("--payload", default="{}", metavar="JSON", help="the jobs' payload")
     put.add_argument("--disabled", action="store_true", help="stored, but fires nothing")
-    verbs.add_parser("list", help="every schedule and its next slot")
-    rm = verbs.add_parser("delete", help="remove a schedule (its jobs stay)")
+    verbs.add_parser("list", help="every schedule and its next slot",
+                     description="Every schedule: its queue, timing, next slot, last fired "
+                     "slot and last error.")
+    rm = verbs.add_parser("delete", help="remove a schedule (its jobs stay)",
+                          description="Remove schedule NAME; jobs it already enqueued stay.")
     rm.add_argument("name", metavar="NAME")
 
 

@@ -1173,6 +1173,86 @@ WITH again AS (
 )
 SELECT id, queue, lock FROM again;
 
+-- name: cancel_queue_batch
+-- jobq cancel --queue Q: up to $3 jobs of queue $1 in the states $2 (queued,
+-- active), locked in id order as every multi-row write (schema 0017), each
+-- cancelled as `cancel` does one (an active one stops at its worker's next
+-- renewal). The CLI repeats it until fewer than $3 come back: short locks.
+WITH doomed AS (
+    SELECT id FROM jobq.job
+    WHERE queue = $1 AND status COLLATE "C" = ANY($2::text[])
+    ORDER BY id
+    LIMIT $3
+    FOR NO KEY UPDATE SKIP LOCKED
+), cancelled AS (
+    UPDATE jobq.job j
+    SET status = 'cancelled', lease_expires_at = NULL, finished_at = now(),
+        last_error = coalesce($4, 'cancelled with its queue by an operator')
+    FROM doomed, jobq.queue q
+    WHERE j.id = doomed.id AND j.status COLLATE "C" IN ('queued', 'active') AND q.name = j.queue
+    RETURNING j.id, j.worker_id, j.attempts, q.history
+), logged AS (
+    INSERT INTO jobq.job_event (job_id, event, worker_id, attempt, detail)
+    SELECT id, 'cancelled', worker_id, attempts, $4 FROM cancelled WHERE history
+)
+SELECT count(*) FROM cancelled;
+
+-- name: retry_queue_batch
+-- jobq retry --queue Q: up to $3 failed (or cancelled: $2) jobs of queue $1
+-- back to queued with fresh allowances, as `retry_failed` does one; the
+-- rows (id, queue, lock) to publish (the relay does if the CLI dies first).
+WITH again_ids AS (
+    SELECT id FROM jobq.job
+    WHERE queue = $1 AND status COLLATE "C" = ANY($2::text[])
+      AND status COLLATE "C" IN ('failed', 'cancelled')
+    ORDER BY id
+    LIMIT $3
+    FOR NO KEY UPDATE SKIP LOCKED
+), again AS (
+    UPDATE jobq.job j
+    SET status = 'queued', errors = 0, stalls = 0, run_at = now(), relay_after = now(),
+        published_at = NULL, finished_at = NULL, lease_expires_at = NULL,
+        lock = gen_random_uuid()
+    FROM again_ids, jobq.queue q
+    WHERE j.id = again_ids.id AND q.name = j.queue
+    RETURNING j.id, j.queue, j.lock, q.history
+), logged AS (
+    INSERT INTO jobq.job_event (job_id, event, detail)
+    SELECT id, 'retried', 'with its queue by an operator' FROM again WHERE history
+)
+SELECT id, queue, lock FROM again;
+
+-- name: queue_job_counts
+-- Jobs of queue $1 per state (the bulk verbs' dry runs and `queue delete`).
+SELECT status::text AS status, count(*) AS n FROM jobq.job WHERE queue = $1 GROUP BY status;
+
+-- name: queue_delete
+-- jobq queue delete Q: the queue row, its finished jobs and their history,
+-- only if no job of it is queued or active and no schedule fires into it
+-- (checked under the queue row's lock, which every enqueue into it takes
+-- FOR KEY SHARE through the foreign key); the numbers deleted, or no row
+-- when the queue does not exist or is not empty.
+WITH q AS (
+    SELECT name FROM jobq.queue WHERE name = $1 FOR UPDATE
+), live AS (
+    SELECT count(*) AS n FROM jobq.job j, q
+    WHERE j.queue = q.name AND j.status COLLATE "C" IN ('queued', 'active')
+), scheduled AS (
+    SELECT count(*) AS n FROM jobq.schedule s, q WHERE s.queue = q.name
+), ok AS (
+    SELECT q.name FROM q, live, scheduled WHERE live.n = 0 AND scheduled.n = 0
+), events AS (
+    DELETE FROM jobq.job_event e USING jobq.job j, ok
+    WHERE e.job_id = j.id AND j.queue = ok.name
+), jobs AS (
+    DELETE FROM jobq.job j USING ok WHERE j.queue = ok.name RETURNING j.id
+), gone AS (
+    DELETE FROM jobq.queue WHERE name IN (SELECT name FROM ok) RETURNING name
+)
+SELECT (SELECT name FROM q) AS queue, (SELECT n FROM live) AS live,
+       (SELECT n FROM scheduled) AS schedules, (SELECT count(*) FROM jobs) AS jobs,
+       (SELECT count(*) FROM gone) AS deleted;
+
 -- name: prune_batch
 -- Delete finished jobs in small batches (short locks; history goes with them).
 WITH doomed AS (
@@ -1484,3 +1564,63 @@ SELECT reaper_id, host, pid, started_at, last_sweep_at, sweeps, seconds_since_sw
        last_error, failing_since
 FROM jobq.reaper_status
 ORDER BY reaper_id;
+
+-- ───────────────────────────── uninstall ─────────────────────────────
+-- jobq uninstall (uninstall.py): what migrate made in this database, and
+-- the group roles where no other database uses them.
+
+-- name: uninstall_database_name
+SELECT current_database();
+
+-- name: uninstall_schema_exists
+SELECT to_regnamespace('jobq') IS NOT NULL;
+
+-- name: uninstall_job_count
+SELECT count(*) FROM jobq.job;
+
+-- name: uninstall_roles_present
+SELECT rolname FROM pg_roles WHERE rolname = ANY($1::text[]) ORDER BY rolname;
+
+-- name: uninstall_schema
+-- The schema and everything in it, then what the group roles still own or
+-- were granted in this database (the database-wide default privileges of
+-- jobq_owner, CONNECT): DROP OWNED is per database, so another database's
+-- jobq is untouched. A role the user may not act for is skipped.
+DO $$
+DECLARE
+    r text;
+BEGIN
+    DROP SCHEMA IF EXISTS jobq CASCADE;
+    FOREACH r IN ARRAY ARRAY['jobq_owner', 'jobq_producer', 'jobq_consumer', 'jobq_reaper',
+                             'jobq_reader'] LOOP
+        CONTINUE WHEN NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = r);
+        BEGIN
+            EXECUTE format('DROP OWNED BY %I', r);
+        EXCEPTION WHEN insufficient_privilege THEN
+            NULL;
+        END;
+    END LOOP;
+END $$;
+
+-- name: uninstall_roles
+-- Each group role that nothing in another database depends on (ownership
+-- or a grant there: pg_shdepend); kept otherwise, or if the user may not
+-- drop it. Logins that were members just lose the membership.
+DO $$
+DECLARE
+    r text;
+BEGIN
+    FOREACH r IN ARRAY ARRAY['jobq_owner', 'jobq_producer', 'jobq_consumer', 'jobq_reaper',
+                             'jobq_reader'] LOOP
+        CONTINUE WHEN NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = r);
+        CONTINUE WHEN EXISTS (
+            SELECT 1 FROM pg_shdepend d JOIN pg_roles ro ON ro.oid = d.refobjid
+            WHERE ro.rolname = r AND d.dbid NOT IN (0, (SELECT oid FROM pg_database
+                                                        WHERE datname = current_database())));
+        BEGIN
+            EXECUTE format('DROP ROLE %I', r);
+        EXCEPTION WHEN insufficient_privilege OR dependent_objects_still_exist THEN
+            NULL;
+        END;
+    END LOOP;
+END $$;

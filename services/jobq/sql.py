@@ -80,8 +80,20 @@ def parse(text: str) -> tuple[dict[str, str], dict[str, tuple[str, ...]], frozen
 
 
 def statements(body: str) -> list[str]:
-    """The statements of a block: split after a ``;`` that ends a line."""
-    return [p.strip() for p in re.split(r";[ \t]*\n", body) if p.strip()]
+    """The statements of a block: split after a ``;`` that ends a line,
+    outside ``$$``-quoted bodies (a ``DO`` block is one statement)."""
+    out, current = [], []
+    for i, part in enumerate(body.split("$$")):
+        if i % 2:  # inside $$ ... $$
+            current.append(f"$${part}$$")
+            continue
+        pieces = re.split(r";[ \t]*\n", part)
+        current.append(pieces[0])
+        for piece in pieces[1:]:
+            out.append("".join(current))
+            current = [piece]
+    out.append("".join(current))
+    return [p.strip() for p in out if p.strip()]
 
 
 def arity(statement: str) -> int:

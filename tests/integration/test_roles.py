@@ -72,6 +72,9 @@ def test_grants_are_exactly_the_list(db: SyncDB) -> None:
         GROUP BY 1, 2, 3, 4, p.proacl""")
     got = {(g, f["proname"]) for f in fns for g in f["grantees"] if g in GROUPS}
     assert got == FUNCTION_RIGHTS
+    # Nothing database-wide (issue #33): 0006's default privilege outlived DROP SCHEMA.
+    assert db.val("SELECT count(*) FROM pg_default_acl WHERE defaclnamespace = 0 "
+                  "AND defaclrole = 'jobq_owner'::regrole") == 0
     for f in fns:
         assert not f["public"] and not f["default_acl"], f"{f['proname']} is PUBLIC"
         assert f["owner"] == "jobq_owner", f["proname"]

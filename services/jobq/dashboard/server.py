@@ -8,7 +8,9 @@ and cancel are operator verbs, so that login must be allowed to run them
 
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 
 import asyncpg
 import uvicorn
@@ -34,6 +36,27 @@ async def _reader_role(url: str) -> str | None:
     return "jobq_reader" if member else None
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """The listening socket, or ConfigError naming the fix (uvicorn's own
+    error was logged after our start line, and exited 3)."""
+    if not 0 < port < 65536:
+        raise ConfigError(f"--port {port} is not a TCP port (1-65535)")
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        in_use = exc.errno == errno.EADDRINUSE
+        reason = "is in use" if in_use else f"cannot be used ({exc.strerror})"
+        raise ConfigError(f"port {port} on {host} {reason}: choose another with --port, or "
+                          "--host") from None
+    sock.setblocking(False)
+    return sock
+
+
 async def serve(settings: Settings, host: str, port: int, allow_actions: bool,
                 refresh_s: int = 5) -> None:
     token = settings.dashboard_token.get_secret_value() if settings.dashboard_token else None
@@ -42,6 +65,7 @@ async def serve(settings: Settings, host: str, port: int, allow_actions: bool,
     if settings.dashboard_signin_to_view and not token:
         raise ConfigError("JOBQ_DASHBOARD_SIGNIN_TO_VIEW needs JOBQ_DASHBOARD_TOKEN: operators "
                           "sign in with it")
+    sock = listen(host, port)  # before anything else: a taken port is one clear line
     role = await _reader_role(settings.database_url)
     pooled = settings.database_pooled
     read = await open_pool(settings.database_url, wait=False, app_name="jobq-dashboard",
@@ -59,8 +83,9 @@ async def serve(settings: Settings, host: str, port: int, allow_actions: bool,
                  ", actions on" if allow_actions else ", read-only")
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                                access_log=False, lifespan="off"))
-        await server.serve()
+        await server.serve(sockets=[sock])
     finally:
+        sock.close()
         await read.close()
         if act is not None:
             await act.close()
