@@ -61,6 +61,9 @@ def _install(sub: Any) -> None:
         "several places at once. Creates the group roles jobq_owner, jobq_producer, "
         "jobq_consumer, jobq_reaper and jobq_reader if missing (needs CREATEROLE then), and "
         "needs CREATE on the database the first time; an up-to-date schema needs neither.")
+    mig.add_argument("--create-database", action="store_true",
+                     help="first create the database of JOBQ_DATABASE_URL if it does not exist "
+                     "(connecting to the server's postgres database)")
     mig.add_argument("--declare", action="store_true",
                      help="then declare the broker topology, as `jobq declare` does")
     dec = sub.add_parser(

@@ -34,6 +34,8 @@ async def _migrate(settings: Settings, args: argparse.Namespace) -> None:
     from jobq import migrate
     from jobq.db import open_pool, translated
 
+    if args.create_database:
+        await migrate.create_database(settings.session_url)
     # A direct session: the migration lock is a session advisory lock.
     pool = await open_pool(settings.session_url, wait=False, app_name="jobq-migrate",
                            check_schema=False)

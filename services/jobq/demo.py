@@ -63,7 +63,9 @@ async def _produce(rate: float, count: int | None) -> None:
             if kind < 0.6:
                 job = NewJob("echo", {"n": sent})
             elif kind < 0.85:
-                job = NewJob("sleep", {"seconds": round(random.uniform(0.5, 20), 1)})
+                # 25 % of 5 jobs/s at 2.75 s each: ~3.4 of the demo's 8 slots busy,
+                # so it keeps up (sleeps up to 20 s once made its backlog grow forever)
+                job = NewJob("sleep", {"seconds": round(random.uniform(0.5, 5), 1)})
             elif kind < 0.99:
                 job = NewJob("flaky", {"fail_times": random.randint(1, 3)})
             else:
@@ -78,6 +80,10 @@ async def _produce(rate: float, count: int | None) -> None:
         await client.close()
 
 
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> None:
     import argparse
 
@@ -90,7 +96,11 @@ def main() -> None:
     p.add_argument("--count", type=int, default=None, help="stop after this many")
     args = p.parse_args()
     logs.setup("INFO")
-    asyncio.run(_produce(args.rate, args.count))
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        asyncio.run(_produce(args.rate, args.count))
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: stop publishing, quietly
+        pass
 
 
 if __name__ == "__main__":

@@ -108,6 +108,36 @@ async def _as_owner(conn: asyncpg.Connection | PooledConnection) -> None:
         await conn.execute("SET LOCAL ROLE jobq_owner")
 
 
+async def create_database(url: str) -> bool:
+    """Create the database ``url`` names, if missing, from the server's
+    ``postgres`` database; True if it was created."""
+    from urllib.parse import unquote, urlsplit, urlunsplit
+
+    from jobq.db import connect_once, execute, fetchval
+    from jobq.sql import Q
+
+    parts = urlsplit(url)
+    name = unquote(parts.path.lstrip("/"))
+    if not name or name == "postgres":
+        return False
+    with translated():
+        pool = await connect_once(urlunsplit(parts._replace(path="/postgres")), max_size=1,
+                                  app_name="jobq-migrate", check_schema=False)
+        try:
+            if await fetchval(pool, Q["database_exists"], name):
+                return False
+            await execute(pool, await fetchval(pool, Q["create_database_statement"], name))
+        except asyncpg.exceptions.DuplicateDatabaseError:
+            return False  # another migrate made it just now
+        except asyncpg.exceptions.InsufficientPrivilegeError as exc:
+            raise ConfigError(f"database {name!r} does not exist and this login may not create "
+                              "it: create it (createdb) or grant CREATEDB") from exc
+        finally:
+            await pool.close()
+    log.info("created database %s", name)
+    return True
+
+
 async def pending(conn: asyncpg.Connection | PooledConnection) -> list[Migration]:
     """Migrations not recorded yet (all of them on an empty database); warns
     of a recorded one whose file changed (it is not re-run)."""

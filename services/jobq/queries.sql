@@ -1565,6 +1565,16 @@ SELECT reaper_id, host, pid, started_at, last_sweep_at, sweeps, seconds_since_sw
 FROM jobq.reaper_status
 ORDER BY reaper_id;
 
+-- ───────────────────────────── install ─────────────────────────────
+-- jobq migrate --create-database: run on the server's maintenance database.
+
+-- name: database_exists
+SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1);
+
+-- name: create_database_statement
+-- CREATE DATABASE takes no parameters: the server quotes the name.
+SELECT format('CREATE DATABASE %I', $1::text);
+
 -- ───────────────────────────── uninstall ─────────────────────────────
 -- jobq uninstall (uninstall.py): what migrate made in this database, and
 -- the group roles where no other database uses them.
