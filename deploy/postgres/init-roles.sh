@@ -7,11 +7,11 @@
 # environment; the defaults are for a laptop only.
 set -eu
 psql -v ON_ERROR_STOP=1 --username "$POSTGRES_USER" --dbname "$POSTGRES_DB" \
-  -v migrate_pw="${JOBQ_MIGRATE_DB_PASSWORD:-migrate-dev}" \
-  -v producer_pw="${JOBQ_PRODUCER_DB_PASSWORD:-producer-dev}" \
-  -v consumer_pw="${JOBQ_CONSUMER_DB_PASSWORD:-consumer-dev}" \
-  -v reaper_pw="${JOBQ_REAPER_DB_PASSWORD:-reaper-dev}" \
-  -v reader_pw="${JOBQ_READER_DB_PASSWORD:-reader-dev}" <<'SQL'
+  -v migrate_pw="${DB_MIGRATE_PASSWORD:-migrate-dev}" \
+  -v producer_pw="${DB_PRODUCER_PASSWORD:-producer-dev}" \
+  -v consumer_pw="${DB_CONSUMER_PASSWORD:-consumer-dev}" \
+  -v reaper_pw="${DB_REAPER_PASSWORD:-reaper-dev}" \
+  -v reader_pw="${DB_READER_PASSWORD:-reader-dev}" <<'SQL'
 CREATE ROLE jobq_owner NOLOGIN;
 CREATE ROLE jobq_producer NOLOGIN;
 CREATE ROLE jobq_consumer NOLOGIN;

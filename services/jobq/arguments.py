@@ -158,7 +158,8 @@ def _publishing(sub: Any) -> None:
                           "as JSON (null if its handler returned None); exit 1 with the "
                           "reason if it failed or was cancelled, or after --timeout.")
     wait.add_argument("id", metavar="ID")
-    wait.add_argument("--timeout", type=float, default=None, metavar="SECONDS")
+    wait.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                      help="give up after this long (exit 1; the job goes on)")
 
 
 def _queues(sub: Any) -> None:

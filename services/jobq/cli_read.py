@@ -55,7 +55,9 @@ async def stats(settings: Settings) -> None:
     out = []
     for r in await admin_call(settings, "stats"):
         d = dict(r)
-        d["oldest_queued_s"] = round(d["oldest_queued_s"], 1) if d["oldest_queued_s"] else 0
+        # No job waiting: no wait to show (0 read as "jobs start at once"), as the dashboard
+        d["oldest_queued_s"] = ("–" if d["oldest_queued_s"] is None
+                                else round(d["oldest_queued_s"], 1))
         if d["stalled"]:
             d["stalled"] = f"{d['stalled']} (!)"
         d["paused"] = "PAUSED" if d["paused"] else ""

@@ -47,8 +47,11 @@ async def republish_lost(pool: asyncpg.Pool, broker: Broker, after_s: float) -> 
         total += n
         metrics.SWEEP_ROWS.labels("republished_lost").inc(n)
         if n:
-            why = "broker queue empty" if empty else "jobs published after them have started"
-            log.warning("queue %s: %s but %d published job(s) waited over %.0fs; their "
-                        "messages were lost: republishing", queue, why, n, after_s,
-                        extra=fields(event="republish_lost", queue=queue))
+            # What the check knows, not more: usually a consumer crashed with
+            # these ids prefetched, not a broker fault. Not an alarm.
+            why = ("its broker queue is empty" if empty
+                   else "jobs published after them have started")
+            log.info("queue %s: %d job(s) published over %.0fs ago have not started and %s; "
+                     "republishing their ids (a consumer drops a duplicate)", queue, n,
+                     after_s, why, extra=fields(event="republish_lost", queue=queue))
     return total

@@ -708,11 +708,18 @@ WITH marked AS (
       AND j.status COLLATE "C" = 'active'
       AND j.lease_expires_at > now()
       AND q.name = j.queue
-    RETURNING j.id, j.worker_id, j.attempts, q.history
-), logged AS (
+    RETURNING j.id, j.worker_id, j.attempts, j.stalls, j.suspect_stalls, q.history
+), logged AS (  -- why it is a suspect, as requeue_lapsed and child_died decided it
     INSERT INTO jobq.job_event (job_id, event, worker_id, attempt, detail)
     SELECT id, 'isolated', worker_id, attempts,
-           'suspect (present at two crashes): runs isolated, one suspect per worker'
+           format('suspect (%s): runs isolated, one suspect per worker',
+                  CASE WHEN suspect_stalls >= 2
+                       THEN format('present at %s crashes of workers running it with others',
+                                   suspect_stalls)
+                       WHEN stalls >= 1
+                       THEN format('%s crash(es) charged to it: a worker running it alone, '
+                                   'or its child process, died', stalls)
+                       ELSE 'its handler''s process died' END)
     FROM marked WHERE history
 )
 SELECT id FROM marked;
@@ -1084,7 +1091,7 @@ RETURNING w.worker_id;
 -- grant: jobq_consumer
 -- Graceful stop: the worker released its leases; nothing to shorten. Only
 -- from the worker's own registry session.
-UPDATE jobq.worker SET vanished_at = now()
+UPDATE jobq.worker SET vanished_at = now(), drained = true
 WHERE worker_id = $1 AND backend_pid = pg_backend_pid();
 
 -- name: worker_pool
@@ -1551,7 +1558,7 @@ FROM jobq.job
 WHERE id = $1;
 
 -- name: dash_workers
-SELECT w.worker_id, w.host, w.pid, w.started_at, w.last_seen_at, w.vanished_at,
+SELECT w.worker_id, w.host, w.pid, w.started_at, w.last_seen_at, w.vanished_at, w.drained,
        extract(epoch FROM now() - w.last_seen_at)::float8 AS silent_s,
        (SELECT count(*) FROM jobq.job j WHERE j.worker_id = w.worker_id
           AND j.status = 'active') AS jobs

@@ -160,3 +160,38 @@ def test_retry_from_the_failed_page_and_payloads_shown_as_text(
     assert ("retried", "by alice (dashboard)") in [(h["event"], h["detail"]) for h in history]
     assert bg(db.val, "SELECT status FROM jobq.job WHERE id = $1", jid) == "completed"
     page.close()
+
+
+def test_lookup_box_and_drained_consumers_apart_from_vanished_ones(
+        browser: Any, dashboard: str, db: SyncDB, procs: Procs, settings: Any) -> None:
+    """Issue #33: a box finds a job by id (an unknown id is a 404 page), and a
+    consumer stopped by SIGTERM shows as drained while a SIGKILLed one shows
+    red as vanished."""
+    from playwright.sync_api import expect
+
+    drained = procs.consumer("--queue", "work")
+    drained_id = bg(drained.worker_id)
+    killed = procs.consumer("--queue", "work")
+    killed_id = bg(killed.worker_id)
+    procs.reaper()
+    (jid,) = bg(publish, settings, "work", [{}])
+    drained.signal(signal.SIGTERM)
+    killed.signal(signal.SIGKILL)
+    bg(wait_until, lambda: db.val("SELECT count(*) FROM jobq.worker WHERE vanished_at "
+                                  "IS NOT NULL") == 2, 20, "both consumers to be gone")
+    page = browser.new_page()
+    page.goto(dashboard + "/workers")
+    expect(page.locator("td.drained")).to_have_count(1)
+    expect(page.locator("td.vanished")).to_have_count(1)
+    rows = page.locator("#workers tr")
+    assert "drained" in rows.filter(has_text=drained_id).inner_text()
+    assert "vanished" in rows.filter(has_text=killed_id).inner_text()
+
+    page.fill("#find", str(jid))
+    page.press("#find", "Enter")
+    expect(page.locator("#status")).to_be_visible()
+    assert page.url.endswith(f"/job/{jid}")
+    assert http(f"{dashboard}/find?id=00000000-0000-0000-0000-000000000000")[0] == 404
+    assert http(f"{dashboard}/find?id=nonsense")[0] == 404
+    assert http(f"{dashboard}/job/00000000-0000-0000-0000-000000000000")[0] == 404
+    page.close()

@@ -271,3 +271,15 @@ def test_grafana_dashboard_uses_only_metrics_jobq_exports() -> None:
         for target in panel["targets"]:
             used |= set(re.findall(r"\bjobq_[a-z_]+", target["expr"]))
     assert used and used <= exported, used - exported
+
+
+def test_compose_variables_are_not_taken_for_jobq_settings() -> None:
+    """Issue #33: compose.yaml told users to set JOBQ_*_DB_PASSWORD, and then
+    every `jobq` command in that shell refused to run (an unknown JOBQ_
+    setting). The variables a user sets for compose must not look like jobq's."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "compose.yaml").read_text()
+    wanted = set(re.findall(r"\$\{([A-Z0-9_]+)", text))
+    assert wanted and not {v for v in wanted if v.startswith("JOBQ_")}, wanted

@@ -95,3 +95,22 @@ def test_a_consumer_refuses_queues_its_app_has_no_handler_for() -> None:
         Consumer(apps.app, Settings(), ["nope"])
     with pytest.raises(Exception, match="--pool process needs the app"):
         Consumer(apps.app, Settings(consumer={"pool": "process"}), ["proc"])
+
+
+def test_every_verb_says_what_it_does_and_every_flag_has_help() -> None:
+    """Issue #33: several subcommands had no help text."""
+    import argparse
+
+    from jobq.arguments import parser
+
+    def walk(p: argparse.ArgumentParser, path: str) -> list[str]:
+        missing = [] if p.description else [f"{path}: no description"]
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    missing += walk(sub, f"{path} {name}")
+            elif action.option_strings and not action.help and action.dest != "help":
+                missing.append(f"{path} {action.option_strings[0]}: no help")
+        return missing
+
+    assert walk(parser(), "jobq") == []

@@ -125,6 +125,23 @@ class Dashboard:
                           runs=sum(1 for e in events if e["event"] == "claimed"),
                           message=DONE.get(request.query_params.get("done", ""), ""))
 
+    async def find(self, request: Request) -> Response:
+        """The header's lookup box: a job id (or a workflow's) to its page."""
+        if gate := self._viewer(request):
+            return gate
+        text = request.query_params.get("id", "").strip()
+        try:
+            wanted = uuid.UUID(text)
+        except ValueError:
+            return self._page(request, "missing.html", refresh=False, status=404,
+                              what=f"{text[:80]!r} is not a job id (a UUID)")
+        if await fetch(self.read, Q["dash_job"], wanted):
+            return RedirectResponse(f"/job/{wanted}", status_code=303)
+        if await fetch(self.read, Q["workflow_jobs"], wanted):
+            return RedirectResponse(f"/workflow/{wanted}", status_code=303)
+        return self._page(request, "missing.html", refresh=False, status=404,
+                          what=f"no job or workflow {wanted}")
+
     async def workflow(self, request: Request) -> Response:
         if gate := self._viewer(request):
             return gate
@@ -234,7 +251,7 @@ def make_app(dash: Dashboard) -> Starlette:
     return Starlette(routes=[
         Route("/", dash.queues), Route("/running", dash.running),
         Route("/stalled", dash.stalled), Route("/failed", dash.failed),
-        Route("/job/{id}", dash.job), Route("/workers", dash.workers),
+        Route("/job/{id}", dash.job), Route("/workers", dash.workers), Route("/find", dash.find),
         Route("/workflow/{id:uuid}", dash.workflow),
         Route("/signin", dash.signin, methods=["GET", "POST"]),
         Route("/signout", dash.signout, methods=["POST"]),

@@ -157,12 +157,13 @@ class Consumer:
         renewer = asyncio.create_task(self._heartbeat.loop(), name="jobq-heartbeat")
         lag = asyncio.create_task(metrics.watch_loop_lag())
         intake = asyncio.create_task(self.intake.loop(), name="jobq-intake")
-        stop_intake = await self.broker.consume(
-            self.queues, self.intake.on_message, self.cfg.prefetch or self.concurrency)
-        self.ready.set()
+        # Said before the first delivery, which may run a job at once.
         log.info("consumer ready", extra=fields(
             worker=self.worker_id, queues=",".join(self.queues), concurrency=self.concurrency,
             pool=self.cfg.pool))
+        stop_intake = await self.broker.consume(
+            self.queues, self.intake.on_message, self.cfg.prefetch or self.concurrency)
+        self.ready.set()
         stopper = asyncio.create_task(self._stop.wait())
         finishing = asyncio.create_task(self._completer.watch())
         assert self.registry is not None

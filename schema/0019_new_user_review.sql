@@ -8,3 +8,9 @@
 -- fails on any jobq function PUBLIC may run.
 ALTER DEFAULT PRIVILEGES FOR ROLE jobq_owner GRANT EXECUTE ON FUNCTIONS TO PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA jobq FROM PUBLIC;
+
+-- A consumer stopped by SIGTERM drains, releases its jobs and says so
+-- (worker_gone); one that died is found by the reapers (workers_vanished).
+-- Both set vanished_at; drained tells them apart, so the dashboard no longer
+-- paints a clean stop red like a crash.
+ALTER TABLE jobq.worker ADD COLUMN drained boolean NOT NULL DEFAULT false;
