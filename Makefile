@@ -7,13 +7,14 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: help test lint run install bench clean
+.PHONY: help test lint run install bench docs clean
 
 help:  ## what each target does
 	@echo "make install  create .venv with jobq and what it needs to run (no test tools)"
 	@echo "make test     also install the test extras, then run the suite"
 	@echo "make lint     ruff and mypy --strict (CI runs it before the tests)"
 	@echo "make run      migrate, then a reaper and two consumers of the demo app"
+	@echo "make docs     regenerate the reference pages and build the site (site/) with --strict"
 	@echo "make bench    every benchmark (bench/run.py --all, ~25 min)"
 	@echo "make clean    remove .venv"
 	@echo "Needs Python >= 3.11, PostgreSQL and RabbitMQ on 127.0.0.1 (README)."
@@ -41,14 +42,18 @@ test: $(VENV)/.installed
 	$(PY) -m pytest -m exclusive $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check services tests harness bench examples
+	$(VENV)/bin/ruff check services tests harness bench examples docs/generate.py schema/dump.py
 	$(VENV)/bin/mypy
 
 run: $(VENV)/.runtime
 	PATH="$(abspath $(VENV))/bin:$$PATH" exec bash deploy/run-local.sh
 
+docs: $(VENV)/.installed
+	$(PY) docs/generate.py
+	$(VENV)/bin/mkdocs build --strict --quiet
+
 bench: $(VENV)/.installed
 	$(PY) bench/run.py --all
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache site

@@ -54,11 +54,15 @@ async def _produce(rate: float, count: int | None) -> None:
     from jobq.producer import Client, NewJob
     from jobq.settings import Settings
 
+    stop = asyncio.Event()  # Ctrl-C or SIGTERM: finish the publish under way, close, exit
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
     client = Client(Settings())
     await client.connect(wait=True)
     sent = 0
     try:
-        while count is None or sent < count:
+        while (count is None or sent < count) and not stop.is_set():
             kind = random.random()
             if kind < 0.6:
                 job = NewJob("echo", {"n": sent})
@@ -75,13 +79,12 @@ async def _produce(rate: float, count: int | None) -> None:
                 sent += 1
             except Exception as exc:  # keep trickling through outages
                 log.warning("demo producer: publish failed: %s", exc)
-            await asyncio.sleep(1 / rate)
+            try:
+                await asyncio.wait_for(stop.wait(), 1 / rate)
+            except TimeoutError:
+                pass
     finally:
         await client.close()
-
-
-def _interrupt(*_: object) -> None:
-    raise KeyboardInterrupt
 
 
 def main() -> None:
@@ -90,17 +93,13 @@ def main() -> None:
     from jobq import logs
 
     p = argparse.ArgumentParser(description="Publish a steady trickle of demo jobs: mostly "
-                                "echo, some long sleeps, some that fail a few times, and "
+                                "echo, some sleeps, some that fail a few times, and "
                                 "now and then one that kills its consumer once.")
     p.add_argument("--rate", type=float, default=5.0, help="jobs per second (default 5)")
     p.add_argument("--count", type=int, default=None, help="stop after this many")
     args = p.parse_args()
     logs.setup("INFO")
-    signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        asyncio.run(_produce(args.rate, args.count))
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: stop publishing, quietly
-        pass
+    asyncio.run(_produce(args.rate, args.count))
 
 
 if __name__ == "__main__":

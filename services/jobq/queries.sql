@@ -30,6 +30,31 @@
 -- queued) made claims walk job_queued_idx (15,658 rows read for 10 claims) and
 -- completions walk job_active_idx's dead entries: drain fell from ~3,000 to
 -- ~1,700 jobs/s. tests/integration/test_plans.py holds every such statement to it.
+--
+-- Contents (written by docs/generate.py; tests/unit/test_docs.py keeps it true):
+--   publish: enqueue_many, enqueue_many_traced, trace_of, enqueue_linked, held_back,
+--       queue_limits, mark_published, mark_republished, relay_take, relay_defer, relay_mark
+--   claim and run: claim, claim_plain, claim_recover, claim_misses, renew
+--   run and finish: complete, finished_by, progress, parents, step_get, step_record, watch,
+--       fail, release
+--   reap: requeue_lapsed, isolate, child_died, quarantine, lost_candidates, lost_horizon,
+--       unpublish_lost, unpark, unpark_freed, schedules_due, schedule_fire, schedule_set,
+--       schedule_upsert, schedule_skip, db_now, schedule_list, schedule_delete, next_deadline_s
+--   workers: worker_lock, worker_register, worker_gone, worker_pool, workers_vanished,
+--       workers_prune, lease_lost_event
+--   operator verbs: cancel, retry_failed, cancel_queue_batch, retry_queue_batch,
+--       queue_job_counts, queue_delete, prune_batch, prune_count, prune_expired,
+--       key_rate_prune, history
+--   reapers: reaper_register, reaper_swept, reaper_failed, reaper_gone, overdue
+--   queues: queue_ensure, queue_list, queue_update, queue_pause, queue_resume, key_stats,
+--       queue_limits_get, queue_limits_set
+--   inspect: stats, job_status, job_get, job_links, job_steps, workflow_jobs, workflow_cancel
+--   dashboard: dash_queues, dash_throughput, dash_running, dash_stalled, dash_failed, dash_job,
+--       dash_workers, dash_reapers
+--   install: database_exists, create_database_statement
+--   uninstall: uninstall_database_name, uninstall_schema_exists, uninstall_job_count,
+--       uninstall_roles_present, uninstall_schema, uninstall_roles
+-- (end of contents)
 
 -- ───────────────────────────── publish ─────────────────────────────
 
@@ -165,6 +190,8 @@ WITH marked AS (
 )
 INSERT INTO jobq.job_event (job_id, event, detail)
 SELECT id, 'published', 'by the reaper relay' FROM marked WHERE history;
+
+-- ───────────────────────────── claim and run ─────────────────────────────
 
 -- name: claim
 -- grant: jobq_consumer
@@ -444,6 +471,8 @@ WITH renewed AS (
 )
 SELECT id FROM renewed;
 
+-- ───────────────────────────── run and finish ─────────────────────────────
+
 -- name: complete
 -- grant: jobq_consumer
 -- plan: generic
@@ -599,6 +628,8 @@ WITH released AS (
     SELECT id, 'released', worker_id, attempts, $3 FROM released WHERE history
 )
 SELECT id, queue, lock FROM released;
+
+-- ───────────────────────────── reap ─────────────────────────────
 
 -- name: requeue_lapsed
 -- The reaper's half of the lease. SKIP LOCKED makes reapers symmetric peers:
@@ -1053,6 +1084,8 @@ SELECT extract(epoch FROM least(
            (SELECT min(next_run_at) FROM jobq.schedule WHERE enabled)
        ) - now())::float8 AS seconds;
 
+-- ───────────────────────────── workers ─────────────────────────────
+
 -- name: worker_lock
 -- A session-level advisory lock held for the worker's life on its registry
 -- connection; it vanishes with the session.
@@ -1147,6 +1180,8 @@ INSERT INTO jobq.job_event (job_id, event, worker_id, attempt, detail)
 SELECT j.id, 'lease_lost', j.worker_id, j.attempts, $3
 FROM jobq.job j JOIN jobq.queue q ON q.name = j.queue
 WHERE j.id = $1 AND j.lock = $2 AND q.history;
+
+-- ───────────────────────────── operator verbs ─────────────────────────────
 
 -- name: cancel
 -- queued -> cancelled at once; active -> cancelled, and the worker learns it
@@ -1313,6 +1348,8 @@ SELECT n, at, event, worker_id, attempt, detail
 FROM jobq.history
 WHERE job_id = $1
 ORDER BY at, n;
+
+-- ───────────────────────────── reapers ─────────────────────────────
 
 -- name: reaper_register
 INSERT INTO jobq.reaper (reaper_id, host, pid) VALUES ($1, $2, $3)

@@ -44,6 +44,7 @@ def _check_port(url: str, what: str) -> None:
 class ConsumerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    # Jobs one consumer process runs at once (also --concurrency).
     concurrency: int = Field(default=4, ge=1, le=10_000)
     # Unacked messages the broker may push ahead of free slots. A message waits
     # unacked (so it is redelivered if we die) until a slot frees up.
@@ -81,6 +82,7 @@ class ReaperSettings(BaseModel):
     # Added to a deadline before waking, so the lease has surely lapsed by the
     # database clock when the sweep runs.
     wake_slack_s: float = Field(default=0.05, ge=0, le=5)
+    # Rows one sweep statement requeues, relays or unparks at most.
     batch_size: int = Field(default=500, ge=1, le=100_000)
     # Lost-message check: every lost_check_s, rows of a queue published over
     # republish_after_s before now (its broker queue empty) or before a job
@@ -111,6 +113,8 @@ class Settings(BaseSettings):
         extra="forbid",
     )
 
+    # PostgreSQL; several hosts (a primary and standbys) as
+    # h1:5432,h2:5432/db?target_session_attrs=read-write.
     database_url: str = "postgresql://postgres@127.0.0.1:5432/postgres"
     # JOBQ_DATABASE_URL goes through a transaction-pooling proxy (PgBouncer
     # pool_mode=transaction): no prepared statement is kept between
@@ -120,6 +124,7 @@ class Settings(BaseSettings):
     # needs one: the consumer's registry lock and renewals, LISTEN (reaper
     # wake-ups, client.result), migrate's lock. Unset: JOBQ_DATABASE_URL.
     direct_database_url: str | None = None
+    # RabbitMQ; several, comma-separated: a cluster's nodes (amqps:// for TLS).
     amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/"
     # AMQP heartbeat (unless the URL sets ?heartbeat=). Short on purpose: a
     # frozen consumer keeps the messages it prefetched until the broker
@@ -131,8 +136,11 @@ class Settings(BaseSettings):
     namespace: str = Field(default="jobq", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     # Serve /healthz and /readyz on this port (consume and reap); unset = off.
     health_port: int | None = Field(default=None, ge=0, le=65535)
+    # The address they listen on (127.0.0.1 keeps them local).
     health_host: str = "0.0.0.0"
+    # DEBUG, INFO, WARNING or ERROR.
     log_level: str = "INFO"
+    # One JSON object per line instead of key=value text.
     log_json: bool = False
     # The services' event loop: uvloop when it is installed (jobq[fast]),
     # or asyncio's own; "asyncio" rules uvloop out (a comparison, a suspect).

@@ -1,4 +1,4 @@
-"""docs/frameworks.md runs as written (issue #32): its blocks that name a file
+"""docs/how-to/frameworks.md runs as written (issue #32): its blocks that name a file
 under examples/ are that file, verbatim; the Django project's view enqueues
 inside transaction.atomic() (a signup and its job commit together, a bad one
 leaves neither) and a consumer of its tasks runs the job; the FastAPI app's
@@ -20,7 +20,7 @@ import pytest
 from harness.helpers import Procs, SyncDB, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGE = ROOT / "docs" / "frameworks.md"
+PAGE = ROOT / "docs" / "how-to" / "frameworks.md"
 
 
 def blocks() -> dict[str, str]:
@@ -45,7 +45,7 @@ def test_blocks_naming_example_files_are_those_files() -> None:
     named = {k: v for k, v in blocks().items() if k.startswith("examples/")}
     assert len(named) == 3
     for path, text in named.items():
-        assert (ROOT / path).read_text() == text, f"{path} and docs/frameworks.md differ"
+        assert (ROOT / path).read_text() == text, f"{path} and docs/how-to/frameworks.md differ"
 
 
 def test_django_view_enqueues_in_its_transaction_and_the_job_runs(

@@ -156,14 +156,15 @@ class Consumer:
         assert self._heartbeat is not None and self.intake is not None
         renewer = asyncio.create_task(self._heartbeat.loop(), name="jobq-heartbeat")
         lag = asyncio.create_task(metrics.watch_loop_lag())
-        intake = asyncio.create_task(self.intake.loop(), name="jobq-intake")
-        # Said before the first delivery, which may run a job at once.
-        log.info("consumer ready", extra=fields(
-            worker=self.worker_id, queues=",".join(self.queues), concurrency=self.concurrency,
-            pool=self.cfg.pool))
         stop_intake = await self.broker.consume(
             self.queues, self.intake.on_message, self.cfg.prefetch or self.concurrency)
         self.ready.set()
+        log.info("consumer ready", extra=fields(
+            worker=self.worker_id, queues=",".join(self.queues), concurrency=self.concurrency,
+            pool=self.cfg.pool))
+        # Deliveries wait in the intake's inbox until here: no job runs before
+        # the line above says the consumer is ready.
+        intake = asyncio.create_task(self.intake.loop(), name="jobq-intake")
         stopper = asyncio.create_task(self._stop.wait())
         finishing = asyncio.create_task(self._completer.watch())
         assert self.registry is not None

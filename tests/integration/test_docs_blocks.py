@@ -1,0 +1,190 @@
+"""Every code block of the README and docs/ runs as written (issues #13, #34):
+Python blocks are named after the file they are (`# name.py`) and run
+(against real services where they publish); SQL blocks run on a migrated
+database (in a transaction rolled back; `'…'` stands for a value of yours and
+is replaced by one); each `jobq …` line of a shell block parses with the
+real argument parser; the tutorial's shell blocks run, in order, as one
+script: a consumer SIGKILLed mid-job and its job running again.
+docs/how-to/frameworks.md's blocks: tests/integration/test_examples.py."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.helpers import SyncDB, wait_until
+from jobq.arguments import parser
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+PLACEHOLDER_ID = "00000000-0000-0000-0000-000000000000"
+
+
+def blocks(page: Path, lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", page.read_text(), re.S)
+
+
+def python_blocks(page: Path) -> dict[str, str]:
+    named = {}
+    for b in blocks(page, "python"):
+        first = b.splitlines()[0]
+        assert first.startswith("# ") and first.endswith(".py"), f"{page}: unnamed {first!r}"
+        named[first[2:]] = b
+    return named
+
+
+def _write(tmp: Path, page: str, *names: str) -> dict[str, str]:
+    found = python_blocks(ROOT / page)
+    for n in names:
+        (tmp / n).write_text(found[n])
+    return found
+
+
+def _run(env: dict[str, str], tmp: Path, *argv: str, timeout: float = 60) -> str:
+    out = subprocess.run([sys.executable, *argv], env={
+        **env, "PYTHONPATH": f"{tmp}{os.pathsep}{env['PYTHONPATH']}"}, cwd=tmp,
+        capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
+def test_every_python_block_is_named_and_each_is_tested() -> None:
+    named = {p.relative_to(ROOT).as_posix(): sorted(python_blocks(p)) for p in PAGES}
+    assert {k: v for k, v in named.items() if v} == {
+        "README.md": ["myapp.py", "publish_example.py"],
+        "docs/how-to/flow-control.md": ["flow_example.py"],
+        "docs/how-to/frameworks.md": sorted([
+            "handles_example.py", "examples/django_project/signup/views.py",
+            "examples/django_project/signup/tasks.py", "psycopg_example.py",
+            "sqlalchemy_example.py", "examples/fastapi_app/main.py"]),
+        "docs/how-to/handlers.md": ["myapp.py", "publish_example.py"],
+        "docs/how-to/workflows.md": ["workflow_example.py"],
+    }
+
+
+def test_the_readme_handlers_and_publish_script(tmp_path: Path, env: dict[str, str],
+                                                db: SyncDB) -> None:
+    _write(tmp_path, "README.md", "myapp.py", "publish_example.py")
+    out = _run(env, tmp_path, "-c", "import myapp; print(sorted(myapp.app.handlers))")
+    assert out.strip() == "['emails', 'thumbnails']"
+    printed = _run(env, tmp_path, "publish_example.py").split()
+    assert len(printed) == 5 and all(uuid.UUID(p) for p in printed)  # plain ids
+    assert db.val("SELECT count(*) FROM jobq.job WHERE queue = 'emails'") == 5
+    assert db.val("SELECT count(*) FROM jobq.job WHERE idempotency_key = 'order-42'") == 1
+
+
+def test_the_handlers_page_runs_as_written(tmp_path: Path, env: dict[str, str],
+                                          db: SyncDB) -> None:
+    _write(tmp_path, "docs/how-to/handlers.md", "myapp.py", "publish_example.py")
+    out = _run(env, tmp_path, "-c", "import myapp; print(sorted(myapp.app.handlers))")
+    assert out.strip() == "['emails', 'thumbnails']"
+    _run(env, tmp_path, "publish_example.py")
+    assert db.val("SELECT count(*) FROM jobq.job WHERE queue = 'emails'") == 6
+    assert db.val("SELECT count(*) FROM jobq.job WHERE idempotency_key = 'order-42'") == 1
+
+
+def test_the_flow_control_script_runs_as_written(tmp_path: Path, env: dict[str, str],
+                                                 db: SyncDB) -> None:
+    _write(tmp_path, "docs/how-to/flow-control.md", "flow_example.py")
+    _run(env, tmp_path, "flow_example.py")
+    assert db.val("SELECT priority FROM jobq.job WHERE queue = 'reports'") == 5
+    assert db.val("SELECT count(*) FROM jobq.job WHERE key = 'tenant-42'") == 3
+    assert db.val("SELECT payload->>'q' FROM jobq.job WHERE queue = 'search'") == "job"
+    assert db.val("SELECT count(*) FROM jobq.job WHERE queue = 'search'") == 1
+
+
+def test_the_workflow_example_publishes_and_runs_as_written(
+        tmp_path: Path, env: dict[str, str], db: SyncDB, procs: Any) -> None:
+    _write(tmp_path, "docs/how-to/workflows.md", "workflow_example.py")
+    _run(env, tmp_path, "workflow_example.py")
+    procs.reaper()
+    procs.start("consume", "workflow_example:app",
+                PYTHONPATH=f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}")
+    wait_until(lambda: db.val("SELECT count(*) FROM jobq.job WHERE status = 'completed'") == 4,
+               30, "the workflow's four steps")
+    result = db.val("SELECT result FROM jobq.job WHERE queue = 'checkout'")
+    assert '"charge": "ch_1"' in result and "2-small.png" in result
+    assert db.val("SELECT count(*) FROM jobq.job_step WHERE name = 'charge'") == 1
+
+
+def test_every_sql_block_runs_on_a_migrated_database(db: SyncDB) -> None:
+    name = db.val("SELECT current_database()")
+    ran = 0
+    for page in PAGES:
+        for block in blocks(page, "sql"):
+            text = (block.replace("'…'", f"'{PLACEHOLDER_ID}'")
+                    .replace("DATABASE app ", f"DATABASE {name} "))
+            db.execute("BEGIN")  # a block's statements build on each other
+            try:
+                for statement in (s for s in re.split(r";\s*(?:--[^\n]*)?\n", text)
+                                  if s.strip()):
+                    try:
+                        db.execute(statement)
+                    except Exception as exc:
+                        raise AssertionError(f"{page.name}: {statement!r}: {exc}") from exc
+                    ran += 1
+            finally:
+                db.execute("ROLLBACK")
+    assert ran >= 15
+
+
+def _jobq_lines() -> list[tuple[str, str]]:
+    out = []
+    for page in PAGES:
+        for block in blocks(page, "sh"):
+            for line in block.splitlines():
+                command = line.split(" #")[0].strip().removeprefix("$ ")
+                command = re.sub(r"^(JOBQ_\w+=\S+ )+", "", command)
+                command = re.sub(r"^[A-Z_]+=\$\((jobq .*)\)$", r"\1", command)
+                if command.startswith("jobq ") and "…" not in command:
+                    out.append((page.name, command.removesuffix(" &")))
+    return out
+
+
+@pytest.mark.parametrize(("page", "command"), _jobq_lines())
+def test_every_jobq_command_line_parses(page: str, command: str) -> None:
+    words = []
+    for w in shlex.split(command)[1:]:  # the command, without redirections and what follows
+        if w in ("|", ";", "&&", "&") or w.startswith((">", "2>")):
+            break
+        words.append(w)
+    try:
+        parser().parse_args(words)
+    except SystemExit as exc:
+        raise AssertionError(f"{page}: `{command}` does not parse") from exc
+
+
+def test_the_tutorial_runs_as_written(env: dict[str, str], pg_admin_url: str,
+                                      tmp_path: Path) -> None:
+    """Its shell blocks in order, as one bash script, as a user pastes them:
+    only the install line is left out (the suite's .venv is jobq installed) and
+    the server's address and a fresh database name replace the page's."""
+    script = "\n".join(blocks(ROOT / "docs" / "tutorial.md", "sh"))
+    script = script.replace("make install && source .venv/bin/activate", "true")
+    server = pg_admin_url.rsplit("/", 1)[0]
+    dbname = f"jobq_tutorial_{uuid.uuid4().hex[:8]}"
+    script = (script.replace("postgresql://postgres@127.0.0.1:5432", server)
+              .replace("jobq_tutorial", dbname)
+              .replace("amqp://guest:guest@127.0.0.1:5672/", env["JOBQ_AMQP_URL"])
+              .replace("JOBQ_NAMESPACE=tutorial", f"JOBQ_NAMESPACE={env['JOBQ_NAMESPACE']}t"))
+    (tmp_path / "tutorial.sh").write_text(script)  # no `set -e`: a user's shell has none
+    run_env = {k: v for k, v in env.items() if not k.startswith("JOBQ_")}
+    run_env["PATH"] = f"{os.path.dirname(sys.executable)}{os.pathsep}{env.get('PATH', '')}"
+    try:
+        out = subprocess.run(["bash", "tutorial.sh"], cwd=tmp_path, env=run_env,
+                             capture_output=True, text=True, timeout=120)
+    finally:
+        subprocess.run(["dropdb", "--if-exists", "--force", f"--maintenance-db={pg_admin_url}",
+                        dbname], capture_output=True)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "active|2" in out.stdout, out.stdout[-3000:]
+    assert "removed schema jobq" in out.stdout and "worker_vanished" in out.stdout
+    assert "DROP DATABASE" in out.stdout, out.stderr[-2000:]
