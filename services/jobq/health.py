@@ -58,7 +58,8 @@ class HealthServer:
                                                   limit=MAX_LINE)
         sock = self._server.sockets[0].getsockname()
         self.port = sock[1]
-        log.info("health endpoints on http://%s:%d/healthz and /readyz", self.host, self.port)
+        # DEBUG: a service that stops at once on a mistake prints that one line only
+        log.debug("health endpoints on http://%s:%d/healthz and /readyz", self.host, self.port)
 
     async def stop(self) -> None:
         if self._server is not None:

@@ -283,3 +283,21 @@ def test_compose_variables_are_not_taken_for_jobq_settings() -> None:
     text = (Path(__file__).resolve().parents[2] / "compose.yaml").read_text()
     wanted = set(re.findall(r"\$\{([A-Z0-9_]+)", text))
     assert wanted and not {v for v in wanted if v.startswith("JOBQ_")}, wanted
+
+
+def test_compose_file_is_read_by_a_real_compose() -> None:
+    """Issue #35: not only the schema: Debian's docker-compose (1.29) reads it
+    (`config` resolves every variable, anchor and dependency)."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    import pytest
+
+    tool = shutil.which("docker-compose")
+    if tool is None:
+        pytest.skip("no docker-compose: install Debian's docker-compose (.ci/run does)")
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([tool, "-f", str(root / "compose.yaml"), "config", "-q"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
