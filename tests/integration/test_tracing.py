@@ -6,6 +6,8 @@ see their job, and its trace id, in ``jobq.job_context()``."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import uuid
 from typing import Any
 
@@ -34,10 +36,20 @@ def _provider() -> None:
     EXPORTER.clear()
 
 
-def _runs(job_id: uuid.UUID) -> list[Any]:
+def _finished(job_id: uuid.UUID) -> list[Any]:
     return sorted((s for s in EXPORTER.get_finished_spans()
                    if s.name == "jobq.run" and s.attributes["jobq.job_id"] == str(job_id)),
                   key=lambda s: s.attributes["jobq.attempt"])
+
+
+async def _runs(job_id: uuid.UUID, n: int = 1) -> list[Any]:
+    """The job's n run spans: a span ends just after its completion commits,
+    so the row can say completed a moment before the last span is exported."""
+    for _ in range(200):
+        if len(spans := _finished(job_id)) >= n:
+            return spans
+        await asyncio.sleep(0.01)
+    return _finished(job_id)
 
 
 def test_runs_are_children_of_the_publishing_span_and_retries_share_its_trace(
@@ -46,7 +58,7 @@ def test_runs_are_children_of_the_publishing_span_and_retries_share_its_trace(
         with trace.get_tracer("test").start_as_current_span("POST /signup") as request:
             (jid,) = await w.publish("work", {"fail_times": 1})
         await w.wait_status(jid, "completed")
-        runs = _runs(jid)
+        runs = await _runs(jid, 2)
         ctx = request.get_span_context()
         assert [s.attributes["jobq.attempt"] for s in runs] == [1, 2]
         assert [s.attributes["jobq.outcome"] for s in runs] == ["error", "ok"]
@@ -66,7 +78,7 @@ def test_a_job_enqueued_from_sql_starts_a_trace_of_its_own(settings: Settings) -
         with trace.get_tracer("test").start_as_current_span("unrelated") as other:
             jid = await w.pool.fetchval("SELECT jobq.enqueue('work', '{}'::jsonb)")
         await w.wait_status(jid, "completed")
-        (run,) = _runs(jid)
+        (run,) = await _runs(jid)
         assert run.parent is None
         assert run.context.trace_id != other.get_span_context().trace_id
         assert await w.pool.fetchval("SELECT count(*) FROM jobq.job_trace") == 0
@@ -81,8 +93,8 @@ def test_handlers_see_their_job_and_trace_in_job_context(settings: Settings) -> 
             ids += await w.publish("context_sync", None)
         for jid, queue in zip(ids, ("context", "context_sync")):
             row = await w.wait_status(jid, "completed")
-            (run,) = _runs(jid)
-            got = __import__("json").loads(row["result"])
+            (run,) = await _runs(jid)
+            got = json.loads(row["result"])
             assert got == {"job": str(jid), "queue": queue, "attempt": 1,
                            "worker": w.consumer.worker_id,
                            "trace_id": format(run.context.trace_id, "032x")}
