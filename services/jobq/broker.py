@@ -166,59 +166,13 @@ class Broker:
             return set()
         if self._exchange is None:
             raise BrokerUnavailable("not connected to RabbitMQ")
-        # Declare queue by queue: one that cannot be declared (a name taken
-        # by another kind of queue, a permission) leaves only its own ids
-        # unpublished, never the others of the batch (issue #13).
-        refused: dict[str, BaseException] = {}
-        for queue in sorted({q for _, q in items}):
-            try:
-                await self.ensure_queue(queue)
-            except QUEUE_REFUSED as exc:  # this queue only: its channel closed, not ours
-                refused[queue] = exc
-            except TRANSIENT as exc:  # the broker or the connection is away: all of them
-                raise BrokerUnavailable(f"cannot declare queue {queue}: {exc!r}") from exc
-        if refused:
-            first, why = next(iter(refused.items()))
-            log.warning("cannot declare %d queue(s) (%s: %r); their ids stay unpublished",
-                        len(refused), first, why)
-            items = [(i, q) for i, q in items if q not in refused]
-            if not items:
-                return set()
-        exchange, pub = self._exchange, self._pub
-        assert pub is not None  # set with the exchange
-        # As Exchange.publish: a closed channel fails at once. (The robust
-        # channel's get_underlay_channel waits for a reconnect: bounded here,
-        # the caller is not held; the relay is the fallback, not a wait.)
-        try:
-            if pub.is_closed:
-                raise aiormq.exceptions.ChannelInvalidStateError(f"{pub!r} closed")
-            # the concrete channel: the abstract one does not declare ``wait``
-            channel = cast(aiormq.Channel, await asyncio.wait_for(
-                pub.get_underlay_channel(), PUBLISH_TIMEOUT_S))
-        except TRANSIENT as exc:  # TimeoutError among them
-            raise BrokerUnavailable(f"publish failed: {exc!r}") from exc
-
-        async def one(job_id: uuid.UUID, queue: str) -> None:
-            # aiormq's own publish, as aio-pika's Exchange.publish makes it
-            # (persistent, mandatory, confirmed, timed out), but wait=False:
-            # the channel lock is released once the frames are queued, not
-            # after the writer task has sent them. Publishes of one batch no
-            # longer take turns per write; each still awaits its confirm.
-            # bench/publish_path.py measures both ways raw (broker_limit).
-            text = str(job_id)
-            try:
-                await channel.basic_publish(
-                    text.encode(), exchange=exchange.name, routing_key=queue,
-                    properties=aiormq.spec.Basic.Properties(
-                        content_type="text/plain", delivery_mode=2, message_id=text),
-                    mandatory=True, timeout=PUBLISH_TIMEOUT_S, wait=False)
-            except aiormq.exceptions.PublishError:
-                # Unroutable: the queue vanished (deleted, or lost by the
-                # broker). Declare it again on the next attempt.
-                self._declared.pop(queue, None)
-                raise
-
-        results = await asyncio.gather(*(one(i, q) for i, q in items), return_exceptions=True)
+        exchange = self._exchange.name  # read before any await, as the channel below
+        items = await self._declared_only(items)
+        if not items:
+            return set()
+        channel = await self._underlay()
+        results = await asyncio.gather(*(self._send(channel, exchange, i, q) for i, q in items),
+                                       return_exceptions=True)
         confirmed = set()
         errors = []
         for (job_id, _), res in zip(items, results):
@@ -232,6 +186,63 @@ class Broker:
         if not confirmed and errors:
             raise BrokerUnavailable(f"publish failed: {errors[0]!r}") from errors[0]
         return confirmed
+
+    async def _declared_only(self, items: list[tuple[uuid.UUID, str]]
+                             ) -> list[tuple[uuid.UUID, str]]:
+        """The items whose queue is declared. Queue by queue: one that cannot
+        be declared (a name taken by another kind of queue, a permission)
+        leaves only its own ids unpublished, never the others of the batch."""
+        refused: dict[str, BaseException] = {}
+        for queue in sorted({q for _, q in items}):
+            try:
+                await self.ensure_queue(queue)
+            except QUEUE_REFUSED as exc:  # this queue only: its channel closed, not ours
+                refused[queue] = exc
+            except TRANSIENT as exc:  # the broker or the connection is away: all of them
+                raise BrokerUnavailable(f"cannot declare queue {queue}: {exc!r}") from exc
+        if refused:
+            first, why = next(iter(refused.items()))
+            log.warning("cannot declare %d queue(s) (%s: %r); their ids stay unpublished",
+                        len(refused), first, why)
+            items = [(i, q) for i, q in items if q not in refused]
+        return items
+
+    async def _underlay(self) -> aiormq.Channel:
+        """The publishing channel's aiormq channel. As Exchange.publish: a
+        closed channel fails at once (the robust channel's
+        get_underlay_channel waits for a reconnect: bounded here, the caller
+        is not held; the relay is the fallback, not a wait)."""
+        pub = self._pub
+        assert pub is not None  # set with the exchange
+        try:
+            if pub.is_closed:
+                raise aiormq.exceptions.ChannelInvalidStateError(f"{pub!r} closed")
+            # the concrete channel: the abstract one does not declare ``wait``
+            return cast(aiormq.Channel, await asyncio.wait_for(
+                pub.get_underlay_channel(), PUBLISH_TIMEOUT_S))
+        except TRANSIENT as exc:  # TimeoutError among them
+            raise BrokerUnavailable(f"publish failed: {exc!r}") from exc
+
+    async def _send(self, channel: aiormq.Channel, exchange: str, job_id: uuid.UUID,
+                    queue: str) -> None:
+        """aiormq's own publish, as aio-pika's Exchange.publish makes it
+        (persistent, mandatory, confirmed, timed out), but wait=False: the
+        channel lock is released once the frames are queued, not after the
+        writer task has sent them. Publishes of one batch no longer take turns
+        per write; each still awaits its confirm (bench/publish_path.py
+        measures both ways raw: broker_limit)."""
+        text = str(job_id)
+        try:
+            await channel.basic_publish(
+                text.encode(), exchange=exchange, routing_key=queue,
+                properties=aiormq.spec.Basic.Properties(
+                    content_type="text/plain", delivery_mode=2, message_id=text),
+                mandatory=True, timeout=PUBLISH_TIMEOUT_S, wait=False)
+        except aiormq.exceptions.PublishError:
+            # Unroutable: the queue vanished (deleted, or lost by the
+            # broker). Declare it again on the next attempt.
+            self._declared.pop(queue, None)
+            raise
 
     async def ready_count(self, queue: str) -> int:
         """Messages ready in a job queue (0 if the queue does not exist)."""

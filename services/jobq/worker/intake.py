@@ -50,9 +50,9 @@ from jobq import crash, lease
 from jobq.backoff import Backoff
 from jobq.db import is_data_error, is_transient
 from jobq.errors import ConfigError
-from jobq.job import Status
 from jobq.logs import fields
 from jobq.worker.acks import Acks, settle_one
+from jobq.worker.misses import explain_misses
 from jobq.worker.tally import Tally
 
 log = logging.getLogger("jobq.consumer")
@@ -275,35 +275,7 @@ class Intake:
             # The claims above are committed: failing to explain the misses
             # must not make us drop the rows we just claimed.
             try:
-                await self._explain_misses(misses)
+                await explain_misses(self.pool, self.tally, self.queues, misses)
             except Exception as exc:
                 log.warning("could not look up %d unclaimable id(s): %s", len(misses), exc)
         return rows
-
-    async def _explain_misses(self, ids: list[uuid.UUID]) -> None:
-        found = await lease.claim_misses(self.pool, ids)
-        for i in ids:
-            row = found.get(i)
-            if row is None:
-                self.tally.drop("unknown_job")
-                log.warning("message for unknown job id; dropped",
-                            extra=fields(event="unknown_job", job=i))
-            elif row["status"] == Status.QUEUED and row["queue"] not in self.queues:
-                self.tally.drop("foreign_queue")
-                log.warning("job belongs to queue %s, which this worker does not handle; "
-                            "dropped (its own queue's message, or the relay, brings it)",
-                            row["queue"],
-                            extra=fields(event="foreign_queue", job=i, queue=row["queue"]))
-            elif row["status"] == Status.QUEUED and row["parked"]:
-                self.tally.note("limited")
-                log.info("held back by its queue's limit (max_running / rate_per_s): parked; "
-                         "the reapers publish it again when a slot frees",
-                         extra=fields(event="limited", job=i, queue=row["queue"]))
-            elif row["status"] == Status.QUEUED and row["not_due"]:
-                self.tally.drop("not_due")
-                log.info("early delivery for a job not due yet; dropped (the relay "
-                         "publishes it when due)", extra=fields(event="not_due", job=i))
-            else:
-                self.tally.drop("duplicate")
-                log.info("duplicate delivery: job is %s; dropped", row["status"],
-                         extra=fields(event="duplicate", job=i, status=row["status"]))

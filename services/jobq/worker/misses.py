@@ -1,0 +1,48 @@
+"""Why a delivered id could not be claimed, said once per id and counted:
+an unknown job, one of a queue this worker does not handle, one held back
+by a limit (parked), one not due yet, or a duplicate delivery. The intake
+acks and drops each: the row, not the message, is the truth."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+import asyncpg
+
+from jobq import lease
+from jobq.job import Status
+from jobq.logs import fields
+from jobq.worker.tally import Tally
+
+log = logging.getLogger("jobq.consumer")
+
+
+async def explain_misses(pool: asyncpg.Pool, tally: Tally, queues: list[str],
+                         ids: list[uuid.UUID]) -> None:
+    found = await lease.claim_misses(pool, ids)
+    for i in ids:
+        row = found.get(i)
+        if row is None:
+            tally.drop("unknown_job")
+            log.warning("message for unknown job id; dropped",
+                        extra=fields(event="unknown_job", job=i))
+        elif row["status"] == Status.QUEUED and row["queue"] not in queues:
+            tally.drop("foreign_queue")
+            log.warning("job belongs to queue %s, which this worker does not handle; "
+                        "dropped (its own queue's message, or the relay, brings it)",
+                        row["queue"],
+                        extra=fields(event="foreign_queue", job=i, queue=row["queue"]))
+        elif row["status"] == Status.QUEUED and row["parked"]:
+            tally.note("limited")
+            log.info("held back by its queue's limit (max_running / rate_per_s): parked; "
+                     "the reapers publish it again when a slot frees",
+                     extra=fields(event="limited", job=i, queue=row["queue"]))
+        elif row["status"] == Status.QUEUED and row["not_due"]:
+            tally.drop("not_due")
+            log.info("early delivery for a job not due yet; dropped (the relay "
+                     "publishes it when due)", extra=fields(event="not_due", job=i))
+        else:
+            tally.drop("duplicate")
+            log.info("duplicate delivery: job is %s; dropped", row["status"],
+                     extra=fields(event="duplicate", job=i, status=row["status"]))

@@ -1,0 +1,77 @@
+"""Structure checks anyone can run (issue #29): the package's module-level
+imports form no circle (imports inside functions and under TYPE_CHECKING are
+the deliberate way out, and are not counted), no module is over 300 lines,
+no function over 60."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "services" / "jobq"
+MAX_MODULE_LINES = 300
+MAX_FUNCTION_LINES = 60
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _top_level_imports(tree: ast.Module, name: str, known: set[str]) -> set[str]:
+    """What a module imports when it is imported: module-level statements only."""
+    out: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            continue
+        for sub in ast.walk(node) if isinstance(node, ast.Try) else [node]:
+            if isinstance(sub, ast.Import):
+                out |= {a.name for a in sub.names}
+            elif isinstance(sub, ast.ImportFrom) and sub.module and sub.level == 0:
+                out.add(sub.module)
+                out |= {f"{sub.module}.{a.name}" for a in sub.names}
+    return {m for m in out if m in known and m != name}
+
+
+def graph() -> dict[str, set[str]]:
+    files = {_module(p): p for p in PACKAGE.rglob("*.py")}
+    return {name: _top_level_imports(ast.parse(p.read_text()), name, set(files))
+            for name, p in files.items()}
+
+
+def test_module_level_imports_form_no_circle() -> None:
+    g = graph()
+    # A package's __init__ importing its own modules is how Python packages
+    # work; what is checked is the circles among the modules themselves.
+    g = {k: {m for m in v if k != "jobq" and not (k.startswith("jobq.") and m == "jobq")}
+         for k, v in g.items()}
+    state: dict[str, int] = {}
+    circles: list[list[str]] = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(g.get(node, ())):
+            if state.get(nxt) == 1:
+                circles.append([*stack[stack.index(nxt):], nxt])
+            elif nxt not in state:
+                visit(nxt, [*stack, nxt])
+        state[node] = 2
+
+    for start in sorted(g):
+        if start not in state:
+            visit(start, [start])
+    assert circles == [], " ; ".join(" -> ".join(c) for c in circles)
+
+
+def test_no_module_over_300_lines_and_no_function_over_60() -> None:
+    long_modules, long_functions = [], []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text()
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            long_modules.append(f"{path.name}: {len(text.splitlines())}")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                n = (node.end_lineno or node.lineno) - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    long_functions.append(f"{path.name}:{node.name}: {n}")
+    assert (long_modules, long_functions) == ([], [])
