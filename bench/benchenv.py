@@ -82,9 +82,27 @@ def scratch(queues: tuple[str, ...] = ("work",),
     try:
         yield _with_db(ADMIN_URL, name), AMQP_URL, namespace
     finally:
+        deadlocks = asyncio.run(_deadlocks(name))
+        print(f"[{name}] pg_stat_database.deadlocks during the run: {deadlocks} (target 0)",
+              flush=True)
         every = sorted({*queues, *asyncio.run(declared())})
         asyncio.run(_delete_namespace(AMQP_URL, namespace, every))
         asyncio.run(_admin(ADMIN_URL, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+
+
+async def _deadlocks(name: str) -> int | str:
+    """pg_stat_database.deadlocks of a scratch database (issue #36)."""
+    try:
+        conn = await asyncpg.connect(ADMIN_URL)
+        try:
+            await conn.execute("SELECT pg_stat_clear_snapshot()")
+            return int(await conn.fetchval(
+                "SELECT coalesce(deadlocks, 0) FROM pg_stat_database WHERE datname = $1",
+                name) or 0)
+        finally:
+            await conn.close()
+    except Exception as exc:  # a report, never a reason to fail the benchmark
+        return f"unknown ({type(exc).__name__})"
 
 
 def service_env(db_url: str, amqp_url: str, namespace: str, **extra: str) -> dict[str, str]:

@@ -16,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import tempfile
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
@@ -130,7 +132,48 @@ def db_url(pg_admin_url: str, template_db: str) -> Iterator[str]:
     name = f"jobq_t_{RUN}_{next(_counter)}"
     asyncio.run(admin(pg_admin_url, f"CREATE DATABASE {name} TEMPLATE {template_db}"))
     yield with_db(pg_admin_url, name)
+    _record_deadlocks(pg_admin_url, name)
     asyncio.run(admin(pg_admin_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+
+
+# pg_stat_database.deadlocks of every test database, added up for the run's
+# summary (issue #36: target 0). Workers of one run share a file named after
+# the controlling pytest process.
+def _deadlock_file(controller: int) -> Path:
+    return Path(tempfile.gettempdir()) / f"jobq-deadlocks-{controller}.txt"
+
+
+def _record_deadlocks(admin_url: str, name: str) -> None:
+    async def read() -> int:
+        conn = await asyncpg.connect(admin_url)
+        try:
+            await conn.execute("SELECT pg_stat_clear_snapshot()")
+            return int(await conn.fetchval(
+                "SELECT coalesce(deadlocks, 0) FROM pg_stat_database WHERE datname = $1", name)
+                or 0)
+        finally:
+            await conn.close()
+
+    try:
+        n = asyncio.run(read())
+    except Exception:
+        return
+    controller = os.getppid() if os.environ.get("PYTEST_XDIST_WORKER") else os.getpid()
+    with _deadlock_file(controller).open("a") as f:
+        f.write(f"{name} {n}\n")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    path = _deadlock_file(os.getpid())
+    if not path.exists():
+        return
+    rows = [line.split() for line in path.read_text().splitlines() if line.strip()]
+    path.unlink()
+    total = sum(int(n) for _, n in rows)
+    worst = [f"{d}: {n}" for d, n in rows if int(n)]
+    terminalreporter.write_line(
+        f"jobq: pg_stat_database.deadlocks over {len(rows)} test databases: {total}"
+        + (f" ({', '.join(worst[:5])})" if worst else ""))
 
 
 @pytest.fixture
