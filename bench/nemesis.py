@@ -1,0 +1,182 @@
+"""A randomized fault schedule against the real services, Jepsen's shape
+(issue #36), and a checker of the whole history.
+
+For --seconds, seeded: SIGKILL (then a restart) or SIGSTOP+SIGCONT of
+consumers and reapers, and terminations of jobq's PostgreSQL backends, while
+a producer publishes single jobs, batches, delayed jobs and keyed jobs (the
+queue has a per-key cap). Every handler run is a row of test_run (job,
+worker, token, start, end, how it ended). Then the faults stop and the
+checker reads everything:
+
+- lost: jobs not completed within (lease + 10 s) of the last fault, plus drain;
+- completions by a non-owner: a completed row whose token is no run's;
+- completed twice: more than one run that returned with the row's final token;
+- overlapping runs: two runs of one job whose handler times overlap (a frozen
+  worker's handler resumes until its fence: reported, not a loss; a SIGKILLed
+  run has no recorded end and is not counted);
+- stalls charged, and PostgreSQL deadlocks in the run.
+
+    .venv/bin/python bench/nemesis.py --seconds 60 [--seed N]   # prints the seed
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+from benchenv import scratch
+
+from harness.helpers import Proc, Procs, SyncDB, set_queue
+from jobq.producer import Client, NewJob
+from jobq.settings import Settings
+
+LEASE_S = 2.0
+FAULTS = ("kill_consumer", "stop_consumer", "kill_reaper", "stop_reaper", "kill_backends")
+
+
+def producer(settings: Settings, stop: threading.Event, rng: random.Random,
+             published: list[Any]) -> None:
+    """Single jobs, batches of 10, delayed jobs and keyed jobs, until stopped."""
+    async def go() -> None:
+        async with Client(settings) as client:
+            n = 0
+            while not stop.is_set():
+                kind = rng.random()
+                sleep = round(rng.uniform(0.05, 0.5), 2)
+                try:
+                    if kind < 0.5:
+                        jobs = [NewJob("work", {"sleep": sleep})]
+                    elif kind < 0.7:
+                        jobs = [NewJob("work", {"sleep": sleep}) for _ in range(10)]
+                    elif kind < 0.85:
+                        jobs = [NewJob("work", {"sleep": sleep}, delay_s=rng.uniform(0.5, 3))]
+                    else:
+                        jobs = [NewJob("fair", {"sleep": sleep}, key=f"k{n % 3}")]
+                    published.extend(await client.publish_many(jobs))
+                except Exception as exc:  # a backend killed under the publish: raised to us
+                    print(f"  publish refused ({type(exc).__name__}); publishing on", flush=True)
+                n += 1
+                await asyncio.sleep(0.05)
+
+    asyncio.run(go())
+
+
+def run(seconds: float, seed: int, consumers: int, reapers: int) -> dict[str, Any]:
+    rng = random.Random(seed)
+    with scratch(("work", "fair")) as (db_url, amqp_url, namespace):
+        db = SyncDB(db_url)
+        set_queue(db, "work", lease_s=LEASE_S, max_stalls=1000, stall_cooldown_s=0.1)
+        set_queue(db, "fair", lease_s=LEASE_S, max_stalls=1000, stall_cooldown_s=0.1,
+                  max_running_per_key=2)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("JOBQ_")}
+        env.update({"JOBQ_DATABASE_URL": db_url, "JOBQ_AMQP_URL": amqp_url,
+                    "JOBQ_NAMESPACE": namespace, "JOBQ_AMQP_HEARTBEAT_S": "2",
+                    "JOBQ_LOG_LEVEL": "INFO", "HARNESS_DATABASE_URL": db_url,
+                    "JOBQ_REAPER__MAX_SLEEP_S": "0.2",
+                    "PYTHONPATH": str(HERE.parent) + os.pathsep + env.get("PYTHONPATH", "")})
+        procs = Procs(env, Path(tempfile.mkdtemp(prefix="jobq-nemesis-")))
+        fleet: list[Proc] = [procs.consumer("--concurrency", "8") for _ in range(consumers)]
+        reaper_fleet: list[Proc] = [procs.reaper() for _ in range(reapers)]
+        for c in fleet:
+            c.worker_id()
+        settings = Settings(database_url=db_url, amqp_url=amqp_url, namespace=namespace)
+        stop, published = threading.Event(), []
+        feeder = threading.Thread(target=producer, args=(settings, stop, rng, published))
+        feeder.start()
+        counts = dict.fromkeys(FAULTS, 0)
+        started = time.monotonic()
+        try:
+            while time.monotonic() - started < seconds:
+                time.sleep(rng.uniform(0.5, 2.0))
+                fault = rng.choice(FAULTS)
+                counts[fault] += 1
+                if fault == "kill_consumer":
+                    fleet.pop(rng.randrange(len(fleet))).kill()
+                    fleet.append(procs.consumer("--concurrency", "8"))
+                elif fault == "kill_reaper":
+                    reaper_fleet.pop(rng.randrange(len(reaper_fleet))).kill()
+                    reaper_fleet.append(procs.reaper())
+                elif fault in ("stop_consumer", "stop_reaper"):
+                    victim = rng.choice(fleet if fault == "stop_consumer" else reaper_fleet)
+                    victim.signal(signal.SIGSTOP)
+                    time.sleep(rng.uniform(0.5, LEASE_S * 2))
+                    victim.signal(signal.SIGCONT)
+                else:
+                    db.val("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                           "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                           "AND application_name LIKE 'jobq-%' AND random() < 0.5")
+            last_fault = db.val("SELECT now()")
+        finally:
+            stop.set()
+            feeder.join(60)
+        deadline = time.monotonic() + LEASE_S + 10 + 60  # + drain of what is queued
+        while time.monotonic() < deadline and db.val(
+                "SELECT count(*) FROM jobq.job WHERE status <> 'completed'"):
+            time.sleep(0.2)
+        report = check(db, published, last_fault)
+        report.update({"seed": seed, "seconds": seconds, "faults": counts})
+        procs.close()
+        db.close()
+        return report
+
+
+def check(db: SyncDB, published: list[Any], last_fault: Any) -> dict[str, Any]:
+    return {
+        "jobs": db.val("SELECT count(*) FROM jobq.job"),
+        "published_ids_returned": len(published),
+        "lost": db.val("SELECT count(*) FROM jobq.job WHERE status <> 'completed'"),
+        "not_in_db": db.val("SELECT count(*) FROM unnest($1::uuid[]) p(id) WHERE NOT EXISTS "
+                            "(SELECT 1 FROM jobq.job j WHERE j.id = p.id)", published),
+        "completed_by_non_owner": db.val(
+            "SELECT count(*) FROM jobq.job j WHERE status = 'completed' AND NOT EXISTS "
+            "(SELECT 1 FROM test_run r WHERE r.job_id = j.id AND r.lock = j.lock)"),
+        "completed_twice": db.val(
+            "SELECT count(*) FROM (SELECT j.id FROM jobq.job j JOIN test_run r "
+            "ON r.job_id = j.id AND r.lock = j.lock AND r.outcome = 'returned' "
+            "GROUP BY j.id HAVING count(*) > 1) t"),
+        "overlapping_runs": db.val(
+            "SELECT count(*) FROM test_run a JOIN test_run b ON a.job_id = b.job_id "
+            "AND a.n < b.n AND b.started_at < a.ended_at"),  # a SIGKILLed run has no end
+        "reruns": db.val("SELECT count(*) FROM test_run") - db.val(
+            "SELECT count(*) FROM jobq.job"),
+        "stalls_charged": db.val("SELECT coalesce(sum(stalls), 0) FROM jobq.job"),
+        "terminal_after_last_fault_s": db.val(
+            "SELECT round(extract(epoch FROM max(finished_at) - $1::timestamptz)::numeric, 2) "
+            "FROM jobq.job", last_fault),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--consumers", type=int, default=3)
+    ap.add_argument("--reapers", type=int, default=2)
+    args = ap.parse_args()
+    seed = args.seed if args.seed is not None else random.randrange(1_000_000)
+    print(f"nemesis: seed {seed}, {args.seconds:g} s of faults, lease {LEASE_S:g} s",
+          flush=True)
+    report = run(args.seconds, seed, args.consumers, args.reapers)
+    width = max(len(k) for k in report)
+    for k, v in report.items():
+        print(f"  {k:<{width}}  {v}")
+    bad = report["lost"] or report["not_in_db"] or report["completed_by_non_owner"] \
+        or report["completed_twice"]
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
