@@ -178,6 +178,9 @@ def test_the_tutorial_runs_as_written(env: dict[str, str], pg_admin_url: str,
     (tmp_path / "tutorial.sh").write_text(script)  # no `set -e`: a user's shell has none
     run_env = {k: v for k, v in env.items() if not k.startswith("JOBQ_")}
     run_env["PATH"] = f"{os.path.dirname(sys.executable)}{os.pathsep}{env.get('PATH', '')}"
+    # Not in the page: the consumer still running the 20 s job at the end
+    # drains it for the default 25 s on SIGTERM; a second is enough here.
+    run_env["JOBQ_CONSUMER__SHUTDOWN_GRACE_S"] = "1"
     try:
         out = subprocess.run(["bash", "tutorial.sh"], cwd=tmp_path, env=run_env,
                              capture_output=True, text=True, timeout=120)
