@@ -2,7 +2,8 @@
 (issue #36), and a checker of the whole history.
 
 For --seconds, seeded: SIGKILL (then a restart) or SIGSTOP+SIGCONT of
-consumers and reapers, and terminations of jobq's PostgreSQL backends, while
+consumers and reapers, terminations of jobq's PostgreSQL backends, and with
+--restarts a RabbitMQ or PostgreSQL restart (at most once a minute each), while
 a producer publishes single jobs, batches, delayed jobs and keyed jobs (the
 queue has a per-key cap). Every handler run is a row of test_run (job,
 worker, token, start, end, how it ended). Then the faults stop and the
@@ -26,6 +27,7 @@ import asyncio
 import os
 import random
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -45,6 +47,19 @@ from jobq.settings import Settings
 
 LEASE_S = 2.0
 FAULTS = ("kill_consumer", "stop_consumer", "kill_reaper", "stop_reaper", "kill_backends")
+# --restarts: the shared local servers themselves (never in the suite, whose
+# other tests use them): a RabbitMQ restart and a PostgreSQL restart.
+RESTARTS = ("restart_rabbitmq", "restart_postgres")
+
+
+def restart(fault: str) -> None:
+    if fault == "restart_rabbitmq":
+        for cmd in (["stop_app"], ["start_app"], ["await_startup"]):
+            subprocess.run(["rabbitmqctl", *cmd], check=True, capture_output=True, timeout=120)
+    else:
+        version = sorted(os.listdir("/etc/postgresql"))[-1]
+        subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", version, "main",
+                        "restart"], check=True, capture_output=True, timeout=120)
 
 
 def producer(settings: Settings, stop: threading.Event, rng: random.Random,
@@ -74,8 +89,10 @@ def producer(settings: Settings, stop: threading.Event, rng: random.Random,
     asyncio.run(go())
 
 
-def run(seconds: float, seed: int, consumers: int, reapers: int) -> dict[str, Any]:
+def run(seconds: float, seed: int, consumers: int, reapers: int,
+        restarts: bool = False) -> dict[str, Any]:
     rng = random.Random(seed)
+    kinds = FAULTS + RESTARTS if restarts else FAULTS
     with scratch(("work", "fair")) as (db_url, amqp_url, namespace):
         db = SyncDB(db_url)
         set_queue(db, "work", lease_s=LEASE_S, max_stalls=1000, stall_cooldown_s=0.1)
@@ -96,14 +113,18 @@ def run(seconds: float, seed: int, consumers: int, reapers: int) -> dict[str, An
         stop, published = threading.Event(), []
         feeder = threading.Thread(target=producer, args=(settings, stop, rng, published))
         feeder.start()
-        counts = dict.fromkeys(FAULTS, 0)
+        counts = dict.fromkeys(kinds, 0)
         started = time.monotonic()
         try:
             while time.monotonic() - started < seconds:
                 time.sleep(rng.uniform(0.5, 2.0))
-                fault = rng.choice(FAULTS)
+                fault = rng.choice(kinds)
+                if fault in RESTARTS and counts[fault] * 60 > time.monotonic() - started:
+                    fault = "kill_consumer"  # a restart a minute at most: they are slow
                 counts[fault] += 1
-                if fault == "kill_consumer":
+                if fault in RESTARTS:
+                    restart(fault)
+                elif fault == "kill_consumer":
                     fleet.pop(rng.randrange(len(fleet))).kill()
                     fleet.append(procs.consumer("--concurrency", "8"))
                 elif fault == "kill_reaper":
@@ -165,11 +186,14 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--consumers", type=int, default=3)
     ap.add_argument("--reapers", type=int, default=2)
+    ap.add_argument("--restarts", action="store_true",
+                    help="also restart the local RabbitMQ and PostgreSQL (at most once a "
+                    "minute each); never while anything else uses them")
     args = ap.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1_000_000)
     print(f"nemesis: seed {seed}, {args.seconds:g} s of faults, lease {LEASE_S:g} s",
           flush=True)
-    report = run(args.seconds, seed, args.consumers, args.reapers)
+    report = run(args.seconds, seed, args.consumers, args.reapers, args.restarts)
     width = max(len(k) for k in report)
     for k, v in report.items():
         print(f"  {k:<{width}}  {v}")
