@@ -1,9 +1,10 @@
-"""The lease protocol's model (model/lease.pml) checked by SPIN (issue #36):
-exhaustive for 2 workers x 3 jobs x 2 reapers with a crash and a freeze,
-no assertion violated and no invalid end state (no job left unfinished);
-each of three mutations of the protocol gives a counterexample, so the
-model is not vacuous; and every statement of queries.sql the model names
-still exists."""
+"""The protocol's models checked by SPIN (issue #36), each exhaustive for
+2 workers x 3 jobs x 2 reapers: model/lease.pml (the lease, with a crash
+and a freeze) and model/delivery.pml (publishing, the relay, delivery, acks,
+redelivery and the lost-message check, with the lease and a crash). No
+assertion violated and no invalid end state (no job left unfinished); each
+mutation gives a counterexample, so neither model is vacuous; every
+statement of queries.sql the models name still exists."""
 
 from __future__ import annotations
 
@@ -16,14 +17,14 @@ import pytest
 
 from jobq.sql import Q
 
-MODEL = Path(__file__).resolve().parents[2] / "model" / "lease.pml"
+MODELS = Path(__file__).resolve().parents[2] / "model"
 needs_spin = pytest.mark.skipif(shutil.which("spin") is None or shutil.which("gcc") is None,
                                 reason="needs spin and gcc (Debian's spin package; .ci/run)")
 
 
-def _check(tmp_path: Path, *defines: str) -> str:
-    (tmp_path / "lease.pml").write_text(MODEL.read_text())
-    subprocess.run(["spin", "-a", *(f"-D{d}" for d in defines), "lease.pml"], cwd=tmp_path,
+def _check(tmp_path: Path, *defines: str, model: str = "lease.pml") -> str:
+    (tmp_path / model).write_text((MODELS / model).read_text())
+    subprocess.run(["spin", "-a", *(f"-D{d}" for d in defines), model], cwd=tmp_path,
                    check=True, capture_output=True, timeout=60)
     subprocess.run(["gcc", "-O2", "-DSAFETY", "-w", "-o", "pan", "pan.c"], cwd=tmp_path,
                    check=True, capture_output=True, timeout=120)
@@ -33,11 +34,12 @@ def _check(tmp_path: Path, *defines: str) -> str:
 
 
 @needs_spin
-def test_the_protocol_holds_exhaustively(tmp_path: Path) -> None:
-    out = _check(tmp_path)
+@pytest.mark.parametrize("model", ["lease.pml", "delivery.pml"])
+def test_the_protocol_holds_exhaustively(tmp_path: Path, model: str) -> None:
+    out = _check(tmp_path, model=model)
     assert "errors: 0" in out and "Search not completed" not in out, out
     states = int(re.search(r"(\d+) states, stored", out).group(1))  # type: ignore[union-attr]
-    print(f"\nmodel/lease.pml: {states:,} states, no violation")
+    print(f"\nmodel/{model}: {states:,} states, no violation")
     assert states > 100_000  # the search went somewhere
 
 
@@ -53,7 +55,15 @@ def test_each_mutation_gives_a_counterexample(tmp_path: Path, mutation: str,
     assert "errors: 1" in out and violated in out, out
 
 
-def test_every_statement_the_model_names_exists() -> None:
-    named = set(re.findall(r"queries\.sql: (\w+)", MODEL.read_text()))
-    assert named >= {"claim", "renew", "complete", "workers_vanished", "requeue_lapsed"}
+@needs_spin
+def test_without_the_relay_a_job_is_lost(tmp_path: Path) -> None:
+    out = _check(tmp_path, "NO_RELAY", model="delivery.pml")
+    assert "errors: 1" in out and "invalid end state" in out, out
+
+
+def test_every_statement_the_models_name_exists() -> None:
+    named = {n for m in ("lease.pml", "delivery.pml")
+             for n in re.findall(r"queries\.sql: (\w+)", (MODELS / m).read_text())}
+    assert named >= {"claim", "renew", "complete", "workers_vanished", "requeue_lapsed",
+                     "relay_take", "unpublish_lost", "enqueue_many"}
     assert sorted(n for n in named if n not in Q) == []
