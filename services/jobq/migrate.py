@@ -8,9 +8,13 @@ with a checksum. A recorded migration whose file changed is reported, not re-run
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import hashlib
 import logging
+import random
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -152,6 +156,56 @@ async def pending(conn: asyncpg.Connection | PooledConnection) -> list[Migration
     return [m for m in load() if m.version not in done]
 
 
+# A migration under load waits for locks that running services hold. It waits
+# at most LOCK_TIMEOUT for each (below PostgreSQL's deadlock_timeout, 1 s by
+# default, so a wait never turns into a deadlock that aborts a service's
+# statement), then rolls back and tries again: seen once, a migration's
+# exclusive lock against a reaper's read (the PostgreSQL log's only deadlock).
+LOCK_TIMEOUT = "500ms"
+LOCK_TRIES = 120
+
+
+async def _in_turns(conn: asyncpg.Connection | PooledConnection,
+                    body: Callable[[], Awaitable[None]]) -> None:
+    """Run ``body`` in a transaction whose lock waits are short; again until
+    it gets its locks (about a minute at most)."""
+    for attempt in range(LOCK_TRIES):
+        try:
+            async with conn.transaction():
+                await conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+                await body()
+            return
+        except asyncpg.exceptions.LockNotAvailableError:
+            if attempt == LOCK_TRIES - 1:
+                raise ConfigError("jobq migrate could not get its locks for a minute: a "
+                                  "long transaction holds jobq's tables; try again") from None
+            log.info("migration waits for locks held by running services; trying again")
+            await asyncio.sleep(random.uniform(0.05, 0.5))
+
+
+async def _apply_one(conn: asyncpg.Connection | PooledConnection, migration: Migration) -> None:
+    if await conn.fetchval("SELECT to_regnamespace('jobq')") is None:
+        await conn.execute("CREATE SCHEMA jobq")
+    await _as_owner(conn)
+    await conn.execute(
+        """CREATE TABLE IF NOT EXISTS jobq.schema_migration (
+               version integer PRIMARY KEY,
+               name text NOT NULL,
+               checksum text NOT NULL,
+               applied_at timestamptz NOT NULL DEFAULT now())"""
+    )
+    await conn.execute(migration.sql)
+    await conn.execute(
+        "INSERT INTO jobq.schema_migration (version, name, checksum) VALUES ($1, $2, $3)",
+        migration.version, migration.name, migration.checksum,
+    )
+
+
+async def _install_routines(conn: asyncpg.Connection | PooledConnection, version: int) -> None:
+    await _as_owner(conn)
+    await routines.install(conn, version)
+
+
 async def apply(conn: asyncpg.Connection | PooledConnection) -> list[Migration]:
     """Apply what is missing; return the migrations applied by this call.
     Concurrent runs take turns for the whole run (a session advisory lock):
@@ -167,29 +221,11 @@ async def apply(conn: asyncpg.Connection | PooledConnection) -> list[Migration]:
             if todo or await routines.stale(conn, version):
                 await join_owner(conn)
             for migration in todo:
-                async with conn.transaction():
-                    if await conn.fetchval("SELECT to_regnamespace('jobq')") is None:
-                        await conn.execute("CREATE SCHEMA jobq")
-                    await _as_owner(conn)
-                    await conn.execute(
-                        """CREATE TABLE IF NOT EXISTS jobq.schema_migration (
-                               version integer PRIMARY KEY,
-                               name text NOT NULL,
-                               checksum text NOT NULL,
-                               applied_at timestamptz NOT NULL DEFAULT now())"""
-                    )
-                    await conn.execute(migration.sql)
-                    await conn.execute(
-                        "INSERT INTO jobq.schema_migration (version, name, checksum) "
-                        "VALUES ($1, $2, $3)",
-                        migration.version, migration.name, migration.checksum,
-                    )
+                await _in_turns(conn, functools.partial(_apply_one, conn, migration))
                 applied.append(migration)
                 log.info("applied migration %04d_%s", migration.version, migration.name)
             if await routines.stale(conn, version):
-                async with conn.transaction():
-                    await _as_owner(conn)
-                    await routines.install(conn, version)
+                await _in_turns(conn, functools.partial(_install_routines, conn, version))
         finally:
             await conn.execute("SELECT pg_advisory_unlock($1)", _LOCK_KEY)
     return applied
