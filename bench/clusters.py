@@ -141,8 +141,9 @@ def partition(seconds: float, rate: float, cut_for_s: float = 5) -> dict[str, An
                      "JOBQ_AMQP_URL": host.forward("mq", role_env["JOBQ_AMQP_URL"])}
 
             def start(i: int) -> Any:
-                extra = {"wrap": host.argv, **there} if i == 0 else {}
-                return w.procs.consumer("--concurrency", "8", **extra)
+                if i == 0:
+                    return w.procs.consumer("--concurrency", "8", wrap=host.argv, environ=there)
+                return w.procs.consumer("--concurrency", "8")
 
             def fault(run: Run) -> None:
                 run.mark()
@@ -180,7 +181,7 @@ def pgbouncer(seconds: float, rate: float) -> dict[str, Any]:
             def fault(run: Run) -> None:
                 run.mark()
                 run.consumers[0].kill()
-                run.consumers.append(w.procs.consumer("--concurrency", "8", **env))
+                run.consumers.append(w.procs.consumer("--concurrency", "8", environ=env))
 
             r = under_load(w.db, w.procs, settings, fault, env=env, rate=rate,
                            seconds=seconds, warmup_s=5, timeout_s=180)

@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -218,9 +219,11 @@ def main() -> None:
     p.add_argument("--skip", nargs="*", default=[], choices=("priority", "fairness", "cost"))
     a = p.parse_args()
     report: dict[str, Any] = {}
-    for name, run in (("priority", lambda: priority(a.backlog)),
-                      ("fairness", lambda: fairness(a.backlog)),
-                      ("cost", claim_cost)):
+    runs: tuple[tuple[str, Callable[[], Any]], ...] = (
+        ("priority", lambda: priority(a.backlog)),
+        ("fairness", lambda: fairness(a.backlog)),
+        ("cost", claim_cost))
+    for name, run in runs:
         if name not in a.skip:
             report[name] = run()
             print(json.dumps({name: report[name]}), flush=True)  # each as it is measured

@@ -110,7 +110,8 @@ def run(seconds: float, seed: int, consumers: int, reapers: int,
         for c in fleet:
             c.worker_id()
         settings = Settings(database_url=db_url, amqp_url=amqp_url, namespace=namespace)
-        stop, published = threading.Event(), []
+        stop = threading.Event()
+        published: list[Any] = []
         feeder = threading.Thread(target=producer, args=(settings, stop, rng, published))
         feeder.start()
         counts = dict.fromkeys(kinds, 0)

@@ -172,21 +172,22 @@ def jobq(n: int, concurrency: int) -> dict[str, float]:
             for k, v in measure(n, produce(n, concurrency), {c.popen.pid for c in cons},
                                 done).items():
                 res[f"jobq_steady_{k}"] = v
-            for c in cons:
-                c.kill()
+            for proc in cons:
+                proc.kill()
         # The drains at --concurrency, and 2 consumers at twice it
         # (pgqueuer cannot be capped below twice its batch of 10: see below).
-        for k, conc, key in ((1, concurrency, "jobq_drain_1c"), (2, concurrency, "jobq_drain_2c"),
-                             (2, 2 * concurrency, f"jobq_drain_2c_conc{2 * concurrency}")):
+        for n_cons, conc, key in ((1, concurrency, "jobq_drain_1c"),
+                                  (2, concurrency, "jobq_drain_2c"),
+                                  (2, 2 * concurrency, f"jobq_drain_2c_conc{2 * concurrency}")):
             reset()
             asyncio.run(_publish(w.settings, n, batch=1000))
             with pings(n) as (port, _first, done):
                 cons = [w.procs.start("consume", "ping_app:app", "--concurrency",
-                                      str(conc), PING_PORT=str(port)) for _ in range(k)]
+                                      str(conc), PING_PORT=str(port)) for _ in range(n_cons)]
                 out = done()
                 res[key] = n / (out["last"] - out["first"])
-                for c in cons:
-                    c.kill()
+                for proc in cons:
+                    proc.kill()
     return res
 
 

@@ -43,7 +43,7 @@ def counters(db: SyncDB) -> dict[str, Any]:
     """Backends flush their statistics when idle, at the latest after 10 s
     (PGSTAT_IDLE_INTERVAL): wait for that first."""
     time.sleep(11)
-    return dict(db.fetchrow(COUNTERS))  # type: ignore[arg-type]
+    return dict(db.fetchrow(COUNTERS))
 
 
 def steady(n: int, batch: int) -> dict[str, Any]:

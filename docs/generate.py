@@ -21,6 +21,8 @@ import inspect
 import sys
 from pathlib import Path
 
+import pydantic
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "services"))
 
@@ -73,7 +75,8 @@ def _comments(cls: type) -> dict[str, str]:
     found: dict[str, str] = {}
     for node in ast.parse(source).body[0].body:  # type: ignore[attr-defined]
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            above, i = [], node.lineno - 2
+            above: list[str] = []
+            i = node.lineno - 2
             while i >= 0 and lines[i].strip().startswith("#"):
                 above.insert(0, lines[i].strip().lstrip("# "))
                 i -= 1
@@ -85,7 +88,7 @@ def _fields(model: type, prefix: str) -> list[str]:
     notes = _comments(model)
     rows = []
     for name, f in model.model_fields.items():  # type: ignore[attr-defined]
-        if isinstance(f.default, settings.BaseModel):
+        if isinstance(f.default, pydantic.BaseModel):
             continue
         default = "unset" if f.default is None else f"`{f.default!r}`".replace("|", "\\|")
         if name == "dashboard_token":

@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -61,8 +61,11 @@ class SyncDB:
     def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
         return self._run("fetch", sql, *args)  # type: ignore[no-any-return]
 
-    def fetchrow(self, sql: str, *args: Any) -> asyncpg.Record | None:
-        return self._run("fetchrow", sql, *args)  # type: ignore[no-any-return]
+    def fetchrow(self, sql: str, *args: Any) -> asyncpg.Record:
+        """The one row the statement returns (an AssertionError if none)."""
+        row: asyncpg.Record | None = self._run("fetchrow", sql, *args)
+        assert row is not None, f"no row: {sql[:80]}"
+        return row
 
     def val(self, sql: str, *args: Any) -> Any:
         return self._run("fetchval", sql, *args)
@@ -102,8 +105,10 @@ class Proc:
 
     def wait_log(self, pattern: str, timeout: float = 15) -> re.Match[str]:
         rx = re.compile(pattern)
-        return wait_until(lambda: rx.search(self.log()), timeout,
-                          f"{self.name} to log {pattern!r}; log:\n{self.log()[-3000:]}")
+        found = wait_until(lambda: rx.search(self.log()), timeout,
+                           f"{self.name} to log {pattern!r}; log:\n{self.log()[-3000:]}")
+        assert found is not None
+        return found
 
     def worker_id(self) -> str:
         return self.wait_log(r"consumer ready worker=(\S+)").group(1)
@@ -164,18 +169,24 @@ class Procs:
         self._n = 0
 
     def start(self, *args: str, name: str | None = None,
-              wrap: Callable[[list[str]], list[str]] | None = None, **env: str) -> Proc:
+              wrap: Callable[[list[str]], list[str]] | None = None,
+              environ: Mapping[str, str] | None = None, **env: str) -> Proc:
+        """``environ`` and ``env``: variables on top of the test's (a mapping
+        passed as ``**`` could bind ``name`` or ``wrap``: mypy refuses it)."""
         self._n += 1
         proc = Proc(name or f"{args[0]}{self._n}", list(args),
-                    as_role({**self.env, **env}, args), self.logdir, wrap=wrap)
+                    as_role({**self.env, **(environ or {}), **env}, args), self.logdir,
+                    wrap=wrap)
         self.procs.append(proc)
         return proc
 
-    def consumer(self, *extra: str, **env: str) -> Proc:
-        return self.start("consume", "harness.apps:app", *extra, **env)
+    def consumer(self, *extra: str, wrap: Callable[[list[str]], list[str]] | None = None,
+                 environ: Mapping[str, str] | None = None, **env: str) -> Proc:
+        return self.start("consume", "harness.apps:app", *extra, wrap=wrap,
+                          environ={**(environ or {}), **env})
 
-    def reaper(self, **env: str) -> Proc:
-        return self.start("reap", **env)
+    def reaper(self, environ: Mapping[str, str] | None = None, **env: str) -> Proc:
+        return self.start("reap", environ={**(environ or {}), **env})
 
     def close(self) -> None:
         for p in self.procs:

@@ -40,6 +40,7 @@ def docker(*args: str, timeout: float = 600, check: bool = True,
            **kw: object) -> subprocess.CompletedProcess[str]:
     out = subprocess.run(["docker", "-H", f"unix://{SOCKET}", *args], capture_output=True,
                          text=True, timeout=timeout, **kw)  # type: ignore[call-overload]
+    assert isinstance(out, subprocess.CompletedProcess)
     if check and out.returncode != 0:
         raise AssertionError(f"docker {' '.join(args)}: {out.stderr.strip()[-2000:]}")
     return out

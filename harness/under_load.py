@@ -78,9 +78,9 @@ def under_load(db: SyncDB, procs: Procs, settings: Any, fault: Callable[[Run], N
     env = env or {}
     db.execute(COMPLETIONS_DDL)
     start = start_consumer or (
-        lambda _i: procs.consumer("--concurrency", str(concurrency), **env))
+        lambda _i: procs.consumer("--concurrency", str(concurrency), environ=env))
     run = Run(db, procs, [start(i) for i in range(consumers)],
-              [procs.reaper(**env) for _ in range(reapers)])
+              [procs.reaper(environ=env) for _ in range(reapers)])
     for c in run.consumers:
         c.worker_id()
     ids: list[Any] = []

@@ -197,12 +197,12 @@ def namespace(amqp_url: str, db_url: str) -> Iterator[str]:
 
 @pytest.fixture
 def settings(db_url: str, amqp_url: str, namespace: str) -> Settings:
-    return Settings(
-        database_url=db_url, amqp_url=amqp_url, namespace=namespace,
-        producer={"relay_grace_s": 1.0},
-        reaper={"max_sleep_s": 0.2},
-        consumer={"shutdown_grace_s": 2.0},
-    )
+    return Settings.model_validate({
+        "database_url": db_url, "amqp_url": amqp_url, "namespace": namespace,
+        "producer": {"relay_grace_s": 1.0},
+        "reaper": {"max_sleep_s": 0.2},
+        "consumer": {"shutdown_grace_s": 2.0},
+    })
 
 
 @pytest.fixture

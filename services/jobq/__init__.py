@@ -2,8 +2,9 @@
 
 RabbitMQ delivers job ids; PostgreSQL holds the job row and the lease that
 proves a worker is alive; a reaper brings back jobs whose lease lapsed.
-Read in this order: schema/0001_core.sql, queries.sql, lease.py,
-worker/consumer.py (it names the consumer's units), reaper.py.
+Read in this order: schema/current.sql, queries.sql, db.py (the one gateway)
+and rows.py, lease.py, worker/consumer.py (it names the consumer's units),
+reaper/ (one file per duty); docs/contributing.md says more.
 """
 
 from jobq.app import App

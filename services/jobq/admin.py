@@ -19,6 +19,7 @@ from jobq import lease
 from jobq.db import execute, fetch, fetchval
 from jobq.errors import BadInput, UnknownJob
 from jobq.queues import changes, check_queue_name
+from jobq.rows import Spell, of
 from jobq.sql import Q
 
 
@@ -94,9 +95,9 @@ async def _status(pool: asyncpg.Pool, job_id: uuid.UUID) -> str:
     return str(status)
 
 
-async def retry(pool: asyncpg.Pool, job_id: uuid.UUID, who: str | None = None) -> Any:
-    """Put a failed or cancelled job back in line; the row (id, queue, lock)
-    to publish. The caller publishes it (the relay does if it does not).
+async def retry(pool: asyncpg.Pool, job_id: uuid.UUID, who: str | None = None) -> Spell:
+    """Put a failed or cancelled job back in line; its spell (id, queue,
+    lock) to publish. The caller publishes it (the relay does if it does not).
     ``who`` goes into the job's history ("by an operator" if None)."""
     row = await lease.retry_failed(pool, job_id, who)
     if row is None:
@@ -153,14 +154,14 @@ async def cancel_queue(pool: asyncpg.Pool, queue: str, statuses: list[str],
             return total
 
 
-async def retry_queue(pool: asyncpg.Pool, queue: str, statuses: list[str]) -> list[Any]:
+async def retry_queue(pool: asyncpg.Pool, queue: str, statuses: list[str]) -> list[Spell]:
     """Put every failed (or cancelled) job of the queue back in line, in
-    batches; the rows (id, queue, lock) for the caller to publish."""
-    out: list[Any] = []
+    batches; their spells for the caller to publish."""
+    out: list[Spell] = []
     while True:
         rows = await fetch(pool, Q["retry_queue_batch"], check_queue_name(queue), statuses,
                            BULK_BATCH)
-        out += rows
+        out += [of(Spell, r) for r in rows]
         if len(rows) < BULK_BATCH:
             return out
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from pydantic import BaseModel
 
@@ -37,6 +37,10 @@ if TYPE_CHECKING:
     from jobq.sync_client import SyncClient
 
 __all__ = ["QUEUE_NAME", "RESERVED_QUEUES", "App", "Handler", "check_queue_name", "load"]
+
+# A decorated function, returned as it was given (a Task stays a Task).
+F = TypeVar("F", bound=Callable[..., Any])
+
 
 @dataclass(frozen=True)
 class Handler:
@@ -70,10 +74,10 @@ class App:
 
     def periodic(self, *, cron: str | None = None, every: float | None = None,
                  timezone: str = "UTC", payload: Any = None,
-                 name: str | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+                 name: str | None = None) -> Callable[[F], F]:
         """Put over ``@app.handler(queue)``: also run that queue's handler on a
         schedule (named after the queue unless ``name`` is given)."""
-        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def register(fn: F) -> F:
             target = fn.fn if isinstance(fn, Task) else fn
             queue = next((h.queue for h in self.handlers.values() if h.fn is target), None)
             if queue is None:

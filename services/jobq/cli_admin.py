@@ -88,7 +88,7 @@ async def retry(settings: Settings, args: argparse.Namespace) -> None:
             rows = [await admin.retry(client.pool, parse_id(args.id))]
         else:
             rows = await admin.retry_queue(client.pool, args.queue, statuses)
-        await client.republish([(r["id"], r["queue"], r["lock"]) for r in rows])
+        await client.republish(rows)
     print(f"{args.id} queued again" if args.queue is None else
           f"queued {len(rows)} job(s) of {args.queue} again")
 

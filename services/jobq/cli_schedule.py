@@ -1,5 +1,5 @@
 """``jobq schedule set|list|delete``: periodic jobs from the command line
-(schedules.py owns what a schedule is and how slots fire). Operator verbs:
+(schedules.py owns what a schedule is, reaper/periodic.py how slots fire). Operator verbs:
 they run as the schema owner, like ``queue set``."""
 
 from __future__ import annotations

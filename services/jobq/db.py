@@ -34,12 +34,31 @@ from jobq.db_errors import (
 )
 from jobq.endpoints import redact
 from jobq.errors import ConfigError, DatabaseUnavailable, SchemaMissing
+from jobq.sql import Q
 
 # The error helpers live in db_errors.py; callers keep importing them from here.
-__all__ = ["SESSION_SETTINGS", "TRANSIENT", "PooledConnection", "certificate_refused",
-           "connect_once", "connection", "execute", "fetch", "fetchval", "is_data_error",
-           "is_transient", "missing_right", "open_pool", "pg_message", "session_broken",
-           "transaction", "translated"]
+__all__ = [
+    "SESSION_SETTINGS",
+    "TRANSIENT",
+    "Database",
+    "PooledConnection",
+    "certificate_refused",
+    "connect_once",
+    "connection",
+    "execute",
+    "fetch",
+    "fetchrow",
+    "fetchval",
+    "is_data_error",
+    "is_transient",
+    "missing_right",
+    "open_pool",
+    "pg_message",
+    "prepare",
+    "session_broken",
+    "transaction",
+    "translated",
+]
 
 log = logging.getLogger("jobq.db")
 
@@ -65,11 +84,11 @@ async def _light_reset(conn: asyncpg.Connection) -> None:
     advisory locks (the worker registry has its own connection) and never
     LISTEN. Only a transaction left open by mistake is rolled back."""
     if conn.is_in_transaction():
-        await conn.execute("ROLLBACK")
+        await conn.execute(Q["rollback"])
 
 
 async def _check_schema(conn: asyncpg.Connection | PooledConnection) -> None:
-    if await conn.fetchval("SELECT to_regclass('jobq.job')") is None:
+    if await conn.fetchval(Q["schema_present"]) is None:
         raise SchemaMissing("the database has no jobq schema yet: run `jobq migrate`")
 
 
@@ -170,19 +189,48 @@ async def connection(pool: asyncpg.Pool) -> AsyncIterator[PooledConnection]:
                 raise
 
 
-async def fetch(pool: asyncpg.Pool, query: str, *args: Any) -> list[asyncpg.Record]:
-    async with connection(pool) as conn:
-        return list(await conn.fetch(query, *args))
+# A statement runs on a pool (a connection borrowed for it, behind the guard
+# above) or on a connection the caller holds (a transaction, the worker
+# registry's session, a migration): the same four verbs either way, and no
+# module but this one calls the driver's.
+Database = asyncpg.Pool | asyncpg.Connection | PooledConnection
 
 
-async def fetchval(pool: asyncpg.Pool, query: str, *args: Any) -> Any:
-    async with connection(pool) as conn:
-        return await conn.fetchval(query, *args)
+async def fetch(db: Database, query: str, *args: Any) -> list[asyncpg.Record]:
+    if isinstance(db, asyncpg.Pool):
+        async with connection(db) as conn:
+            return list(await conn.fetch(query, *args))
+    return list(await db.fetch(query, *args))  # the holder's errors are the holder's
 
 
-async def execute(pool: asyncpg.Pool, query: str, *args: Any) -> str:
-    async with connection(pool) as conn:
-        return str(await conn.execute(query, *args))
+async def fetchrow(db: Database, query: str, *args: Any) -> asyncpg.Record | None:
+    row: asyncpg.Record | None
+    if isinstance(db, asyncpg.Pool):
+        async with connection(db) as conn:
+            row = await conn.fetchrow(query, *args)
+            return row
+    row = await db.fetchrow(query, *args)
+    return row
+
+
+async def fetchval(db: Database, query: str, *args: Any) -> Any:
+    if isinstance(db, asyncpg.Pool):
+        async with connection(db) as conn:
+            return await conn.fetchval(query, *args)
+    return await db.fetchval(query, *args)
+
+
+async def execute(db: Database, query: str, *args: Any) -> str:
+    if isinstance(db, asyncpg.Pool):
+        async with connection(db) as conn:
+            return str(await conn.execute(query, *args))
+    return str(await db.execute(query, *args))
+
+
+async def prepare(conn: asyncpg.Connection | PooledConnection,
+                  query: str) -> asyncpg.prepared_stmt.PreparedStatement[asyncpg.Record]:
+    """Parse without running: parameter and result types (routines.py)."""
+    return await conn.prepare(query)
 
 
 @contextlib.asynccontextmanager

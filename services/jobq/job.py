@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import enum
 import threading
 import uuid
 from dataclasses import dataclass, field
@@ -22,16 +21,10 @@ from typing import Any, Generic
 import asyncpg
 from typing_extensions import TypeVar
 
+from jobq import lease  # the one writer of lease columns (job.complete_in)
+from jobq.db import PooledConnection
 from jobq.errors import LeaseLost
-
-
-class Status(str, enum.Enum):
-    QUEUED = "queued"
-    ACTIVE = "active"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
+from jobq.status import Status as Status  # its home is status.py; re-exported
 
 # The payload's type: a handler registered with ``payload=Model`` may annotate
 # ``job: jobq.Job[Model]`` and mypy knows ``job.payload``; a bare ``Job`` is
@@ -120,7 +113,7 @@ class Job(Generic[P]):
         """Alias of ``lock``: the fencing token of this run."""
         return self.lock
 
-    async def complete_in(self, conn: asyncpg.Connection) -> None:
+    async def complete_in(self, conn: asyncpg.Connection | PooledConnection) -> None:
         """Complete the job inside the caller's open transaction.
 
         Use it when the handler writes to the same database: the handler's own
@@ -129,8 +122,6 @@ class Job(Generic[P]):
         :class:`LeaseLost` if the lease is gone; let it propagate so the
         caller's transaction rolls back.
         """
-        from jobq import lease  # the one writer of lease columns
-
         if not await lease.complete_in(conn, self.id, self.lock):
             raise LeaseLost(f"job {self.id}: lease lost before completion")
         self.completed_in_transaction = True

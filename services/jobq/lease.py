@@ -20,13 +20,13 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import asyncpg
 
-from jobq.db import execute, fetch, fetchval, translated
-from jobq.job import Status
+from jobq.db import Database, execute, fetch, fetchval, translated
+from jobq.rows import ChildDeath, Claim, Failed, Lapsed, Miss, Spell, Vanished, of
 from jobq.sql import Q
+from jobq.status import Status
 
 
 @dataclass(eq=False)
@@ -43,11 +43,11 @@ class Lease:
     finishing: bool = False  # final write (complete/fail/release) under way
 
     @classmethod
-    def from_claim(cls, row: asyncpg.Record, sent_at: float, margin_fraction: float) -> Lease:
-        lease_s = float(row["lease_s"])
-        return cls(row["id"], row["queue"], row["lock"], lease_s, margin_fraction,
+    def from_claim(cls, row: Claim, sent_at: float, margin_fraction: float) -> Lease:
+        lease_s = float(row.lease_s)
+        return cls(row.id, row.queue, row.lock, lease_s, margin_fraction,
                    sent_at + lease_s * (1 - margin_fraction), sent_at,
-                   float(row["vanished_grace_s"]))
+                   float(row.vanished_grace_s))
 
     def session_lost(self, at: float) -> None:
         """Our registry session ended at ``at``: a reaper may now cut the lease
@@ -76,14 +76,15 @@ def in_lock_order(leases: Iterable[Lease]) -> list[Lease]:
     return sorted(leases, key=lambda le: le.job_id.bytes)
 
 
-async def complete_in(conn: Any, job_id: uuid.UUID, lock: uuid.UUID) -> bool:
+async def complete_in(conn: Database, job_id: uuid.UUID, lock: uuid.UUID) -> bool:
     """Complete inside the caller's open transaction (``job.complete_in``)."""
-    return bool(await conn.fetch(Q["complete"], [job_id], [lock], [None]))
+    return bool(await fetch(conn, Q["complete"], [job_id], [lock], [None]))
 
 
 async def claim(pool: asyncpg.Pool, ids: Sequence[uuid.UUID], worker_id: str,
                 queues: Sequence[str], locks: Sequence[uuid.UUID] | None = None,
-                retried: bool = False, handed: list[Any] | None = None) -> list[Any]:
+                retried: bool = False, handed: list[Spell] | None = None
+                ) -> list[Claim | None]:
     """Claim the given ids with these lock tokens (fresh ones if None);
     returns, per id, the claim row it brought (its own, or a higher-priority
     job's in its place) or None. ``retried``: an earlier attempt with the
@@ -92,29 +93,29 @@ async def claim(pool: asyncpg.Pool, ids: Sequence[uuid.UUID], worker_id: str,
     priority overtook; the caller publishes them again."""
     locks = list(locks) if locks is not None else [uuid.uuid4() for _ in ids]
     rows = await fetch(pool, Q["claim"], list(ids), worker_id, list(queues), locks)
-    by_via: dict[uuid.UUID, Any] = {}
+    by_via: dict[uuid.UUID, Claim] = {}
     for r in rows:
         if r["handed"]:
             if handed is not None:
-                handed.append((r["id"], r["queue"], r["lock"]))
+                handed.append(Spell(r["id"], r["queue"], r["lock"]))
         else:
-            by_via[r["via"]] = r
+            by_via[r["via"]] = of(Claim, r)
     if retried and len(by_via) < len(set(ids)):
         missed = [(i, lk) for i, lk in zip(ids, locks) if i not in by_via]
         for r in await fetch(pool, Q["claim_recover"], [i for i, _ in missed],
                              [lk for _, lk in missed], worker_id):
-            by_via[r["via"]] = r
+            by_via[r["via"]] = of(Claim, r)
     # The same id twice in one batch (a duplicate delivery) is claimed once:
     # only its first occurrence gets the row.
     return [by_via.pop(i, None) for i in ids]
 
 
-async def claim_misses(pool: asyncpg.Pool, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Any]:
+async def claim_misses(pool: asyncpg.Pool, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Miss]:
     rows = await fetch(pool, Q["claim_misses"], list(ids))
-    return {r["id"]: r for r in rows}
+    return {r["id"]: of(Miss, r) for r in rows}
 
 
-async def renew(conn: asyncpg.Connection, leases: Sequence[Lease],
+async def renew(conn: Database, leases: Sequence[Lease],
                 worker_id: str) -> set[uuid.UUID]:
     """One statement for all leases, on the registry session (not pooled);
     returns the ids still held."""
@@ -122,7 +123,7 @@ async def renew(conn: asyncpg.Connection, leases: Sequence[Lease],
         return set()
     with translated():
         leases = in_lock_order(leases)
-        rows = await conn.fetch(
+        rows = await fetch(conn,
             Q["renew"], [le.job_id for le in leases], [le.lock for le in leases],
             [le.lease_s for le in leases], worker_id,
         )
@@ -155,7 +156,7 @@ class Failure:
     delay_s: float | None = None
 
 
-async def fail(pool: asyncpg.Pool, failures: Sequence[Failure]) -> list[Any]:
+async def fail(pool: asyncpg.Pool, failures: Sequence[Failure]) -> list[Failed | None]:
     """Record handler failures; per item the row (status, retry_in_s) or None
     if lost. A retried write whose first reply was lost finds its own token
     on a row it already moved (queued for a retry, or failed): that is ours,
@@ -166,26 +167,26 @@ async def fail(pool: asyncpg.Pool, failures: Sequence[Failure]) -> list[Any]:
         [f.lease.job_id for f in ordered], [f.lease.lock for f in ordered],
         [f.error[:4000] for f in ordered], [f.retry for f in ordered],
         [f.delay_s for f in ordered])
-    by_id: dict[uuid.UUID, Any] = {r["id"]: r for r in rows}
+    by_id: dict[uuid.UUID, Failed] = {r["id"]: of(Failed, r) for r in rows}
     missed = [f.lease for f in failures if f.lease.job_id not in by_id]
     if missed:
         again = await fetch(pool, Q["finished_by"], [le.job_id for le in missed],
                             [le.lock for le in missed])
         for r in again:
             if r["status"] in (Status.QUEUED, Status.FAILED):
-                by_id[r["id"]] = {"id": r["id"], "status": r["status"], "retry_in_s": None}
+                by_id[r["id"]] = Failed(r["id"], r["status"], None)
     return [by_id.get(f.lease.job_id) for f in failures]
 
 
 async def release(pool: asyncpg.Pool, leases: Iterable[Lease],
-                  why: str = "worker shutting down", handoff: bool = False) -> list[Any]:
+                  why: str = "worker shutting down", handoff: bool = False) -> list[Spell]:
     """Give leases back at once: rows (id, queue, lock) that were released."""
     leases = list(leases)
     if not leases:
         return []
     leases = in_lock_order(leases)
-    return await fetch(pool, Q["release"], [le.job_id for le in leases],
-                       [le.lock for le in leases], why, handoff)
+    return [of(Spell, r) for r in await fetch(pool, Q["release"], [le.job_id for le in leases],
+                                              [le.lock for le in leases], why, handoff)]
 
 
 async def progress(pool: asyncpg.Pool, lease_: Lease, value: str) -> bool:
@@ -193,10 +194,11 @@ async def progress(pool: asyncpg.Pool, lease_: Lease, value: str) -> bool:
     return bool(await fetch(pool, Q["progress"], lease_.job_id, lease_.lock, value))
 
 
-async def unpark_freed(pool: asyncpg.Pool, finished: Lease) -> list[Any]:
+async def unpark_freed(pool: asyncpg.Pool, finished: Lease) -> list[Spell]:
     """A finished run frees a slot of its limited queue: release the oldest
-    job parked there, under a fresh token of ours; rows (id, queue, lock)."""
-    return await fetch(pool, Q["unpark_freed"], finished.job_id, finished.lock, uuid.uuid4())
+    job parked there, under a fresh token of ours."""
+    return [of(Spell, r) for r in await fetch(pool, Q["unpark_freed"], finished.job_id,
+                                              finished.lock, uuid.uuid4())]
 
 
 async def isolate(pool: asyncpg.Pool, lease_: Lease) -> bool:
@@ -204,11 +206,11 @@ async def isolate(pool: asyncpg.Pool, lease_: Lease) -> bool:
     return bool(await fetch(pool, Q["isolate"], lease_.job_id, lease_.lock))
 
 
-async def child_died(pool: asyncpg.Pool, lease_: Lease, why: str) -> Any:
+async def child_died(pool: asyncpg.Pool, lease_: Lease, why: str) -> ChildDeath | None:
     """The child process running this job died: charge it one stall and
     requeue it now (or fail it as a job of death). The row, or None if lost."""
     rows = await fetch(pool, Q["child_died"], lease_.job_id, lease_.lock, why[:4000])
-    return rows[0] if rows else None
+    return of(ChildDeath, rows[0]) if rows else None
 
 
 async def quarantine(pool: asyncpg.Pool, job_id: uuid.UUID, worker_id: str,
@@ -227,22 +229,23 @@ async def cancel(pool: asyncpg.Pool, job_id: uuid.UUID, reason: str | None) -> b
     return bool(await fetch(pool, Q["cancel"], job_id, reason))
 
 
-async def retry_failed(pool: asyncpg.Pool, job_id: uuid.UUID, who: str | None = None) -> Any:
-    """failed/cancelled -> queued; the row (id, queue, lock) or None."""
+async def retry_failed(pool: asyncpg.Pool, job_id: uuid.UUID,
+                       who: str | None = None) -> Spell | None:
+    """failed/cancelled -> queued; its spell, or None."""
     rows = await fetch(pool, Q["retry_failed"], job_id, who)
-    return rows[0] if rows else None
+    return of(Spell, rows[0]) if rows else None
 
 
 # ── reaper side ──
 
-async def requeue_lapsed(pool: asyncpg.Pool, limit: int, reaper_id: str) -> list[Any]:
+async def requeue_lapsed(pool: asyncpg.Pool, limit: int, reaper_id: str) -> list[Lapsed]:
     """Requeue (or fail, past max_stalls) active jobs whose lease lapsed."""
-    return await fetch(pool, Q["requeue_lapsed"], limit, reaper_id)
+    return [of(Lapsed, r) for r in await fetch(pool, Q["requeue_lapsed"], limit, reaper_id)]
 
 
-async def cut_vanished(pool: asyncpg.Pool) -> list[Any]:
+async def cut_vanished(pool: asyncpg.Pool) -> list[Vanished]:
     """Workers whose registry session ended: cut their leases to the grace."""
-    return await fetch(pool, Q["workers_vanished"])
+    return [of(Vanished, r) for r in await fetch(pool, Q["workers_vanished"])]
 
 
 async def record_lost(pool: asyncpg.Pool, lease_: Lease) -> None:

@@ -18,12 +18,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import asyncpg
 
 from jobq import routines
-from jobq.db import PooledConnection, translated
+from jobq.db import PooledConnection, connect_once, execute, fetch, fetchval, translated
 from jobq.errors import ConfigError
+from jobq.sql import Q
 
 log = logging.getLogger("jobq.migrate")
 
@@ -75,15 +77,15 @@ async def ensure_roles(conn: asyncpg.Connection | PooledConnection) -> list[str]
     cluster-wide: two migrations of different databases may race here."""
     created = []
     for role in GROUP_ROLES:
-        if await conn.fetchval("SELECT 1 FROM pg_roles WHERE rolname = $1", role):
+        if await fetchval(conn, Q["role_exists"], role):
             continue
         try:
-            await conn.execute(f"CREATE ROLE {role} NOLOGIN")
+            await execute(conn, await fetchval(conn, Q["role_create_statement"], role))
             created.append(role)
         except (asyncpg.exceptions.DuplicateObjectError, asyncpg.exceptions.UniqueViolationError):
             pass
         except asyncpg.exceptions.InsufficientPrivilegeError as exc:
-            user = await conn.fetchval("SELECT current_user")
+            user = await fetchval(conn, Q["current_login"])
             raise ConfigError(
                 f"role {role} does not exist and role {user} may not create roles: run "
                 f"`jobq migrate` once as a role with CREATEROLE, or CREATE ROLE {role} NOLOGIN"
@@ -93,10 +95,10 @@ async def ensure_roles(conn: asyncpg.Connection | PooledConnection) -> list[str]
 
 async def join_owner(conn: asyncpg.Connection | PooledConnection) -> None:
     """Make the user running migrate a member of jobq_owner (once)."""
-    if not await conn.fetchval("SELECT pg_has_role('jobq_owner', 'USAGE')"):
-        user = await conn.fetchval("SELECT current_user")
+    if not await fetchval(conn, Q["owner_joined"]):
+        user = await fetchval(conn, Q["current_login"])
         try:
-            await conn.execute("GRANT jobq_owner TO CURRENT_USER")
+            await execute(conn, Q["owner_join"])
         except asyncpg.exceptions.InsufficientPrivilegeError as exc:
             raise ConfigError(f"role {user} runs `jobq migrate` but is not a member of "
                               f"jobq_owner, which owns the schema: GRANT jobq_owner TO {user}"
@@ -106,20 +108,13 @@ async def join_owner(conn: asyncpg.Connection | PooledConnection) -> None:
 async def _as_owner(conn: asyncpg.Connection | PooledConnection) -> None:
     """Objects are created as jobq_owner once it owns the schema (0006), so
     they get its default privileges; before that, as the user running."""
-    owner = await conn.fetchval(
-        "SELECT nspowner::regrole::text FROM pg_namespace WHERE nspname = 'jobq'")
-    if owner == "jobq_owner":
-        await conn.execute("SET LOCAL ROLE jobq_owner")
+    if await fetchval(conn, Q["schema_owner"]) == "jobq_owner":
+        await execute(conn, Q["as_owner"])
 
 
 async def create_database(url: str) -> bool:
     """Create the database ``url`` names, if missing, from the server's
     ``postgres`` database; True if it was created."""
-    from urllib.parse import unquote, urlsplit, urlunsplit
-
-    from jobq.db import connect_once, execute, fetchval
-    from jobq.sql import Q
-
     parts = urlsplit(url)
     name = unquote(parts.path.lstrip("/"))
     if not name or name == "postgres":
@@ -145,10 +140,9 @@ async def create_database(url: str) -> bool:
 async def pending(conn: asyncpg.Connection | PooledConnection) -> list[Migration]:
     """Migrations not recorded yet (all of them on an empty database); warns
     of a recorded one whose file changed (it is not re-run)."""
-    if await conn.fetchval("SELECT to_regclass('jobq.schema_migration')") is None:
+    if await fetchval(conn, Q["migrations_present"]) is None:
         return load()
-    done = {r["version"]: r["checksum"]
-            for r in await conn.fetch("SELECT version, checksum FROM jobq.schema_migration")}
+    done = {r["version"]: r["checksum"] for r in await fetch(conn, Q["migrations_applied"])}
     for m in load():
         if m.version in done and done[m.version] != m.checksum:
             log.warning("migration %04d_%s changed since it was applied; not re-running it",
@@ -172,7 +166,7 @@ async def _in_turns(conn: asyncpg.Connection | PooledConnection,
     for attempt in range(LOCK_TRIES):
         try:
             async with conn.transaction():
-                await conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+                await execute(conn, Q["lock_timeout_local"], LOCK_TIMEOUT)
                 await body()
             return
         except asyncpg.exceptions.LockNotAvailableError:
@@ -184,21 +178,13 @@ async def _in_turns(conn: asyncpg.Connection | PooledConnection,
 
 
 async def _apply_one(conn: asyncpg.Connection | PooledConnection, migration: Migration) -> None:
-    if await conn.fetchval("SELECT to_regnamespace('jobq')") is None:
-        await conn.execute("CREATE SCHEMA jobq")
+    if await fetchval(conn, Q["schema_namespace"]) is None:
+        await execute(conn, Q["schema_create"])
     await _as_owner(conn)
-    await conn.execute(
-        """CREATE TABLE IF NOT EXISTS jobq.schema_migration (
-               version integer PRIMARY KEY,
-               name text NOT NULL,
-               checksum text NOT NULL,
-               applied_at timestamptz NOT NULL DEFAULT now())"""
-    )
-    await conn.execute(migration.sql)
-    await conn.execute(
-        "INSERT INTO jobq.schema_migration (version, name, checksum) VALUES ($1, $2, $3)",
-        migration.version, migration.name, migration.checksum,
-    )
+    await execute(conn, Q["migrations_create"])
+    await execute(conn, migration.sql)  # the file's text, schema/NNNN_*.sql
+    await execute(conn, Q["migration_record"], migration.version, migration.name,
+                  migration.checksum)
 
 
 async def _install_routines(conn: asyncpg.Connection | PooledConnection, version: int) -> None:
@@ -214,7 +200,7 @@ async def apply(conn: asyncpg.Connection | PooledConnection) -> list[Migration]:
     applied: list[Migration] = []
     with translated():
         await ensure_roles(conn)
-        await conn.execute("SELECT pg_advisory_lock($1)", _LOCK_KEY)
+        await execute(conn, Q["migrate_lock"], _LOCK_KEY)
         try:
             todo = await pending(conn)
             version = max(m.version for m in load())
@@ -227,5 +213,5 @@ async def apply(conn: asyncpg.Connection | PooledConnection) -> list[Migration]:
             if await routines.stale(conn, version):
                 await _in_turns(conn, functools.partial(_install_routines, conn, version))
         finally:
-            await conn.execute("SELECT pg_advisory_unlock($1)", _LOCK_KEY)
+            await execute(conn, Q["migrate_unlock"], _LOCK_KEY)
     return applied

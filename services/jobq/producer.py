@@ -24,7 +24,7 @@ import asyncpg
 
 from jobq import crash, tracing
 from jobq.broker import Broker
-from jobq.db import fetch, open_pool, translated
+from jobq.db import fetch, fetchrow, open_pool, translated
 from jobq.errors import InvalidPayload
 from jobq.publisher import Marks, Row, Rows, columns, publish
 from jobq.queues import BY_COLUMN, check_queue_name
@@ -272,7 +272,7 @@ class Client:
         payload_json = validate(job)
         statement, args = columns([job.row(payload_json, tracing.carrier())], 0.0)
         with translated():
-            row = await conn.fetchrow(statement, *args)
+            row = await fetchrow(conn, statement, *args)
         assert row is not None
         job_id: uuid.UUID = row["id"]
         return job_id

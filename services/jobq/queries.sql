@@ -50,8 +50,13 @@
 --       queue_limits_get, queue_limits_set
 --   inspect: stats, job_status, job_get, job_links, job_steps, workflow_jobs, workflow_cancel
 --   dashboard: dash_queues, dash_throughput, dash_running, dash_stalled, dash_failed, dash_job,
---       dash_workers, dash_reapers
---   install: database_exists, create_database_statement
+--       dash_workers, reader_member, dash_reapers
+--   install: database_exists, create_database_statement, role_exists, role_create_statement,
+--       current_login, owner_joined, owner_join, schema_owner, as_owner, schema_present,
+--       schema_namespace, schema_create, migrations_present, migrations_create,
+--       migrations_applied, migration_record, lock_timeout_local, migrate_lock, migrate_unlock,
+--       type_names, routines_present, routines_create, routines_installed, routine_record,
+--       routine_forget, routine_drop_statement, routine_grant_statements, ping, rollback
 --   uninstall: uninstall_database_name, uninstall_schema_exists, uninstall_job_count,
 --       uninstall_roles_present, uninstall_schema, uninstall_roles
 -- (end of contents)
@@ -1603,6 +1608,11 @@ FROM jobq.worker w
 ORDER BY w.vanished_at IS NOT NULL, w.started_at DESC
 LIMIT 200;
 
+-- name: reader_member
+-- The dashboard's login reads as jobq_reader when it is a member.
+SELECT to_regrole('jobq_reader') IS NOT NULL
+       AND pg_has_role(current_user, 'jobq_reader', 'MEMBER');
+
 -- name: dash_reapers
 SELECT reaper_id, host, pid, started_at, last_sweep_at, sweeps, seconds_since_sweep,
        last_error, failing_since
@@ -1618,6 +1628,105 @@ SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1);
 -- name: create_database_statement
 -- CREATE DATABASE takes no parameters: the server quotes the name.
 SELECT format('CREATE DATABASE %I', $1::text);
+
+-- jobq migrate (migrate.py, routines.py): roles, the migration ledger and
+-- the statement functions. DDL that names an object takes no parameters:
+-- a statement here writes it, the server quoting the names.
+
+-- name: role_exists
+SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1);
+
+-- name: role_create_statement
+SELECT format('CREATE ROLE %I NOLOGIN', $1::text);
+
+-- name: current_login
+SELECT current_user::text;
+
+-- name: owner_joined
+SELECT pg_has_role('jobq_owner', 'USAGE');
+
+-- name: owner_join
+GRANT jobq_owner TO CURRENT_USER;
+
+-- name: schema_owner
+SELECT nspowner::regrole::text FROM pg_namespace WHERE nspname = 'jobq';
+
+-- name: as_owner
+SET LOCAL ROLE jobq_owner;
+
+-- name: schema_present
+-- Migrated at all (services refuse to start otherwise: "run jobq migrate").
+SELECT to_regclass('jobq.job');
+
+-- name: schema_namespace
+SELECT to_regnamespace('jobq');
+
+-- name: schema_create
+CREATE SCHEMA jobq;
+
+-- name: migrations_present
+SELECT to_regclass('jobq.schema_migration');
+
+-- name: migrations_create
+CREATE TABLE IF NOT EXISTS jobq.schema_migration (
+    version integer PRIMARY KEY,
+    name text NOT NULL,
+    checksum text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now());
+
+-- name: migrations_applied
+SELECT version, checksum FROM jobq.schema_migration;
+
+-- name: migration_record
+INSERT INTO jobq.schema_migration (version, name, checksum) VALUES ($1, $2, $3);
+
+-- name: lock_timeout_local
+-- A migration under load waits this long for each lock, then tries again.
+SELECT set_config('lock_timeout', $1::text, true);
+
+-- name: migrate_lock
+SELECT pg_advisory_lock($1);
+
+-- name: migrate_unlock
+SELECT pg_advisory_unlock($1);
+
+-- name: type_names
+-- The parameter types of a statement, by name, for its function's signature.
+SELECT format_type(o, NULL) AS t FROM unnest($1::oid[]) WITH ORDINALITY AS u(o, n) ORDER BY n;
+
+-- name: routines_present
+SELECT to_regclass('jobq.schema_routine');
+
+-- name: routines_create
+CREATE TABLE IF NOT EXISTS jobq.schema_routine (name text PRIMARY KEY, checksum text NOT NULL);
+
+-- name: routines_installed
+SELECT name, checksum FROM jobq.schema_routine;
+
+-- name: routine_record
+INSERT INTO jobq.schema_routine (name, checksum) VALUES ($1, $2)
+ON CONFLICT (name) DO UPDATE SET checksum = excluded.checksum;
+
+-- name: routine_forget
+DELETE FROM jobq.schema_routine WHERE name = $1;
+
+-- name: routine_drop_statement
+-- $1 is jobq.q_<name>, made by routines.function_name from a statement's name.
+SELECT format('DROP FUNCTION IF EXISTS %s', $1::text);
+
+-- name: routine_grant_statements
+-- Only the roles of the statement's grant line may call its function.
+SELECT format('REVOKE ALL ON FUNCTION %s(%s) FROM PUBLIC', $1::text, $2::text) AS revoke,
+       format('GRANT EXECUTE ON FUNCTION %s(%s) TO %s', $1::text, $2::text,
+              (SELECT string_agg(quote_ident(r), ', ') FROM unnest($3::text[]) AS r)) AS grant;
+
+-- name: ping
+-- Readiness (/readyz): the database answers.
+SELECT 1;
+
+-- name: rollback
+-- A pooled session given back inside a transaction (db._light_reset).
+ROLLBACK;
 
 -- ───────────────────────────── uninstall ─────────────────────────────
 -- jobq uninstall (uninstall.py): what migrate made in this database, and

@@ -24,7 +24,7 @@ import asyncpg
 
 from jobq import crash
 from jobq.broker import Broker
-from jobq.db import execute, transaction
+from jobq.db import execute, fetch, transaction
 from jobq.sql import Q
 
 log = logging.getLogger("jobq.relay")
@@ -78,17 +78,17 @@ async def relay_due(broker: Broker, pool: asyncpg.Pool, batch_size: int) -> int:
     total = 0
     while True:
         async with transaction(pool) as conn:
-            rows = await conn.fetch(Q["relay_take"], batch_size)
+            rows = await fetch(conn, Q["relay_take"], batch_size)
             if not rows:
                 return total
             # Raises if nothing could be sent at all (the broker is away): the
             # transaction rolls back and the next sweep tries again.
             confirmed = await broker.publish([(r["id"], r["queue"]) for r in rows])
             crash.point("reaper.mid_relay")
-            await conn.execute(Q["relay_mark"], list(confirmed))
+            await execute(conn, Q["relay_mark"], list(confirmed))
             missed = [r["id"] for r in rows if r["id"] not in confirmed]
             if missed:
-                await conn.execute(Q["relay_defer"], missed, RETRY_LATER_S)
+                await execute(conn, Q["relay_defer"], missed, RETRY_LATER_S)
         total += len(confirmed)
         log.debug("relayed %d id(s)", len(confirmed))
         if len(rows) < batch_size or missed:

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from jobq.db import connection
+from jobq.db import connection, fetchrow
 from jobq.errors import BadInput, JobqError
 from jobq.sql import Q
 
@@ -78,7 +78,7 @@ async def wait(pool: Any, job_id: uuid.UUID,
     async with connection(pool) as conn:
         await conn.add_listener("jobq_finished", on_notify)
         try:
-            row = await conn.fetchrow(Q["watch"], job_id)
+            row = await fetchrow(conn, Q["watch"], job_id)
             if row is None:
                 raise BadInput(f"no job {job_id}")
             # A notification is a hint, not the answer: any login may NOTIFY
@@ -95,7 +95,7 @@ async def wait(pool: Any, job_id: uuid.UUID,
                     timed_out = True  # raised outside: connection() would call it an outage
                     break
                 ended.clear()  # before the re-read: an end after it sets it again
-                row = await conn.fetchrow(Q["watch"], job_id)  # (a producer reads no row)
+                row = await fetchrow(conn, Q["watch"], job_id)  # (a producer reads no row)
                 if row is None:  # pruned meanwhile
                     raise BadInput(f"no job {job_id}")
         finally:

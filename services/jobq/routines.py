@@ -20,7 +20,8 @@ import hashlib
 import logging
 from typing import Any
 
-from jobq.sql import BODY, FAST, GENERIC_PLAN, GRANTS, arity, function_name, statements
+from jobq.db import execute, fetch, fetchrow, fetchval, prepare
+from jobq.sql import BODY, FAST, GENERIC_PLAN, GRANTS, Q, arity, function_name, statements
 
 log = logging.getLogger("jobq.migrate")
 
@@ -44,16 +45,14 @@ GENERIC_SETTING = "SET plan_cache_mode = force_generic_plan SET enable_seqscan =
 
 
 async def _types(conn: Any, oids: list[int]) -> list[str]:
-    rows = await conn.fetch(
-        "SELECT format_type(o, NULL) AS t FROM unnest($1::oid[]) WITH ORDINALITY AS u(o, n) "
-        "ORDER BY n", oids)
+    rows = await fetch(conn, Q["type_names"], oids)
     return [r["t"] for r in rows]
 
 
 async def definition(conn: Any, name: str) -> tuple[str, str]:
     """(argument types, CREATE FUNCTION text) for one granted statement."""
     body = BODY[name]
-    stmt = await conn.prepare(statements(body)[-1])  # the last one's result is returned
+    stmt = await prepare(conn, statements(body)[-1])  # the last one's result is returned
     params = await _types(conn, [p.oid for p in stmt.get_parameters()])
     if len(params) != arity(body):
         raise ValueError(f"queries.sql: {name}: parameters must be numbered $1..$n without gaps")
@@ -120,10 +119,9 @@ def checksums(schema_version: int) -> dict[str, str]:
 
 
 async def _installed(conn: Any) -> dict[str, str] | None:
-    if await conn.fetchval("SELECT to_regclass('jobq.schema_routine')") is None:
+    if await fetchval(conn, Q["routines_present"]) is None:
         return None
-    return {r["name"]: r["checksum"]
-            for r in await conn.fetch("SELECT name, checksum FROM jobq.schema_routine")}
+    return {r["name"]: r["checksum"] for r in await fetch(conn, Q["routines_installed"])}
 
 
 async def stale(conn: Any, schema_version: int) -> bool:
@@ -135,8 +133,7 @@ async def stale(conn: Any, schema_version: int) -> bool:
 async def install(conn: Any, schema_version: int) -> list[str]:
     """Make jobq.q_* match queries.sql; returns the names (re)created or
     dropped. Runs inside migrate's transaction, after the migrations."""
-    await conn.execute("""CREATE TABLE IF NOT EXISTS jobq.schema_routine (
-                              name text PRIMARY KEY, checksum text NOT NULL)""")
+    await execute(conn, Q["routines_create"])
     have = await _installed(conn) or {}
     changed: list[str] = []
     for name, checksum in sorted(checksums(schema_version).items()):
@@ -145,17 +142,19 @@ async def install(conn: Any, schema_version: int) -> list[str]:
         args, create = await definition(conn, name)
         fn = function_name(name)
         # DROP, not CREATE OR REPLACE: a changed result type cannot be replaced.
-        await conn.execute(f"DROP FUNCTION IF EXISTS {fn}")
-        await conn.execute(create)
-        await conn.execute(f"REVOKE ALL ON FUNCTION {fn}({args}) FROM PUBLIC")
-        await conn.execute(f"GRANT EXECUTE ON FUNCTION {fn}({args}) TO {', '.join(GRANTS[name])}")
-        await conn.execute(
-            "INSERT INTO jobq.schema_routine (name, checksum) VALUES ($1, $2) "
-            "ON CONFLICT (name) DO UPDATE SET checksum = excluded.checksum", name, checksum)
+        await execute(conn, await fetchval(conn, Q["routine_drop_statement"], fn))
+        await execute(conn, create)  # queries.sql's statement, wrapped by definition()
+        rights = await fetchrow(conn, Q["routine_grant_statements"], fn, args,
+                                list(GRANTS[name]))
+        assert rights is not None
+        await execute(conn, rights["revoke"])
+        await execute(conn, rights["grant"])
+        await execute(conn, Q["routine_record"], name, checksum)
         changed.append(name)
     for gone in have:  # a statement no longer granted
-        await conn.execute(f"DROP FUNCTION IF EXISTS {function_name(gone)}")
-        await conn.execute("DELETE FROM jobq.schema_routine WHERE name = $1", gone)
+        await execute(conn, await fetchval(conn, Q["routine_drop_statement"],
+                                           function_name(gone)))
+        await execute(conn, Q["routine_forget"], gone)
         changed.append(gone)
     if changed:
         log.info("installed %d statement function(s): %s", len(changed), ", ".join(changed))

@@ -42,12 +42,12 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import asyncpg
 from cronsim import CronSim, CronSimError
 
+from jobq.db import execute, fetchrow, fetchval
 from jobq.errors import BadInput
 from jobq.logs import fields
 
 log = logging.getLogger("jobq.schedules")
 
-FIRE_BATCH = 100  # due schedules read per sweep
 
 
 @dataclass(frozen=True)
@@ -105,20 +105,15 @@ class Schedule:
                 self.every_s, self.next_after(now, now), self.enabled)
 
 
-def from_row(r: Any) -> Schedule:
-    return Schedule(r["name"], r["queue"], None, r["cron"], r["interval_s"], r["timezone"],
-                    r["enabled"])
-
-
 async def set_schedule(conn: Any, schedule: Schedule) -> None:
     """Operators (``jobq schedule set``): create or change a schedule; an
     unchanged one keeps its next slot. BadInput if the database refuses it
     (a payload over the queue's limit)."""
     from jobq.sql import Q
 
-    now = await conn.fetchval(Q["db_now"])
+    now = await fetchval(conn, Q["db_now"])
     with refused(schedule.name):
-        await conn.execute(Q["schedule_set"], *schedule.row(now))  # (a trigger checks the payload)
+        await execute(conn, Q["schedule_set"], *schedule.row(now))  # (a trigger checks the payload)
 
 
 async def declare(conn: Any, schedules: list[Schedule]) -> int:
@@ -128,13 +123,13 @@ async def declare(conn: Any, schedules: list[Schedule]) -> int:
     and skipped: it never stops the consumer."""
     from jobq.sql import Q
 
-    now = await conn.fetchval(Q["db_now"])
+    now = await fetchval(conn, Q["db_now"])
     stored = 0
     for s in schedules:
         try:
             with refused(s.name):
                 async with conn.transaction():
-                    row = await conn.fetchrow(Q["schedule_upsert"], *s.row(now))
+                    row = await fetchrow(conn, Q["schedule_upsert"], *s.row(now))
         except BadInput as exc:
             log.warning("%s; not stored", exc, extra=fields(event="schedule_refused"))
             continue
@@ -159,55 +154,3 @@ def refused(name: str) -> Iterator[None]:
         from jobq.db import pg_message
 
         raise BadInput(pg_message(exc)) from None
-
-
-async def fire_due(pool: Any) -> int:
-    """Reaper: enqueue every due slot (once per slot); returns jobs enqueued.
-    A slot that cannot be fired is recorded and stepped over (``_skip``); a
-    lost connection is raised (the sweep tries again)."""
-    from jobq.db import connection, is_transient
-    from jobq.sql import Q
-
-    fired = 0
-    async with connection(pool) as conn:
-        due = await conn.fetch(Q["schedules_due"], FIRE_BATCH)
-        for r in due:
-            try:  # one statement, autocommitted: a reaper frozen after it holds no lock
-                job_id = await _fire(conn, r)
-            except Exception as exc:
-                if is_transient(exc) or conn.is_closed():
-                    raise
-                await _skip(conn, r, exc)
-                continue
-            if job_id is not None:
-                fired += 1
-                late = (r["now"] - r["next_run_at"]).total_seconds()
-                log.info("schedule %s fired", r["name"], extra=fields(
-                    event="scheduled", job=job_id, queue=r["queue"], late_s=round(late, 3)))
-    return fired
-
-
-async def _fire(conn: Any, r: Any) -> Any:
-    from jobq.sql import Q
-
-    s = from_row(r)
-    # Catch-up: one run for every slot missed up to now.
-    nxt = s.next_after(r["now"], r["next_run_at"])
-    return await conn.fetchval(Q["schedule_fire"], s.name, r["next_run_at"], nxt)
-
-
-async def _skip(conn: Any, r: Any, exc: BaseException) -> None:
-    """Record why the slot was not fired and step over it (disable the
-    schedule if no next slot can be computed)."""
-    from jobq.sql import Q
-
-    try:
-        nxt: datetime | None = from_row(r).next_after(r["now"], r["next_run_at"])
-    except Exception:
-        nxt = None
-    why = (str(exc) or type(exc).__name__)[:1000]
-    await conn.execute(Q["schedule_skip"], r["name"], r["next_run_at"], nxt, why)
-    log.warning("schedule %s: slot %s not fired: %s; %s", r["name"],
-                r["next_run_at"].isoformat(), why,
-                f"next slot {nxt.isoformat()}" if nxt else "schedule disabled",
-                extra=fields(event="schedule_failed", queue=r["queue"]))

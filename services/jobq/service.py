@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, TypeVar
 
 import asyncpg
 
+from jobq.db import fetchval
 from jobq.health import Check, HealthServer
+from jobq.sql import Q
 
 if TYPE_CHECKING:
     from jobq.settings import Settings
@@ -32,7 +34,7 @@ async def database_answers(pool: asyncpg.Pool | None) -> bool:
     if pool is None:
         return False
     try:
-        return bool(await asyncio.wait_for(pool.fetchval("SELECT 1"), 2))
+        return bool(await asyncio.wait_for(fetchval(pool, Q["ping"]), 2))
     except Exception:
         return False
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
-from jobq.db import connection
+from jobq.db import connection, fetchval
 from jobq.errors import BadInput
 from jobq.sql import Q
 
@@ -106,7 +106,7 @@ async def enqueue_linked(pool: asyncpg.Pool, jobs: Sequence[NewJob], payloads: S
     async with connection(pool) as conn, conn.transaction():
         for job, text in zip(jobs, payloads):
             after = [ids[a.index] if isinstance(a, _Ref) else a for a in job.after]
-            job_id = await conn.fetchval(
+            job_id = await fetchval(conn,
                 Q["enqueue_linked"], job.queue, text, max(0.0, float(job.delay_s)),
                 job.idempotency_key, relay_grace_s, job.priority, job.key,
                 float(job.debounce_s), after or None, job.workflow_id)

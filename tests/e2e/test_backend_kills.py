@@ -11,14 +11,16 @@ from typing import Any
 
 import pytest
 
-from harness.helpers import lost_and_duplicates, set_queue, wait_until
+from harness.helpers import Procs, SyncDB, lost_and_duplicates, set_queue, wait_until
 from harness.load import kill_backends, produce
+from jobq.settings import Settings
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-def test_backend_kills_under_load_cost_no_lease_wait_and_no_stall(db, procs, settings,
-                                                                  db_url, report):
+def test_backend_kills_under_load_cost_no_lease_wait_and_no_stall(db: SyncDB, procs: Procs,
+                                                                  settings: Settings,
+                                                                  db_url: str, report: Any) -> None:
     set_queue(db, "work", lease_s=30)  # a job left to its lease would wait 30 s
     procs.reaper()
     procs.consumer("--concurrency", "16").worker_id()

@@ -5,20 +5,34 @@ valid JSON but cannot be decoded. Each costs only its own job."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
+from typing import Any
 
 import aio_pika
 import pytest
 
-from harness.helpers import job, lost_and_duplicates, publish, run_cli, set_queue, wait_until
+from harness.helpers import (
+    Procs,
+    SyncDB,
+    job,
+    lost_and_duplicates,
+    publish,
+    run_cli,
+    set_queue,
+    wait_until,
+)
+from jobq.settings import Settings
 
 pytestmark = pytest.mark.e2e
 
 
-def sql_enqueue(db, queue: str, payload: str, n: int = 1) -> list:
+def sql_enqueue(db: SyncDB, queue: str, payload: str, n: int = 1) -> list[Any]:
     return [db.val("SELECT jobq.enqueue($1, $2::jsonb)", queue, payload) for _ in range(n)]
 
 
-def test_a_queue_the_broker_refuses_holds_up_only_its_own_jobs(db, procs, settings, amqp_url):
+def test_a_queue_the_broker_refuses_holds_up_only_its_own_jobs(db: SyncDB, procs: Procs,
+                                                               settings: Settings,
+                                                               amqp_url: str) -> None:
     async def squat() -> None:  # the name is taken on the broker by a different queue
         conn = await aio_pika.connect(amqp_url)
         ch = await conn.channel()
@@ -35,7 +49,8 @@ def test_a_queue_the_broker_refuses_holds_up_only_its_own_jobs(db, procs, settin
     assert all(job(db, j)["published_at"] is None for j in blocked)
 
 
-def test_a_queue_named_dead_is_refused_with_one_line(db, env, settings):
+def test_a_queue_named_dead_is_refused_with_one_line(db: SyncDB, env: dict[str, str],
+                                                     settings: Settings) -> None:
     out = run_cli(env, "publish", "dead", "{}")
     assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1
     assert "reserved" in out.stderr
@@ -45,7 +60,8 @@ def test_a_queue_named_dead_is_refused_with_one_line(db, env, settings):
         publish(settings, "dead", [{}])
 
 
-def test_a_claim_that_fails_on_its_job_fails_that_job_only(db, procs, settings):
+def test_a_claim_that_fails_on_its_job_fails_that_job_only(db: SyncDB, procs: Procs,
+                                                           settings: Settings) -> None:
     # A setting that makes every claim of its queue fail (possible before
     # schema 0003 bounded them; here forced past the constraint).
     set_queue(db, "other", lease_s=30)
@@ -62,7 +78,8 @@ def test_a_claim_that_fails_on_its_job_fails_that_job_only(db, procs, settings):
 
 @pytest.mark.parametrize("payload", ["[" * 2000 + "]" * 2000, '{"n": ' + "9" * 5000 + "}"],
                          ids=["nested-2000-deep", "5000-digit-number"])
-def test_a_payload_that_cannot_be_decoded_fails_at_once(db, procs, settings, payload):
+def test_a_payload_that_cannot_be_decoded_fails_at_once(db: SyncDB, procs: Procs,
+                                                        settings: Settings, payload: Any) -> None:
     procs.reaper()
     procs.consumer().worker_id()
     (bad,) = sql_enqueue(db, "work", payload)
@@ -74,7 +91,8 @@ def test_a_payload_that_cannot_be_decoded_fails_at_once(db, procs, settings, pay
     wait_until(lambda: job(db, ok)["status"] == "completed", 10, "the next job")
 
 
-def test_a_claim_error_that_is_not_the_jobs_fault_fails_no_job(db, procs, settings):
+def test_a_claim_error_that_is_not_the_jobs_fault_fails_no_job(db: SyncDB, procs: Procs,
+                                                               settings: Settings) -> None:
     """A schema broken under a running consumer (here: a renamed column; in
     life, a missing grant or a half-applied migration) must not fail every
     job as unclaimable: the consumer gives the messages back and exits 2."""
@@ -92,7 +110,7 @@ def test_a_claim_error_that_is_not_the_jobs_fault_fails_no_job(db, procs, settin
 
 
 @pytest.fixture
-def amqp_user_without_configure(amqp_url):
+def amqp_user_without_configure(amqp_url: str) -> Iterator[str]:
     """A RabbitMQ user that may read and write but not declare (configure)."""
     import shutil
     import subprocess
@@ -116,7 +134,7 @@ def amqp_user_without_configure(amqp_url):
 
 
 def test_a_user_without_configure_permission_runs_where_the_topology_exists(
-        db, procs, settings, amqp_user_without_configure):
+        db: SyncDB, procs: Procs, settings: Settings, amqp_user_without_configure: Any) -> None:
     procs.reaper()  # as the test's administrator: declares the exchange
     (first,) = publish(settings, "work", [{}])  # declares the job queue
     wait_until(lambda: job(db, first)["published_at"] is not None, 10, "published")
@@ -127,15 +145,16 @@ def test_a_user_without_configure_permission_runs_where_the_topology_exists(
 
 
 def test_a_user_without_configure_permission_and_no_topology_gets_one_line(
-        procs, settings, amqp_user_without_configure):
+        procs: Procs, settings: Settings, amqp_user_without_configure: Any) -> None:
     c = procs.consumer(JOBQ_AMQP_URL=amqp_user_without_configure,
                        JOBQ_NAMESPACE=f"{settings.namespace}x")
     assert c.wait(30) == 2
     assert "may not declare jobq's exchange" in c.log() and "Traceback" not in c.log()
 
 
-def test_junk_messages_are_dead_lettered_with_rate_limited_warnings(db, procs, settings,
-                                                                     amqp_url):
+def test_junk_messages_are_dead_lettered_with_rate_limited_warnings(db: SyncDB, procs: Procs,
+                                                                    settings: Settings,
+                                                                     amqp_url: str) -> None:
     c = procs.consumer()
     c.worker_id()
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from harness.helpers import set_queue
+from harness.helpers import Procs, SyncDB, set_queue
 from harness.load import rerun_latencies
 from harness.rabbit_cluster import Cluster
 from harness.under_load import Run, under_load
@@ -56,8 +56,10 @@ def check(result: dict[str, Any], name: str, report: Any) -> None:
     assert result["recovered_s"] <= 10, result
 
 
-def test_the_job_queues_leader_stops_then_a_consumer_is_killed(cluster, on_cluster, db, procs,
-                                                               namespace, report):
+def test_the_job_queues_leader_stops_then_a_consumer_is_killed(cluster: Cluster,
+                                                               on_cluster: dict[str, Any],
+                                                               db: SyncDB, procs: Procs,
+                                                               namespace: str, report: Any) -> None:
     detect: list[float] = []
 
     def fault(run: Run) -> None:
@@ -96,7 +98,8 @@ def test_the_job_queues_leader_stops_then_a_consumer_is_killed(cluster, on_clust
     assert max(detect, default=0) < LEASE_S + 3
 
 
-def test_the_node_a_consumer_is_connected_to_stops(cluster, on_cluster, db, procs, report):
+def test_the_node_a_consumer_is_connected_to_stops(cluster: Cluster, on_cluster: dict[str, Any],
+                                                   db: SyncDB, procs: Procs, report: Any) -> None:
     def fault(run: Run) -> None:
         node = cluster.node_of(run.consumers[0].pid)
         run.mark()
@@ -109,7 +112,8 @@ def test_the_node_a_consumer_is_connected_to_stops(cluster, on_cluster, db, proc
     check(result, "cluster: a consumer's node stopped", report)
 
 
-def test_a_majority_stops_for_a_few_seconds(cluster, on_cluster, db, procs, report):
+def test_a_majority_stops_for_a_few_seconds(cluster: Cluster, on_cluster: dict[str, Any],
+                                            db: SyncDB, procs: Procs, report: Any) -> None:
     def fault(run: Run) -> None:
         run.mark()
         cluster.stop(1)

@@ -6,12 +6,15 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+from typing import Any
 
 import pytest
 
 from harness.helpers import (
     LEASE_S,
     SLACK_S,
+    Procs,
+    SyncDB,
     completed,
     job,
     lost_and_duplicates,
@@ -23,11 +26,13 @@ from harness.helpers import (
     wait_until,
 )
 from jobq.broker import Broker
+from jobq.settings import Settings
 
 pytestmark = pytest.mark.e2e
 
 
-def test_happy_path_cli_and_services(db, env, procs, settings):
+def test_happy_path_cli_and_services(db: SyncDB, env: dict[str, str], procs: Procs,
+                                     settings: Settings) -> None:
     set_queue(db, "work", lease_s=2)
     reaper = procs.reaper()
     consumer = procs.consumer("--queue", "work", "--concurrency", "4")
@@ -46,7 +51,9 @@ def test_happy_path_cli_and_services(db, env, procs, settings):
     assert reaper.alive() and consumer.alive()
 
 
-def test_sigkill_mid_job_is_requeued_within_lease_and_run_by_another(db, procs, settings, report):
+def test_sigkill_mid_job_is_requeued_within_lease_and_run_by_another(db: SyncDB, procs: Procs,
+                                                                     settings: Settings,
+                                                                     report: Any) -> None:
     set_queue(db, "work", lease_s=LEASE_S)
     procs.reaper()
     a = procs.consumer()
@@ -67,7 +74,9 @@ def test_sigkill_mid_job_is_requeued_within_lease_and_run_by_another(db, procs, 
     report("SIGKILL consumer mid-handler", 1, *lost_and_duplicates(db, [jid]), [latency])
 
 
-def test_zombie_cannot_renew_or_complete_and_stops_its_handler(db, procs, settings, report):
+def test_zombie_cannot_renew_or_complete_and_stops_its_handler(db: SyncDB, procs: Procs,
+                                                               settings: Settings,
+                                                               report: Any) -> None:
     set_queue(db, "work", lease_s=LEASE_S)
     procs.reaper()
     a = procs.consumer()
@@ -97,7 +106,8 @@ def test_zombie_cannot_renew_or_complete_and_stops_its_handler(db, procs, settin
            [latency])
 
 
-def test_job_of_death_fails_after_max_stalls(db, procs, settings, report):
+def test_job_of_death_fails_after_max_stalls(db: SyncDB, procs: Procs, settings: Settings,
+                                             report: Any) -> None:
     set_queue(db, "suicide", lease_s=LEASE_S, max_stalls=2, stall_cooldown_s=0.1)
     procs.reaper()
     (jid,) = publish(settings, "suicide", [{}])
@@ -119,7 +129,8 @@ def test_job_of_death_fails_after_max_stalls(db, procs, settings, report):
     report("job of death (handler SIGKILLs its process)", 1, lost, len(runs(db, jid)) - 1)
 
 
-def test_two_reapers_requeue_each_lapsed_lease_once(db, procs, settings, report):
+def test_two_reapers_requeue_each_lapsed_lease_once(db: SyncDB, procs: Procs, settings: Settings,
+                                                    report: Any) -> None:
     set_queue(db, "work", lease_s=LEASE_S)
     r1, r2 = procs.reaper(), procs.reaper()
     a = procs.consumer("--concurrency", "20")
@@ -144,7 +155,9 @@ def test_two_reapers_requeue_each_lapsed_lease_once(db, procs, settings, report)
     report("2 reapers, consumer with 20 jobs SIGKILLed", 20, lost, dups, [latency])
 
 
-def test_sigterm_drains_finishes_short_and_releases_long_jobs(db, procs, settings, report):
+def test_sigterm_drains_finishes_short_and_releases_long_jobs(db: SyncDB, procs: Procs,
+                                                              settings: Settings,
+                                                              report: Any) -> None:
     set_queue(db, "work", lease_s=LEASE_S)
     a = procs.consumer("--concurrency", "4")  # no reaper: release must republish itself
     a.worker_id()
@@ -169,8 +182,8 @@ def test_sigterm_drains_finishes_short_and_releases_long_jobs(db, procs, setting
     report("SIGTERM with 4 jobs in flight (2 released)", 4, lost, dups)
 
 
-def _ready_in_broker(settings, queue):
-    async def go():
+def _ready_in_broker(settings: Settings, queue: Any) -> int:
+    async def go() -> int:
         broker = Broker(settings.amqp_url, settings.namespace)
         await broker.connect(wait=False)
         try:
@@ -181,7 +194,8 @@ def _ready_in_broker(settings, queue):
     return asyncio.run(go())
 
 
-def test_sigterm_with_every_slot_busy_requeues_the_waiting_deliveries(db, procs, settings):
+def test_sigterm_with_every_slot_busy_requeues_the_waiting_deliveries(db: SyncDB, procs: Procs,
+                                                                      settings: Settings) -> None:
     """Deliveries waiting in the consumer for a free slot when SIGTERM comes
     are handed back to the broker unclaimed; the jobs running are released."""
     set_queue(db, "work", lease_s=LEASE_S)
@@ -207,7 +221,8 @@ def test_sigterm_with_every_slot_busy_requeues_the_waiting_deliveries(db, procs,
     assert lost_and_duplicates(db, waiting) == (0, 0)
 
 
-def test_producer_dies_between_commit_and_publish(db, env, procs, report):
+def test_producer_dies_between_commit_and_publish(db: SyncDB, env: dict[str, str], procs: Procs,
+                                                  report: Any) -> None:
     set_queue(db, "work", lease_s=LEASE_S)
     out = run_cli({**env, "JOBQ_CRASH_AT": "producer.after_commit"}, "publish", "work", "{}")
     assert out.returncode == -signal.SIGKILL
@@ -220,7 +235,8 @@ def test_producer_dies_between_commit_and_publish(db, env, procs, report):
     report("crash: producer.after_commit", 1, *lost_and_duplicates(db, [row["id"]]))
 
 
-def test_a_burst_is_claimed_in_batches_and_every_delivery_is_settled(db, procs, settings):
+def test_a_burst_is_claimed_in_batches_and_every_delivery_is_settled(db: SyncDB, procs: Procs,
+                                                                     settings: Settings) -> None:
     """Deliveries are claimed in batches and acked with one multiple=True ack
     per batch: each job runs once, and no delivery is left unacked (a second
     consumer would be handed any such id again when the first one dies)."""

@@ -136,7 +136,10 @@ def test_retry_from_the_failed_page_and_payloads_shown_as_text(
        15, "the job to fail")
     page = browser.new_page(viewport={"width": 1280, "height": 560})
     dialogs: list[str] = []
-    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    def dismissed(d: Any) -> None:
+        dialogs.append(d.message)
+        d.dismiss()
+    page.on("dialog", dismissed)
 
     page.goto(f"{dashboard}/job/{jid}")
     assert evil in page.locator("#payload").inner_text()  # as text, not markup

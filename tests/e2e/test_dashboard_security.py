@@ -45,7 +45,7 @@ def request(port: int, path: str, *, method: str = "GET", host: str | None = Non
 def start(procs: Procs, *flags: str, **env: str) -> int:
     port = free_port()
     d = procs.start("dashboard", "--port", str(port), "--refresh", "0", *flags,
-                    JOBQ_DASHBOARD_TOKEN=TOKEN, **env)
+                    JOBQ_DASHBOARD_TOKEN=TOKEN, environ=env)
     wait_http(f"http://127.0.0.1:{port}/workers", 20, f"the dashboard; log:\n{d.log()}")
     return port
 
@@ -54,7 +54,9 @@ def sign_in(port: int, name: str = "alice") -> str:
     status, headers, _ = request(port, "/signin", method="POST",
                                  form={"name": name, "token": TOKEN})
     assert status == 303, status
-    return re.search(r"jobq_dashboard=([^;]+)", headers["set-cookie"]).group(1).strip('"')
+    found = re.search(r"jobq_dashboard=([^;]+)", headers["set-cookie"])
+    assert found is not None, headers
+    return found.group(1).strip('"')
 
 
 def csrf_of(page: str, action: str) -> str:

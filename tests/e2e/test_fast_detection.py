@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import signal
 import time
+from typing import Any
 
 import pytest
 
-from harness.helpers import job, publish, runs, set_queue, wait_until
+from harness.helpers import Procs, SyncDB, job, publish, runs, set_queue, wait_until
+from jobq.settings import Settings
 
 pytestmark = pytest.mark.e2e
 
@@ -20,7 +22,8 @@ LONG_LEASE_S = 30.0
 # (every run 5 s, 8 and 32 jobs) in test_parallel_recovery.py.
 
 
-def test_a_live_worker_that_loses_its_session_is_not_blamed(db, procs, settings):
+def test_a_live_worker_that_loses_its_session_is_not_blamed(db: SyncDB, procs: Procs,
+                                                            settings: Settings) -> None:
     set_queue(db, "work", lease_s=LONG_LEASE_S, vanished_grace_s=2)
     reaper = procs.reaper()
     a = procs.consumer()
@@ -47,7 +50,8 @@ def test_a_live_worker_that_loses_its_session_is_not_blamed(db, procs, settings)
     assert db.val("SELECT vanished_at FROM jobq.worker WHERE worker_id = $1", a_id) is None
 
 
-def test_sigstop_falls_back_to_the_lease(db, procs, settings, report):
+def test_sigstop_falls_back_to_the_lease(db: SyncDB, procs: Procs, settings: Settings,
+                                         report: Any) -> None:
     lease_s = 2.0
     set_queue(db, "work", lease_s=lease_s, vanished_grace_s=2)
     procs.reaper()

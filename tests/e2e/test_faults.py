@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import time
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -17,6 +18,8 @@ import pytest
 from harness.helpers import (
     LEASE_S,
     SLACK_S,
+    Procs,
+    SyncDB,
     job,
     lost_and_duplicates,
     publish,
@@ -25,17 +28,19 @@ from harness.helpers import (
     set_queue,
     wait_until,
 )
+from jobq.settings import Settings
 
 pytestmark = pytest.mark.e2e
 
 
-def died_by_sigkill(proc, timeout: float = 15) -> float:
+def died_by_sigkill(proc: Any, timeout: float = 15) -> float:
     """Wait for a process that kills itself at a crash point; return when."""
     assert proc.wait(timeout) == -signal.SIGKILL, proc.log()[-2000:]
     return time.monotonic()
 
 
-def test_crash_before_claim_redelivers_the_message(db, procs, settings, report):
+def test_crash_before_claim_redelivers_the_message(db: SyncDB, procs: Procs, settings: Settings,
+                                                   report: Any) -> None:
     set_queue(db, "work", lease_s=LEASE_S)
     procs.reaper()
     a = procs.consumer(JOBQ_CRASH_AT="consumer.before_claim")
@@ -49,7 +54,8 @@ def test_crash_before_claim_redelivers_the_message(db, procs, settings, report):
     report("crash: consumer.before_claim", 1, *lost_and_duplicates(db, [jid]))
 
 
-def test_crash_between_claim_and_ack(db, procs, settings, report):
+def test_crash_between_claim_and_ack(db: SyncDB, procs: Procs, settings: Settings,
+                                     report: Any) -> None:
     set_queue(db, "work", lease_s=LEASE_S)
     procs.reaper()
     a = procs.consumer(JOBQ_CRASH_AT="consumer.after_claim")
@@ -68,7 +74,8 @@ def test_crash_between_claim_and_ack(db, procs, settings, report):
            [latency])
 
 
-def test_crash_after_side_effect_before_completion(db, procs, settings, report):
+def test_crash_after_side_effect_before_completion(db: SyncDB, procs: Procs, settings: Settings,
+                                                   report: Any) -> None:
     set_queue(db, "work", lease_s=LEASE_S)
     procs.reaper()
     a = procs.consumer(JOBQ_CRASH_AT="consumer.after_handler")
@@ -89,7 +96,8 @@ def test_crash_after_side_effect_before_completion(db, procs, settings, report):
 
 
 @pytest.mark.parametrize("point", ["reaper.after_requeue", "reaper.mid_relay"])
-def test_reaper_dies_mid_sweep(db, procs, settings, report, point):
+def test_reaper_dies_mid_sweep(db: SyncDB, procs: Procs, settings: Settings, report: Any,
+                               point: str) -> None:
     set_queue(db, "work", lease_s=LEASE_S)
     r1 = procs.reaper(JOBQ_CRASH_AT=point)
     a = procs.consumer()
@@ -118,7 +126,8 @@ def test_reaper_dies_mid_sweep(db, procs, settings, report, point):
     report(f"crash: {point}", 3, lost, dups, [time.monotonic() - killed])
 
 
-def test_three_reapers_one_frozen(db, procs, settings, report):
+def test_three_reapers_one_frozen(db: SyncDB, procs: Procs, settings: Settings,
+                                  report: Any) -> None:
     set_queue(db, "work", lease_s=LEASE_S)
     reapers = [procs.reaper() for _ in range(3)]
     for r in reapers:
@@ -145,7 +154,8 @@ def test_three_reapers_one_frozen(db, procs, settings, report):
     report("3 reapers, one frozen (SIGSTOP)", 10, *lost_and_duplicates(db, ids), [latency])
 
 
-def test_poison_job_kills_its_worker_until_it_fails_alone(db, procs, settings, report):
+def test_poison_job_kills_its_worker_until_it_fails_alone(db: SyncDB, procs: Procs,
+                                                          settings: Settings, report: Any) -> None:
     """A handler that SIGKILLs its own process every time: job of death after
     max_stalls, while healthy jobs around it complete."""
     set_queue(db, "work", lease_s=LEASE_S, max_stalls=2, stall_cooldown_s=0.1)
@@ -174,7 +184,7 @@ def _local(url: str, port: int) -> bool:
     return u.hostname in ("127.0.0.1", "localhost") and (u.port or port) == port
 
 
-def restart_postgres(settings) -> None:
+def restart_postgres(settings: Settings) -> None:
     if not (_local(settings.database_url, 5432) and shutil.which("pg_ctlcluster")):
         pytest.skip("restarts need the local PostgreSQL cluster (pg_ctlcluster)")
     version = sorted(os.listdir("/etc/postgresql"))[-1]
@@ -182,7 +192,7 @@ def restart_postgres(settings) -> None:
                    check=True, capture_output=True, timeout=120)
 
 
-def restart_rabbitmq(settings) -> None:
+def restart_rabbitmq(settings: Settings) -> None:
     if not (_local(settings.amqp_url, 5672) and shutil.which("rabbitmqctl")):
         pytest.skip("restarts need the local RabbitMQ node (rabbitmqctl)")
     for cmd in (["stop_app"], ["start_app"], ["await_startup"]):
@@ -191,7 +201,8 @@ def restart_rabbitmq(settings) -> None:
 
 @pytest.mark.exclusive  # restarts the shared servers: run alone (Makefile)
 @pytest.mark.parametrize("service", ["PostgreSQL", "RabbitMQ"])
-def test_restart_under_load(db, procs, settings, report, service):
+def test_restart_under_load(db: SyncDB, procs: Procs, settings: Settings, report: Any,
+                            service: str) -> None:
     set_queue(db, "work", lease_s=5)
     procs.reaper()
     procs.consumer("--concurrency", "8").worker_id()

@@ -35,8 +35,9 @@ def _start_latency(db: SyncDB, ids: list[Any]) -> list[float]:
 
 
 def _done(db: SyncDB, ids: list[Any]) -> bool:
-    return db.val("SELECT count(*) FROM jobq.job WHERE id = ANY($1) AND status = 'completed'",
-                  ids) == len(ids)
+    done: int = db.val("SELECT count(*) FROM jobq.job WHERE id = ANY($1) AND "
+                       "status = 'completed'", ids)
+    return done == len(ids)
 
 
 def test_priority_jobs_overtake_a_standing_backlog(db: SyncDB, procs: Procs,

@@ -14,10 +14,11 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from harness.helpers import job, publish, run_cli, wait_until
+from harness.helpers import Proc, Procs, SyncDB, job, publish, run_cli, wait_until
 from jobq.app import check_queue_name
 from jobq.errors import BadInput, InvalidPayload
 from jobq.queues import BY_COLUMN
+from jobq.settings import Settings
 
 pytestmark = pytest.mark.e2e
 
@@ -43,7 +44,7 @@ def _has_nul(value: Any) -> bool:
 
 
 @pytest.fixture
-def services(procs, db):
+def services(procs: Procs, db: SyncDB) -> Proc:
     procs.reaper()
     consumer = procs.consumer("--concurrency", "8")
     consumer.worker_id()
@@ -63,7 +64,8 @@ def _raw(amqp_url: str, namespace: str, body: bytes) -> None:
 
 @EXAMPLES
 @given(body=st.binary(max_size=300) | st.text(max_size=60).map(str.encode))
-def test_any_message_body_costs_nothing(services, db, settings, amqp_url, body: bytes):
+def test_any_message_body_costs_nothing(services: Any, db: SyncDB, settings: Settings,
+                                        amqp_url: str, body: bytes) -> None:
     _raw(amqp_url, settings.namespace, body)
     (jid,) = publish(settings, "work", [{}])
     wait_until(lambda: job(db, jid)["status"] == "completed", 15, "a valid job after junk")
@@ -72,8 +74,9 @@ def test_any_message_body_costs_nothing(services, db, settings, amqp_url, body: 
 
 @EXAMPLES
 @given(payload=json_values)
-def test_any_json_payload_completes_or_is_refused_in_one_line(services, db, settings,
-                                                             payload: Any):
+def test_any_json_payload_completes_or_is_refused_in_one_line(services: Any, db: SyncDB,
+                                                              settings: Settings,
+                                                             payload: Any) -> None:
     if _has_nul(payload):  # jsonb cannot store NUL: refused, nothing written
         before = db.val("SELECT count(*) FROM jobq.job")
         with pytest.raises(InvalidPayload, match="NUL character"):
@@ -90,7 +93,7 @@ def test_any_json_payload_completes_or_is_refused_in_one_line(services, db, sett
 @EXAMPLES
 @given(name=st.text(max_size=110))
 @example(name="-:")  # once found at random: an option to argparse
-def test_any_queue_name_gets_a_job_or_one_line(env, db, name: str):
+def test_any_queue_name_gets_a_job_or_one_line(env: dict[str, str], db: SyncDB, name: str) -> None:
     if "\x00" in name:  # not passable as a process argument at all
         return
     try:
@@ -112,7 +115,8 @@ def test_any_queue_name_gets_a_job_or_one_line(env, db, name: str):
 @EXAMPLES
 @given(value=st.text(min_size=1, max_size=30).filter(lambda v: not v.startswith("-")
                                                      and "\x00" not in v))
-def test_any_setting_value_is_taken_or_refused_in_one_line(env, db, value: str):
+def test_any_setting_value_is_taken_or_refused_in_one_line(env: dict[str, str], db: SyncDB,
+                                                           value: str) -> None:
     try:
         BY_COLUMN["lease_s"].parse(value)
         valid = True

@@ -6,15 +6,28 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from typing import Any
 
 import pytest
 
-from harness.helpers import free_port, http, job, publish, run_cli, runs, set_queue, wait_until
+from harness.helpers import (
+    Procs,
+    SyncDB,
+    free_port,
+    http,
+    job,
+    publish,
+    run_cli,
+    runs,
+    set_queue,
+    wait_until,
+)
+from jobq.settings import Settings
 
 pytestmark = pytest.mark.e2e
 
 
-def events(db, jid):
+def events(db: SyncDB, jid: Any) -> list[Any]:
     return [(r["event"], r["worker_id"]) for r in db.fetch(
         "SELECT event, worker_id FROM jobq.history WHERE job_id = $1 ORDER BY at, n", jid)]
 
@@ -28,7 +41,7 @@ def metric(port: int, line_start: str) -> float:
 
 
 def test_stalled_job_is_visible_before_the_reaper_and_its_history_says_why_it_ran_twice(
-        db, procs, settings, env):
+        db: SyncDB, procs: Procs, settings: Settings, env: dict[str, str]) -> None:
     set_queue(db, "work", lease_s=1)
     a = procs.consumer()
     a_id = a.worker_id()
@@ -73,7 +86,9 @@ def test_stalled_job_is_visible_before_the_reaper_and_its_history_says_why_it_ra
     assert metric(reaper_port, "jobq_leases_overdue") == 0
 
 
-def test_cancel_a_running_job_stops_its_handler_at_the_next_renewal(db, procs, settings, env):
+def test_cancel_a_running_job_stops_its_handler_at_the_next_renewal(db: SyncDB, procs: Procs,
+                                                                    settings: Settings,
+                                                                    env: dict[str, str]) -> None:
     set_queue(db, "work", lease_s=1)
     procs.reaper()
     port = free_port()
@@ -97,7 +112,8 @@ def test_cancel_a_running_job_stops_its_handler_at_the_next_renewal(db, procs, s
     assert out.returncode == 1 and "already completed" in out.stderr
 
 
-def test_retry_prune_and_errors_of_the_cli(db, procs, settings, env):
+def test_retry_prune_and_errors_of_the_cli(db: SyncDB, procs: Procs, settings: Settings,
+                                           env: dict[str, str]) -> None:
     set_queue(db, "work", lease_s=1, max_attempts=1)
     procs.reaper()
     port = free_port()
@@ -130,7 +146,8 @@ def test_retry_prune_and_errors_of_the_cli(db, procs, settings, env):
         assert out.returncode == 1 and "bad duration" in out.stderr, out.stderr
 
 
-def test_history_can_be_switched_off_per_queue(db, procs, settings, env):
+def test_history_can_be_switched_off_per_queue(db: SyncDB, procs: Procs, settings: Settings,
+                                               env: dict[str, str]) -> None:
     assert run_cli(env, "queue", "set", "quiet", "--history", "off").returncode == 0
     c = run_cli(env, "consume", "harness.apps:app", "--queue", "quiet")
     assert c.returncode == 2  # the test app has no 'quiet' handler: refused, not run
@@ -141,7 +158,8 @@ def test_history_can_be_switched_off_per_queue(db, procs, settings, env):
     assert run_cli(env, "queue", "set", "quiet", "--history", "maybe").returncode == 1
 
 
-def test_json_logs_carry_job_queue_attempt_and_worker(db, procs, settings):
+def test_json_logs_carry_job_queue_attempt_and_worker(db: SyncDB, procs: Procs,
+                                                      settings: Settings) -> None:
     c = procs.consumer(JOBQ_LOG_JSON="true")
     wait_until(lambda: '"msg": "consumer ready"' in c.log(), 15, "ready line")
     (jid,) = publish(settings, "work", [{}])

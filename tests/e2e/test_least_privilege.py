@@ -35,7 +35,7 @@ def test_services_without_configure_permission_run_on_a_declared_topology(
     out = run_cli(env, "declare", "work")  # the migrate step's user (here: guest)
     assert out.returncode == 0 and "1 queue(s)" in out.stdout, out.stderr
 
-    consumer = procs.consumer("--queue", "work", **consumer_env)
+    consumer = procs.consumer("--queue", "work", environ=consumer_env)
     consumer.worker_id()
     procs.reaper(JOBQ_AMQP_URL=no_configure.url("reaper"))
     cli = run_cli({**env, "JOBQ_AMQP_URL": no_configure.url("producer")}, "publish", "work")

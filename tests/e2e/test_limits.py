@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 from harness.helpers import Procs, SyncDB, publish, set_queue, wait_until
+from jobq.settings import Settings
 
 
 def _sample_active(url: str, stop: threading.Event, seen: list[int]) -> None:
@@ -22,12 +24,14 @@ def _sample_active(url: str, stop: threading.Event, seen: list[int]) -> None:
         db.close()
 
 
-def test_max_running_holds_across_three_consumers(db: SyncDB, procs: Procs, settings) -> None:
+def test_max_running_holds_across_three_consumers(db: SyncDB, procs: Procs,
+                                                  settings: Settings) -> None:
     set_queue(db, "limited", max_running=5)
     for _ in range(3):
         procs.consumer("--queue", "limited", "--concurrency", "8").worker_id()
     procs.reaper()
-    stop, seen = threading.Event(), []
+    stop = threading.Event()
+    seen: list[Any] = []
     sampler = threading.Thread(target=_sample_active, args=(db.url, stop, seen))
     sampler.start()
     try:
@@ -49,7 +53,7 @@ def test_max_running_holds_across_three_consumers(db: SyncDB, procs: Procs, sett
                                           ids)} == {"completed"}
 
 
-def test_a_rate_limit_holds_over_ten_seconds(db: SyncDB, procs: Procs, settings) -> None:
+def test_a_rate_limit_holds_over_ten_seconds(db: SyncDB, procs: Procs, settings: Settings) -> None:
     set_queue(db, "limited", rate_per_s=20)
     for _ in range(3):
         procs.consumer("--queue", "limited", "--concurrency", "8").worker_id()

@@ -15,13 +15,14 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from harness.helpers import TcpProxy, job, publish, runs, set_queue, wait_until
+from harness.helpers import Procs, SyncDB, TcpProxy, job, publish, runs, set_queue, wait_until
+from jobq.settings import Settings
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
-def pg_proxy(settings) -> Iterator[TcpProxy]:
+def pg_proxy(settings: Settings) -> Iterator[TcpProxy]:
     u = urlsplit(settings.database_url)
     proxy = TcpProxy(u.hostname or "127.0.0.1", u.port or 5432)
     yield proxy
@@ -29,19 +30,20 @@ def pg_proxy(settings) -> Iterator[TcpProxy]:
 
 
 @pytest.fixture
-def mq_proxy(settings) -> Iterator[TcpProxy]:
+def mq_proxy(settings: Settings) -> Iterator[TcpProxy]:
     u = urlsplit(settings.amqp_url)
     proxy = TcpProxy(u.hostname or "127.0.0.1", u.port or 5672)
     yield proxy
     proxy.close()
 
 
-def test_services_started_while_both_are_down_wait_then_work(db, procs, settings, pg_proxy,
-                                                              mq_proxy):
+def test_services_started_while_both_are_down_wait_then_work(db: SyncDB, procs: Procs,
+                                                             settings: Settings, pg_proxy: TcpProxy,
+                                                              mq_proxy: TcpProxy) -> None:
     env = {"JOBQ_DATABASE_URL": pg_proxy.url(settings.database_url),
            "JOBQ_AMQP_URL": mq_proxy.url(settings.amqp_url)}
-    consumer = procs.consumer(**env)
-    reaper = procs.reaper(**env)
+    consumer = procs.consumer(environ=env)
+    reaper = procs.reaper(environ=env)
     consumer.wait_log(r"database not ready at 127\.0\.0\.1:\d+")
     reaper.wait_log(r"database not ready")
     time.sleep(1.5)
@@ -56,7 +58,9 @@ def test_services_started_while_both_are_down_wait_then_work(db, procs, settings
     assert "Traceback" not in consumer.log() + reaper.log()
 
 
-def test_database_down_when_a_message_arrives_requeues_it(db, procs, settings, pg_proxy):
+def test_database_down_when_a_message_arrives_requeues_it(db: SyncDB, procs: Procs,
+                                                          settings: Settings,
+                                                          pg_proxy: TcpProxy) -> None:
     pg_proxy.restore()
     consumer = procs.consumer(JOBQ_DATABASE_URL=pg_proxy.url(settings.database_url))
     consumer.worker_id()
@@ -70,7 +74,8 @@ def test_database_down_when_a_message_arrives_requeues_it(db, procs, settings, p
     assert consumer.alive()
 
 
-def test_broker_connection_cut_mid_job_then_restored(db, procs, settings, mq_proxy):
+def test_broker_connection_cut_mid_job_then_restored(db: SyncDB, procs: Procs, settings: Settings,
+                                                     mq_proxy: TcpProxy) -> None:
     set_queue(db, "work", lease_s=1)
     mq_proxy.restore()
     consumer = procs.consumer(JOBQ_AMQP_URL=mq_proxy.url(settings.amqp_url))
@@ -95,7 +100,9 @@ def _ts(line: str) -> datetime:
     return datetime.strptime(line[:23], "%Y-%m-%dT%H:%M:%S.%f")
 
 
-def test_renewals_failing_stop_the_handler_before_the_lease_lapses(db, procs, settings, pg_proxy):
+def test_renewals_failing_stop_the_handler_before_the_lease_lapses(db: SyncDB, procs: Procs,
+                                                                   settings: Settings,
+                                                                   pg_proxy: TcpProxy) -> None:
     set_queue(db, "work", lease_s=2)
     pg_proxy.restore()
     a = procs.consumer(JOBQ_DATABASE_URL=pg_proxy.url(settings.database_url))
@@ -133,14 +140,15 @@ def _purge(settings: Any, queue: str) -> int:
         conn = await aio_pika.connect(settings.amqp_url)
         try:
             q = await (await conn.channel()).get_queue(f"{settings.namespace}.{queue}")
-            return (await q.purge()).message_count
+            return (await q.purge()).message_count or 0
         finally:
             await conn.close()
 
     return asyncio.run(go())
 
 
-def test_messages_lost_by_the_broker_are_republished_from_the_rows(db, procs, settings):
+def test_messages_lost_by_the_broker_are_republished_from_the_rows(db: SyncDB, procs: Procs,
+                                                                   settings: Settings) -> None:
     """A purge (or a classic queue lost in a restart) drops confirmed messages:
     the reaper notices published rows waiting while the broker queue is empty."""
     ids = publish(settings, "work", [{} for _ in range(5)])  # no consumer yet
@@ -155,7 +163,7 @@ def test_messages_lost_by_the_broker_are_republished_from_the_rows(db, procs, se
 
 
 def test_messages_lost_under_a_standing_backlog_are_republished_while_it_stands(
-        db, procs, settings):
+        db: SyncDB, procs: Procs, settings: Settings) -> None:
     """The broker queue need not empty for a loss to be seen: once consumers
     have started jobs published well after a waiting row, its message is
     behind them no more. Before, the check waited for an empty broker queue,
@@ -195,7 +203,7 @@ def test_messages_lost_under_a_standing_backlog_are_republished_while_it_stands(
 
 
 @pytest.fixture
-def delivery_limit(settings) -> Iterator[None]:
+def delivery_limit(settings: Settings) -> Iterator[None]:
     """A quorum-queue delivery limit on the test's work queue, as
     deploy/rabbitmq/definitions.json sets (50) and RabbitMQ 4 defaults to
     (20): an id nacked that often is dead-lettered, valid or not."""
@@ -214,7 +222,8 @@ def delivery_limit(settings) -> Iterator[None]:
 
 
 def test_ids_dead_lettered_during_a_database_outage_are_republished(
-        db, procs, settings, pg_proxy, delivery_limit):
+        db: SyncDB, procs: Procs, settings: Settings, pg_proxy: TcpProxy,
+        delivery_limit: None) -> None:
     """A database outage makes consumers nack ids again and again; past the
     queue's delivery limit RabbitMQ dead-letters them while their rows read
     'published'. Once the database is back, the reaper finds them."""
@@ -246,7 +255,8 @@ def test_ids_dead_lettered_during_a_database_outage_are_republished(
     assert sorted(r["job_id"] for r in db.fetch("SELECT job_id FROM test_run")) == sorted(ids)
 
 
-def test_sigterm_stops_a_service_still_waiting_for_its_database(procs, settings, pg_proxy):
+def test_sigterm_stops_a_service_still_waiting_for_its_database(procs: Procs, settings: Settings,
+                                                                pg_proxy: TcpProxy) -> None:
     consumer = procs.consumer(JOBQ_DATABASE_URL=pg_proxy.url(settings.database_url))
     reaper = procs.reaper(JOBQ_DATABASE_URL=pg_proxy.url(settings.database_url))
     consumer.wait_log("database not ready")
@@ -257,7 +267,7 @@ def test_sigterm_stops_a_service_still_waiting_for_its_database(procs, settings,
 
 
 def test_sweeps_that_keep_failing_show_in_readyz_metrics_and_reaper_status(
-        db, procs, settings, mq_proxy):
+        db: SyncDB, procs: Procs, settings: Settings, mq_proxy: TcpProxy) -> None:
     import json as json_
 
     from harness.helpers import free_port, http
@@ -271,7 +281,7 @@ def test_sweeps_that_keep_failing_show_in_readyz_metrics_and_reaper_status(
     mq_proxy.cut()  # the broker is gone; SQL-enqueued jobs wait to be relayed
     db.val("SELECT jobq.enqueue('work')")
 
-    def readyz() -> tuple[int, dict]:
+    def readyz() -> tuple[int, dict[str, Any]]:
         status, body = http(f"http://127.0.0.1:{port}/readyz")
         return status, json_.loads(body)
 

@@ -10,22 +10,26 @@ from __future__ import annotations
 
 import signal
 import time
+from typing import Any
 
 import pytest
 
-from harness.helpers import job, lost_and_duplicates, publish, set_queue, wait_until
+from harness.helpers import Procs, SyncDB, job, lost_and_duplicates, publish, set_queue, wait_until
 from harness.load import rerun_latencies
+from jobq.settings import Settings
 
 pytestmark = pytest.mark.e2e
 
 
-def _running(db, ids, n_runs: int) -> int:
-    return db.val("SELECT count(*) FROM (SELECT job_id FROM test_run WHERE job_id = ANY($1) "
-                  "GROUP BY job_id HAVING count(*) >= $2) t", ids, n_runs)
+def _running(db: SyncDB, ids: Any, n_runs: int) -> int:
+    n: int = db.val("SELECT count(*) FROM (SELECT job_id FROM test_run WHERE job_id = ANY($1) "
+                    "GROUP BY job_id HAVING count(*) >= $2) t", ids, n_runs)
+    return n
 
 
 @pytest.mark.parametrize(("n", "lease_s"), [(8, 30.0), (8, 2.0), (32, 30.0)])
-def test_a_dead_workers_jobs_all_run_again_at_once(db, procs, settings, report, n, lease_s):
+def test_a_dead_workers_jobs_all_run_again_at_once(db: SyncDB, procs: Procs, settings: Settings,
+                                                   report: Any, n: int, lease_s: Any) -> None:
     set_queue(db, "work", lease_s=lease_s, vanished_grace_s=2)
     procs.reaper()
     a = procs.consumer("--concurrency", str(n))
@@ -50,7 +54,8 @@ def test_a_dead_workers_jobs_all_run_again_at_once(db, procs, settings, report, 
            n, 0, n, latencies)
 
 
-def test_a_poison_job_is_isolated_only_on_evidence(db, procs, settings, report):
+def test_a_poison_job_is_isolated_only_on_evidence(db: SyncDB, procs: Procs, settings: Settings,
+                                                   report: Any) -> None:
     """One job kills its consumer on every run, among 7 healthy ones that take
     2 s on every run. The healthy ones are never charged and re-run at most
     max_stalls + 2 times; the poison fails as a job of death."""
@@ -84,7 +89,8 @@ def test_a_poison_job_is_isolated_only_on_evidence(db, procs, settings, report):
            8, lost, dups)
 
 
-def test_an_isolated_suspect_leaves_the_other_slots_working(db, procs, settings):
+def test_an_isolated_suspect_leaves_the_other_slots_working(db: SyncDB, procs: Procs,
+                                                            settings: Settings) -> None:
     """A suspect runs isolated, but its worker keeps running other jobs
     beside it: never one slot for the whole worker."""
     set_queue(db, "work", lease_s=30)
@@ -109,7 +115,8 @@ def test_an_isolated_suspect_leaves_the_other_slots_working(db, procs, settings)
     wait_until(lambda: job(db, suspect)["status"] == "completed", 10, "the suspect completed")
 
 
-def test_sigstop_of_a_worker_holding_several_jobs_charges_none(db, procs, settings):
+def test_sigstop_of_a_worker_holding_several_jobs_charges_none(db: SyncDB, procs: Procs,
+                                                               settings: Settings) -> None:
     """A frozen worker's leases lapse together (one renewal statement gave
     them one deadline): its jobs are witnesses, not charged."""
     set_queue(db, "work", lease_s=2, vanished_grace_s=2)

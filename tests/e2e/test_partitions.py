@@ -24,8 +24,9 @@ from typing import Any
 
 import pytest
 
-from harness.helpers import as_role, job, publish, runs, set_queue, wait_until
+from harness.helpers import Procs, SyncDB, as_role, job, publish, runs, set_queue, wait_until
 from harness.netns import Host, available
+from jobq.settings import Settings
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow,
               pytest.mark.skipif(available() is not None, reason=str(available()))]
@@ -56,8 +57,9 @@ def at(log: str, pattern: str) -> datetime:
     return datetime.strptime(m.group(1)[:23], "%Y-%m-%dT%H:%M:%S.%f")
 
 
-def test_a_consumer_cut_off_fences_itself_and_cannot_finish_after_healing(db, procs, settings,
-                                                                          host):
+def test_a_consumer_cut_off_fences_itself_and_cannot_finish_after_healing(db: SyncDB, procs: Procs,
+                                                                          settings: Settings,
+                                                                          host: Host) -> None:
     set_queue(db, "work", lease_s=LEASE_S)
     a = elsewhere(procs, host, "consume", "harness.apps:app", "--concurrency", "8")
     a_id = a.worker_id()
@@ -91,7 +93,9 @@ def test_a_consumer_cut_off_fences_itself_and_cannot_finish_after_healing(db, pr
     assert a.alive()
 
 
-def test_a_reaper_cut_off_requeues_nothing_twice_after_healing(db, procs, settings, host):
+def test_a_reaper_cut_off_requeues_nothing_twice_after_healing(db: SyncDB, procs: Procs,
+                                                               settings: Settings,
+                                                               host: Host) -> None:
     set_queue(db, "work", lease_s=LEASE_S)
     r1 = elsewhere(procs, host, "reap")
     r1.wait_log("reaper ready")
@@ -115,8 +119,9 @@ def test_a_reaper_cut_off_requeues_nothing_twice_after_healing(db, procs, settin
     assert r1.alive()
 
 
-def test_a_consumer_cut_off_from_the_broker_finishes_its_running_jobs(db, procs, settings,
-                                                                      host):
+def test_a_consumer_cut_off_from_the_broker_finishes_its_running_jobs(db: SyncDB, procs: Procs,
+                                                                      settings: Settings,
+                                                                      host: Host) -> None:
     set_queue(db, "work", lease_s=LEASE_S)
     a = elsewhere(procs, host, "consume", "harness.apps:app", "--concurrency", "2",
                   JOBQ_CONSUMER__PREFETCH="10")

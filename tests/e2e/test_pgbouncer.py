@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from harness.helpers import runs, set_queue, wait_until
+from harness.helpers import Procs, SyncDB, runs, set_queue, wait_until
 from harness.pgbouncer import PgBouncer
 from jobq.producer import Client, NewJob
 
@@ -47,11 +47,13 @@ def publish(settings: Any, payloads: list[Any]) -> list[Any]:
     return asyncio.run(go())
 
 
-def test_core_flow_and_sigkill_recovery_through_pgbouncer(db, procs, pooled, bouncer, db_url):
+def test_core_flow_and_sigkill_recovery_through_pgbouncer(db: SyncDB, procs: Procs,
+                                                          pooled: dict[str, Any],
+                                                          bouncer: PgBouncer, db_url: str) -> None:
     set_queue(db, "work", lease_s=2.0)
     consumer = procs.consumer("--concurrency", "8", **pooled["env"])
-    procs.reaper(**pooled["env"])
-    procs.reaper(**pooled["env"])
+    procs.reaper(environ=pooled["env"])
+    procs.reaper(environ=pooled["env"])
     consumer.worker_id()
     ids = publish(pooled["settings"], [{"sleep": 0.01} for _ in range(200)])
     wait_until(lambda: db.val("SELECT count(*) FROM jobq.job WHERE status = 'completed'")
@@ -80,7 +82,8 @@ def test_core_flow_and_sigkill_recovery_through_pgbouncer(db, procs, pooled, bou
     assert "Traceback" not in logs and "prepared statement" not in logs
 
 
-def test_without_the_pooled_setting_the_service_says_what_to_set(procs, bouncer, db_url):
+def test_without_the_pooled_setting_the_service_says_what_to_set(procs: Procs, bouncer: PgBouncer,
+                                                                 db_url: str) -> None:
     consumer = procs.consumer(JOBQ_DATABASE_URL=bouncer.url(db_url))
     consumer.wait_log(r"set JOBQ_DATABASE_POOLED=true", timeout=15)
     deadline = time.monotonic() + 10
@@ -89,9 +92,9 @@ def test_without_the_pooled_setting_the_service_says_what_to_set(procs, bouncer,
     assert not consumer.alive() and consumer.popen.returncode == 2
 
 
-def test_a_result_is_awaited_through_pgbouncer(procs, pooled):
+def test_a_result_is_awaited_through_pgbouncer(procs: Procs, pooled: dict[str, Any]) -> None:
     """client.result() LISTENs on a direct session (JOBQ_DIRECT_DATABASE_URL)."""
-    procs.consumer(**pooled["env"]).worker_id()
+    procs.consumer(environ=pooled["env"]).worker_id()
 
     async def go() -> Any:
         async with Client(pooled["settings"]) as c:

@@ -7,17 +7,29 @@ from __future__ import annotations
 import os
 import signal
 import time
+from typing import Any
 
 import pytest
 
-from harness.helpers import job, lost_and_duplicates, publish, runs, set_queue, wait_until
+from harness.helpers import (
+    Proc,
+    Procs,
+    SyncDB,
+    job,
+    lost_and_duplicates,
+    publish,
+    runs,
+    set_queue,
+    wait_until,
+)
+from jobq.settings import Settings
 
 pytestmark = pytest.mark.e2e
 
 
-def pool_consumer(procs, n: int = 4, *extra: str, **env: str):
+def pool_consumer(procs: Procs, n: int = 4, *extra: str, **env: str) -> Proc:
     c = procs.consumer("--queue", "proc", "--pool", "process", "--concurrency", str(n),
-                       *extra, **env)
+                       *extra, environ=env)
     c.worker_id()
     return c
 
@@ -32,7 +44,8 @@ def dead(pid: int) -> bool:
         return f.read().rsplit(")", 1)[1].split()[0] == "Z"
 
 
-def test_a_dying_child_is_charged_to_its_own_job_only(db, procs, settings, report):
+def test_a_dying_child_is_charged_to_its_own_job_only(db: SyncDB, procs: Procs, settings: Settings,
+                                                      report: Any) -> None:
     set_queue(db, "proc", lease_s=30)
     procs.reaper()
     consumer = pool_consumer(procs)
@@ -57,7 +70,8 @@ def test_a_dying_child_is_charged_to_its_own_job_only(db, procs, settings, repor
            [again_s])
 
 
-def test_a_job_that_always_kills_its_child_is_a_job_of_death(db, procs, settings):
+def test_a_job_that_always_kills_its_child_is_a_job_of_death(db: SyncDB, procs: Procs,
+                                                             settings: Settings) -> None:
     set_queue(db, "proc", lease_s=30, max_stalls=2, stall_cooldown_s=0.1)
     procs.reaper()
     consumer = pool_consumer(procs, 2)
@@ -71,7 +85,8 @@ def test_a_job_that_always_kills_its_child_is_a_job_of_death(db, procs, settings
     assert consumer.alive()
 
 
-def test_a_hung_handler_past_its_timeout_is_killed_and_retried(db, procs, settings):
+def test_a_hung_handler_past_its_timeout_is_killed_and_retried(db: SyncDB, procs: Procs,
+                                                               settings: Settings) -> None:
     set_queue(db, "proc", lease_s=30, timeout_s=1, backoff_base_s=0.1)
     procs.reaper()
     pool_consumer(procs, 2)
@@ -84,7 +99,8 @@ def test_a_hung_handler_past_its_timeout_is_killed_and_retried(db, procs, settin
     assert (row["attempts"], row["errors"], row["stalls"]) == (2, 1, 0)
 
 
-def test_a_zombie_parent_stops_its_child_which_cannot_complete(db, procs, settings):
+def test_a_zombie_parent_stops_its_child_which_cannot_complete(db: SyncDB, procs: Procs,
+                                                               settings: Settings) -> None:
     set_queue(db, "proc", lease_s=2, vanished_grace_s=2)
     procs.reaper()
     a = pool_consumer(procs, 2)
@@ -103,7 +119,8 @@ def test_a_zombie_parent_stops_its_child_which_cannot_complete(db, procs, settin
     assert a.alive()
 
 
-def test_sigterm_in_process_mode_releases_unfinished_jobs(db, procs, settings):
+def test_sigterm_in_process_mode_releases_unfinished_jobs(db: SyncDB, procs: Procs,
+                                                          settings: Settings) -> None:
     set_queue(db, "proc", lease_s=30)
     procs.reaper()
     a = pool_consumer(procs, 2, JOBQ_CONSUMER__SHUTDOWN_GRACE_S="1")
@@ -120,7 +137,8 @@ def test_sigterm_in_process_mode_releases_unfinished_jobs(db, procs, settings):
 
 
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
-def test_large_payloads_and_results_cross_the_child_channel(db, procs, settings, loop):
+def test_large_payloads_and_results_cross_the_child_channel(db: SyncDB, procs: Procs,
+                                                            settings: Settings, loop: Any) -> None:
     """Issue #28 M3: under uvloop a message larger than the socket buffer
     broke off halfway, and a 900 KB payload was failed as a job of death
     without its handler running. Results are checked in the child."""
@@ -143,7 +161,8 @@ def test_large_payloads_and_results_cross_the_child_channel(db, procs, settings,
     assert "max_result_bytes" in row["last_error"]
 
 
-def test_a_healthy_job_survives_five_kills_of_its_process_pool_parent(db, procs, settings):
+def test_a_healthy_job_survives_five_kills_of_its_process_pool_parent(db: SyncDB, procs: Procs,
+                                                                      settings: Settings) -> None:
     """Issue #36: the parent's death is no evidence against a job whose
     handler runs in a child (a crashing handler kills the child, charged
     exactly: the job-of-death test above). Concurrency 1, so the job is

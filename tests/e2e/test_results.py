@@ -14,10 +14,11 @@ import pytest
 
 from harness.helpers import Procs, SyncDB, publish, run_cli, set_queue, wait_until
 from jobq import Client, JobFailed
+from jobq.settings import Settings
 
 
 def test_result_reaches_the_waiting_client_and_the_cli(
-        db: SyncDB, procs: Procs, settings, env: dict[str, str]) -> None:
+        db: SyncDB, procs: Procs, settings: Settings, env: dict[str, str]) -> None:
     procs.consumer("--queue", "results").worker_id()
 
     async def go() -> tuple[object, float, object]:
@@ -45,7 +46,8 @@ def test_result_reaches_the_waiting_client_and_the_cli(
     assert db.val("SELECT status FROM jobq.job WHERE id = $1", big) == "failed"
 
 
-def test_a_zombies_result_never_replaces_the_owners(db: SyncDB, procs: Procs, settings) -> None:
+def test_a_zombies_result_never_replaces_the_owners(db: SyncDB, procs: Procs,
+                                                    settings: Settings) -> None:
     set_queue(db, "results", lease_s=1)
     a = procs.consumer("--queue", "results")
     a.worker_id()
@@ -66,7 +68,7 @@ def test_a_zombies_result_never_replaces_the_owners(db: SyncDB, procs: Procs, se
 
 
 def test_progress_is_fenced_rate_limited_and_visible(
-        db: SyncDB, procs: Procs, settings, env: dict[str, str]) -> None:
+        db: SyncDB, procs: Procs, settings: Settings, env: dict[str, str]) -> None:
     procs.consumer("--queue", "results").worker_id()
     steps = list(range(1, 201))  # 200 reports in ~2 s: at most ~3 writes
     (jid,) = publish(settings, "results", [{"progress": steps, "every": 0.01, "hold": 1.5}])

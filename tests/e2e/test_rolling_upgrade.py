@@ -95,9 +95,9 @@ def test_a_rolling_upgrade_under_load_loses_nothing(
     migrate = subprocess.run([sys.executable, "-m", "jobq", "migrate", "--declare"],
                              env={**env, **old}, capture_output=True, text=True, timeout=120)
     assert migrate.returncode == 0, migrate.stderr
-    reaper = procs.start("reap", name="old-reaper", **old)
+    reaper = procs.start("reap", name="old-reaper", environ=old)
     consumers = [procs.start("consume", "jobq.demo:app", "--concurrency", "4",
-                             name=f"old-consumer{i}", **old) for i in (1, 2)]
+                             name=f"old-consumer{i}", environ=old) for i in (1, 2)]
     for c in consumers:
         c.wait_log(r"consumer ready", 30)
     old_producer = _producer(procs, env, "old-producer", JOBS_OLD, "old", **old)

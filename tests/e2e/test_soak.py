@@ -4,6 +4,9 @@ soak is ``bench/soak.py --jobs 5000``."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from harness.soak import soak
@@ -11,7 +14,8 @@ from harness.soak import soak
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-def test_short_soak_loses_nothing(db_url, amqp_url, namespace, tmp_path, report):
+def test_short_soak_loses_nothing(db_url: str, amqp_url: str, namespace: str, tmp_path: Path,
+                                  report: Any) -> None:
     result = soak(db_url, amqp_url, namespace, jobs=600, consumers=3, concurrency=8,
                   lease_s=1.0, kill_every_s=1.0, max_sleep_s=1.0, timeout_s=120,
                   logdir=tmp_path, seed=7)

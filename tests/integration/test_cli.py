@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import uuid
+from typing import Any
 
 from harness.helpers import SyncDB, run_cli
 
@@ -14,7 +15,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def one_line_error(out, code: int, *fragments: str) -> None:
+def one_line_error(out: Any, code: int, *fragments: str) -> None:
     assert out.returncode == code, (out.returncode, out.stdout, out.stderr)
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("jobq: error: "), out.stderr
@@ -23,7 +24,7 @@ def one_line_error(out, code: int, *fragments: str) -> None:
         assert frag in lines[0], lines[0]
 
 
-def test_publish_prints_the_id_and_stores_the_row(env, db: SyncDB) -> None:
+def test_publish_prints_the_id_and_stores_the_row(env: dict[str, str], db: SyncDB) -> None:
     out = run_cli(env, "publish", "emails", '{"to": "a@b.c"}')
     assert out.returncode == 0, out.stderr
     jid = uuid.UUID(out.stdout.strip())
@@ -39,7 +40,7 @@ def test_publish_prints_the_id_and_stores_the_row(env, db: SyncDB) -> None:
                   uuid.UUID(delayed.stdout.strip()))
 
 
-def test_invalid_json_is_refused_and_nothing_is_written(env, db: SyncDB) -> None:
+def test_invalid_json_is_refused_and_nothing_is_written(env: dict[str, str], db: SyncDB) -> None:
     one_line_error(run_cli(env, "publish", "emails", "{not json"), 1, "not valid JSON")
     one_line_error(run_cli(env, "publish", "bad queue!", "{}"), 1, "invalid queue name")
     big = '{"x": "' + "a" * 1_100_000 + '"}'
@@ -47,7 +48,7 @@ def test_invalid_json_is_refused_and_nothing_is_written(env, db: SyncDB) -> None
     assert db.val("SELECT count(*) FROM jobq.job") == 0
 
 
-def test_unreachable_services_and_bad_urls_fail_fast_with_one_line(env) -> None:
+def test_unreachable_services_and_bad_urls_fail_fast_with_one_line(env: dict[str, str]) -> None:
     port = free_port()
     down_db = {**env, "JOBQ_DATABASE_URL": f"postgresql://postgres@127.0.0.1:{port}/x"}
     one_line_error(run_cli(down_db, "publish", "q", "{}"), 1, "cannot reach PostgreSQL",
@@ -61,12 +62,12 @@ def test_unreachable_services_and_bad_urls_fail_fast_with_one_line(env) -> None:
     one_line_error(run_cli(bad, "stats"), 2, "JOBQ_CONSUMER__CONCURRENCY")
 
 
-def test_unmigrated_database_says_run_migrate(env, pg_admin_url) -> None:
+def test_unmigrated_database_says_run_migrate(env: dict[str, str], pg_admin_url: str) -> None:
     e = {**env, "JOBQ_DATABASE_URL": pg_admin_url.rsplit("/", 1)[0] + "/template1"}
     one_line_error(run_cli(e, "stats"), 2, "jobq migrate")
 
 
-def test_consume_refuses_unknown_app_or_queue(env) -> None:
+def test_consume_refuses_unknown_app_or_queue(env: dict[str, str]) -> None:
     one_line_error(run_cli(env, "consume", "harness.apps:app", "--queue", "nope"), 2,
                    "no handler registered for queue(s) nope")
     one_line_error(run_cli(env, "consume", "no.such.module:app"), 2, "cannot import")
@@ -74,7 +75,7 @@ def test_consume_refuses_unknown_app_or_queue(env) -> None:
     one_line_error(run_cli(env, "consume", "harness.apps:start"), 2, "not a jobq.App")
 
 
-def test_queue_settings_stats_and_inspect(env, db: SyncDB) -> None:
+def test_queue_settings_stats_and_inspect(env: dict[str, str], db: SyncDB) -> None:
     out = run_cli(env, "queue", "set", "emails", "--lease-seconds", "5", "--max-stalls", "2",
                   "--timeout-seconds", "60")
     assert out.returncode == 0, out.stderr
@@ -105,7 +106,7 @@ def test_queue_settings_stats_and_inspect(env, db: SyncDB) -> None:
     one_line_error(run_cli(env, "inspect", "xyz"), 1, "not a job id")
 
 
-def test_stalled_jobs_show_in_sql_before_the_reaper_runs(env, db: SyncDB) -> None:
+def test_stalled_jobs_show_in_sql_before_the_reaper_runs(env: dict[str, str], db: SyncDB) -> None:
     jid = uuid.UUID(run_cli(env, "publish", "emails", "{}").stdout.strip())
     db.execute("UPDATE jobq.job SET status = 'active', lock = gen_random_uuid(), "
                "worker_id = 'w-dead', lease_expires_at = now() - interval '2 s' WHERE id = $1",

@@ -229,7 +229,7 @@ def test_id_published_to_the_wrong_queue_is_dropped_and_the_row_left_alone(
         assert row["status"] == "queued" and row["attempts"] == 0
         after = await w.pool.fetchrow("SELECT lock, relay_after FROM jobq.job WHERE id = $1",
                                       jid)
-        assert dict(after) == dict(before)
+        assert after is not None and before is not None and dict(after) == dict(before)
 
     scenario(settings, body)
 

@@ -17,14 +17,16 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from harness.helpers import Proc, free_port, http, wait_until
+from harness.helpers import Proc, Procs, SyncDB, free_port, http, wait_until
 from jobq.broker import queue_arguments
+from jobq.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def compose() -> dict[str, Any]:
-    return yaml.safe_load((ROOT / "compose.yaml").read_text())
+    loaded: dict[str, Any] = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    return loaded
 
 
 def test_compose_file_matches_the_compose_spec() -> None:
@@ -170,7 +172,8 @@ def _service_argv(svc: dict[str, Any]) -> list[str]:
     return prefix + list(svc.get("command", []))
 
 
-def test_compose_services_run_as_local_processes(settings, db, env, tmp_path) -> None:
+def test_compose_services_run_as_local_processes(settings: Settings, db: SyncDB,
+                                                 env: dict[str, str], tmp_path: Path) -> None:
     """The commands and environment of compose.yaml, with only the service
     addresses swapped for the test ones: jobs flow, health answers, and
     SIGTERM drains within the stop grace period."""
@@ -229,7 +232,7 @@ def _get_quiet(port: int, path: str) -> int:
         return 0
 
 
-def test_readyz_reflects_a_database_outage(settings, procs) -> None:
+def test_readyz_reflects_a_database_outage(settings: Settings, procs: Procs) -> None:
     from urllib.parse import urlsplit
 
     from harness.helpers import TcpProxy

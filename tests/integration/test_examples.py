@@ -67,7 +67,7 @@ def test_django_view_enqueues_in_its_transaction_and_the_job_runs(
     assert db.val("SELECT array_agg(email) FROM signup_signup") == ["ada@example.com"]
     assert db.val("SELECT count(*) FROM jobq.job") == 1  # the bad signup left no job
     procs.reaper()
-    procs.start("consume", "signup.tasks:app", **extra)
+    procs.start("consume", "signup.tasks:app", environ=extra)
     wait_until(lambda: db.val("SELECT status FROM jobq.job WHERE id = $1::uuid",
                               ok["job"]) == "completed", 30, "the welcome job")
     assert json.loads(db.val("SELECT result FROM jobq.job")) == {"sent_to": "ada@example.com"}
@@ -79,7 +79,7 @@ def test_fastapi_lifespan_client_publishes_and_waits_for_the_result(
     app_dir = ROOT / "examples" / "fastapi_app"
     extra = {"PYTHONPATH": f"{app_dir}{os.pathsep}{env['PYTHONPATH']}"}
     procs.reaper()
-    procs.start("consume", "reports:app", **extra)
+    procs.start("consume", "reports:app", environ=extra)
     said = _run(env, (
         "import json\n"
         "from fastapi.testclient import TestClient\n"

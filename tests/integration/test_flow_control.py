@@ -41,17 +41,19 @@ def test_a_delivery_brings_the_best_waiting_job_and_hands_its_own_back(db_url: s
         (high,) = await enqueue(pool, "q", priority=5)
         (mid,) = await enqueue(pool, "q", priority=2)
         handed: list[Any] = []
-        got = await lease.claim(pool, low[:2], "w", ["q"], handed=handed)
+        got = [r for r in await lease.claim(pool, low[:2], "w", ["q"], handed=handed)
+               if r is not None]
+        assert len(got) == 2
         # the two deliveries ran the priority-5 and the priority-2 jobs, best first
-        assert [r["id"] for r in got] == [high, mid] or [r["id"] for r in got] == [mid, high]
-        assert {r["id"] for r in got} == {high, mid}
+        assert [r.id for r in got] == [high, mid] or [r.id for r in got] == [mid, high]
+        assert {r.id for r in got} == {high, mid}
         assert {h[0] for h in handed} == set(low[:2])
         for jid, _, token in handed:  # back in line, a new spell the consumer publishes
             r = await row(pool, jid)
             assert r["status"] == "queued" and r["published_at"] is None and r["lock"] == token
         # nothing better waits now: a delivery runs its own job
         (own,) = await lease.claim(pool, [low[2]], "w", ["q"], handed=handed)
-        assert own["id"] == low[2] and len(handed) == 2
+        assert own is not None and own.id == low[2] and len(handed) == 2
 
     run(db_url, body)
 
@@ -65,19 +67,19 @@ def test_per_key_caps_park_the_excess_and_a_finished_job_frees_its_keys_slot(
         b = await enqueue(pool, "t", 1, key="B")
         free = await enqueue(pool, "t", 2)  # unkeyed jobs are not capped
         got = await lease.claim(pool, a + b + free, "w", ["t"])
-        claimed = {r["id"] for r in got if r is not None}
+        claimed = {r.id for r in got if r is not None}
         assert len(claimed & set(a)) == 2 and set(b) <= claimed and set(free) <= claimed
         parked = [j for j in a if j not in claimed]
         assert [(await row(pool, j))["parked"] for j in parked] == [True] * len(parked)
         # A finished job of key A releases exactly one parked job of key A
-        done = next(r for r in got if r is not None and r["id"] in set(a))
+        done = next(r for r in got if r is not None and r.id in set(a))
         mine = Lease.from_claim(done, 0.0, 0.15)
         assert await lease.complete(pool, [mine]) == [True]
         released = await lease.unpark_freed(pool, mine)
-        assert len(released) == 1 and released[0]["id"] in parked
+        assert len(released) == 1 and released[0].id in parked
         # the reapers' unpark releases nothing more: A's two slots are taken again
         # once that one is claimed
-        (again,) = await lease.claim(pool, [released[0]["id"]], "w", ["t"])
+        (again,) = await lease.claim(pool, [released[0].id], "w", ["t"])
         assert again is not None
         assert (await pool.execute(Q["unpark"])) == "UPDATE 0"
 
@@ -107,7 +109,7 @@ def test_a_per_key_rate_spends_that_keys_tokens_only(db_url: str) -> None:
         a = await enqueue(pool, "r", 5, key="A")
         b = await enqueue(pool, "r", 2, key="B")
         got = await lease.claim(pool, a + b, "w", ["r"])
-        claimed = {r["id"] for r in got if r is not None}
+        claimed = {r.id for r in got if r is not None}
         assert len(claimed & set(a)) == 2 and set(b) <= claimed
         tokens = await pool.fetchval("SELECT tokens FROM jobq.key_rate WHERE key = 'A'")
         assert tokens < 1
@@ -143,6 +145,7 @@ def test_debounce_collapses_a_burst_into_one_job_with_the_last_payload(
                    for q in ("a", "ab", "abc")}
             other = await client.publish("search", {"q": "x"}, key="user-2", debounce_s=2)
             assert other not in ids
+            assert client.pool is not None
             row_ = await client.pool.fetchrow(
                 "SELECT payload, run_at - now() AS wait, published_at FROM jobq.job "
                 "WHERE id = $1", next(iter(ids)))
@@ -154,7 +157,7 @@ def test_debounce_collapses_a_burst_into_one_job_with_the_last_payload(
 
 
 def test_bad_flow_control_input_is_one_line(env: dict[str, str], db: SyncDB) -> None:
-    for job in (NewJob("q", priority=10), NewJob("q", priority=True),  # type: ignore[arg-type]
+    for job in (NewJob("q", priority=10), NewJob("q", priority=True),
                 NewJob("q", key="k" * 201), NewJob("q", key="a\x00b"),
                 NewJob("q", debounce_s=1), NewJob("q", key="k", debounce_s=float("nan"))):
         with pytest.raises(InvalidPayload):

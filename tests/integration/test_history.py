@@ -53,14 +53,14 @@ def test_every_attempt_keeps_its_own_events(db_url: str) -> None:
         await pool.execute("UPDATE jobq.job SET run_at = now() WHERE id = $1", jid)
         first = await claimed(pool, jid, "w1")
         (row,) = await lease.fail(pool, [Failure(first, "boom", True, 0.0)])
-        assert row["status"] == "queued"
+        assert row is not None and row.status == "queued"
         assert await lease.complete(pool, [await claimed(pool, jid, "w2")]) == [True]
         assert await stored(pool, jid) == ["enqueued", "claimed", "retry", "claimed"]
         assert await story(pool, jid) == [
             ("enqueued", None, None), ("claimed", "w1", 1), ("retry", "w1", 1),
             ("claimed", "w2", 2), ("completed", "w2", 2)]
-        first = (await pool.fetch(Q["history"], jid))[0]
-        assert first["detail"] == "run in 5s"  # what the row no longer shows after the retry
+        event = (await pool.fetch(Q["history"], jid))[0]
+        assert event["detail"] == "run in 5s"  # what the row no longer shows after the retry
 
     run(db_url, body)
 

@@ -9,7 +9,9 @@ from typing import Any
 
 import asyncpg
 
-from harness.helpers import with_pool as run
+from harness.helpers import with_pool as run  # used by the tests below
+
+__all__ = ["claim", "new_job", "run", "status"]
 from jobq import lease
 from jobq.lease import Failure, Lease
 from jobq.sql import Q
@@ -59,7 +61,7 @@ def test_claim_skips_jobs_not_due_and_foreign_queues(db_url: str) -> None:
         other = await pool.fetchval("SELECT jobq.enqueue('elsewhere', '{}')")
         assert await lease.claim(pool, [later, other], "w", ["q"]) == [None, None]
         misses = await lease.claim_misses(pool, [later, other, uuid.uuid4()])
-        assert misses[later]["not_due"] and misses[other]["queue"] == "elsewhere"
+        assert misses[later].not_due and misses[other].queue == "elsewhere"
 
     run(db_url, body)
 
@@ -105,7 +107,8 @@ def test_fail_retries_with_backoff_then_fails(db_url: str) -> None:
         first = await claim(pool, jid)
         assert first is not None
         (row,) = await lease.fail(pool, [Failure(first, "ValueError: bad", True)])
-        assert row["status"] == "queued" and 9 < row["retry_in_s"] <= 10
+        assert row is not None and row.retry_in_s is not None
+        assert row.status == "queued" and 9 < row.retry_in_s <= 10
         j = await status(pool, jid)
         assert j["errors"] == 1 and j["published_at"] is None
         assert j["last_error"] == "ValueError: bad"
@@ -114,7 +117,7 @@ def test_fail_retries_with_backoff_then_fails(db_url: str) -> None:
         second = await claim(pool, jid)
         assert second is not None and second.lock != first.lock
         (row,) = await lease.fail(pool, [Failure(second, "ValueError: still bad", True)])
-        assert row["status"] == "failed"
+        assert row is not None and row.status == "failed"
         j = await status(pool, jid)
         assert j["errors"] == 2 and j["attempts"] == 2 and j["finished_at"] is not None
 
@@ -127,7 +130,7 @@ def test_release_requeues_at_once_without_counting(db_url: str) -> None:
         mine = await claim(pool, jid)
         assert mine is not None
         (row,) = await lease.release(pool, [mine])
-        assert row["id"] == jid
+        assert row.id == jid
         j = await status(pool, jid)
         assert (j["status"], j["stalls"], j["errors"], j["published_at"]) == ("queued", 0, 0, None)
         assert await claim(pool, jid) is not None
@@ -149,12 +152,13 @@ def test_concurrent_reapers_requeue_each_lapsed_lease_once(db_url: str) -> None:
             return got
 
         results = await asyncio.gather(reaper(), reaper(), reaper())
-        requeued = [r["id"] for rs in results for r in rs]
+        requeued = [r.id for rs in results for r in rs]
         assert sorted(requeued) == sorted(ids)  # every one, exactly once
         # one worker held all 200: each witnessed one crash, none is charged,
         # none is a suspect yet (that takes a second crash)
         row = await pool.fetchrow("SELECT min(suspect_stalls) AS lo, max(suspect_stalls) AS hi,"
                                   " max(stalls) AS stalls, bool_or(suspect) AS s FROM jobq.job")
+        assert row is not None
         assert (row["lo"], row["hi"], row["stalls"], row["s"]) == (1, 1, 0, False)
 
     run(db_url, body)
@@ -167,12 +171,12 @@ def test_job_of_death_and_stall_cooldown(db_url: str) -> None:
         await lapse(pool, jid)
         (r,) = await lease.requeue_lapsed(pool, 10, "r")
         j = await status(pool, jid)
-        assert r["status"] == "queued" and j["run_at"] <= await pool.fetchval("SELECT now()")
+        assert r.status == "queued" and j["run_at"] <= await pool.fetchval("SELECT now()")
         await claim(pool, jid)
         await lapse(pool, jid)
         (r,) = await lease.requeue_lapsed(pool, 10, "r")
         j = await status(pool, jid)
-        assert r["status"] == "failed" and j["stalls"] == 2
+        assert r.status == "failed" and j["stalls"] == 2
         assert "job of death" in j["last_error"] and "max_stalls=1" in j["last_error"]
 
     run(db_url, body)
@@ -242,10 +246,11 @@ def test_a_retried_failure_whose_reply_was_lost_recognises_itself(db_url: str) -
         mine = await claim(pool, jid)
         assert mine is not None
         (first,) = await lease.fail(pool, [Failure(mine, "boom", True, 30.0)])
-        assert first["status"] == "queued" and first["retry_in_s"] > 0
+        assert first is not None and first.retry_in_s is not None
+        assert first.status == "queued" and first.retry_in_s > 0
         # The same write again (its first reply lost): ours, not a lost lease.
         (again,) = await lease.fail(pool, [Failure(mine, "boom", True, 30.0)])
-        assert again is not None and again["status"] == "queued"
+        assert again is not None and again.status == "queued"
         # Another claim's token (a fresh lock) never matches it.
         other = Lease(mine.job_id, mine.queue, uuid.uuid4(), 30.0, 0.15, 0.0)
         assert (await lease.fail(pool, [Failure(other, "boom", True, 0.0)])) == [None]
@@ -263,9 +268,10 @@ def test_a_retried_claim_recognises_the_rows_its_lost_reply_claimed(db_url: str)
         first = await lease.claim(pool, [a, b], "w1", ["q"], tokens)  # reply "lost"
         assert all(r is not None for r in first)
         assert await lease.claim(pool, [a, b], "w1", ["q"], tokens) == [None, None]
-        again = await lease.claim(pool, [a, b], "w1", ["q"], tokens, retried=True)
-        assert [r["lock"] for r in again] == tokens and [r["id"] for r in again] == [a, b]
-        assert again[0]["lease_s"] == first[0]["lease_s"]  # the claim row, whole
+        again = [r for r in await lease.claim(pool, [a, b], "w1", ["q"], tokens, retried=True)
+                 if r is not None]
+        assert [r.lock for r in again] == tokens and [r.id for r in again] == [a, b]
+        assert again[0].lease_s == first[0].lease_s  # type: ignore[union-attr]  # the row, whole
         # Another worker, or other tokens, never recover them.
         assert await lease.claim(pool, [a, b], "w2", ["q"], tokens, retried=True) == [None, None]
         assert await lease.claim(pool, [a], "w1", ["q"], [uuid.uuid4()], retried=True) == [None]

@@ -12,7 +12,8 @@ import asyncpg
 import pytest
 
 from harness.helpers import with_pool
-from jobq import lease, limits
+from jobq import lease
+from jobq.reaper import unpark as limits
 from jobq.sql import Q
 
 
@@ -58,7 +59,7 @@ def test_parked_jobs_are_released_as_slots_free(db_url: str) -> None:
         held = [r for r in rows if r is not None]
         steps = [await limits.unpark(pool)]  # no slot free: nothing released
         await pool.execute("UPDATE jobq.job SET status = 'completed' WHERE id = $1",
-                           held[0]["id"])
+                           held[0].id)
         steps.append(await limits.unpark(pool))  # one slot: one job
         await pool.execute("UPDATE jobq.queue SET max_running = NULL WHERE name = 'lim'")
         steps.append(await limits.unpark(pool))  # no limit any more: all the rest

@@ -43,6 +43,7 @@ def test_publish_commits_the_row_then_publishes_the_id(settings: Settings) -> No
         # The marks are deferred (off the caller's path); close() writes them.
         conn = await asyncpg.connect(settings.database_url)
         row = await conn.fetchrow("SELECT * FROM jobq.job WHERE id = $1", jid)
+        assert row is not None
         assert row["status"] == "queued" and row["published_at"] is not None
         assert json.loads(row["payload"]) == {"to": "a@b.c"}
         payloads = [json.loads(await conn.fetchval(
@@ -61,6 +62,7 @@ def test_idempotency_key_yields_one_job(settings: Settings) -> None:
             b = await client.publish("mail", {"v": 2}, idempotency_key="order-42")
             c = await client.publish("mail", {"v": 3}, idempotency_key="order-43")
             assert a == b != c
+            assert client.pool is not None
             assert await client.pool.fetchval("SELECT count(*) FROM jobq.job") == 2
 
     asyncio.run(go())
@@ -141,6 +143,7 @@ def test_bad_input_is_refused_and_nothing_is_written(
         async with Client(settings) as client:
             with pytest.raises(error):
                 await client.publish(queue, payload)
+            assert client.pool is not None
             assert await client.pool.fetchval("SELECT count(*) FROM jobq.job") == 0
 
     asyncio.run(go())

@@ -102,6 +102,7 @@ def test_a_batch_with_a_new_queue_or_a_repeated_key_goes_row_by_row(settings: Se
             ids = await client.publish_many([
                 NewJob("fresh", {"n": 1}), NewJob("fresh", {"n": 2}, idempotency_key="same"),
                 NewJob("fresh", {"n": 3}, idempotency_key="same")])
+            assert client.pool is not None
             queues = await client.pool.fetchval(
                 "SELECT count(*) FROM jobq.queue WHERE name = 'fresh'")
         return ids, queues

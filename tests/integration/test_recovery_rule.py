@@ -10,14 +10,15 @@ import asyncpg
 
 from jobq import lease
 from jobq.lease import Failure
-from tests.integration.test_lease import claim, new_job, run, status
+from tests.integration.test_lease import claim, new_job, status
+from tests.integration.test_lease import run as run
 
 
 async def crash(pool: asyncpg.Pool, worker: str) -> dict[uuid.UUID, str]:
     """The worker's leases all lapse at once (its session ended): verdicts."""
     await pool.execute("UPDATE jobq.job SET lease_expires_at = now() - interval '1 ms' "
                        "WHERE worker_id = $1 AND status = 'active'", worker)
-    return {r["id"]: r["verdict"] for r in await lease.requeue_lapsed(pool, 500, "r")}
+    return {r.id: r.verdict for r in await lease.requeue_lapsed(pool, 500, "r")}
 
 
 def test_a_shared_crash_charges_nobody_and_a_second_makes_suspects(db_url: str) -> None:
@@ -91,12 +92,14 @@ def test_a_child_death_is_charged_to_its_job_at_once(db_url: str) -> None:
         mine = await claim(pool, jid, "w")
         assert mine is not None
         row = await lease.child_died(pool, mine, "killed by SIGKILL")
-        assert (row["status"], row["stalls"], row["due"]) == ("queued", 1, True)
+        assert row is not None
+        assert (row.status, row.stalls, row.due) == ("queued", 1, True)
         assert await lease.child_died(pool, mine, "again") is None  # fenced: no longer ours
         mine = await claim(pool, jid, "w")
         assert mine is not None
         row = await lease.child_died(pool, mine, "killed by SIGSEGV")
-        assert (row["status"], row["stalls"]) == ("failed", 2)
+        assert row is not None
+        assert (row.status, row.stalls) == ("failed", 2)
         assert "job of death" in (await status(pool, jid))["last_error"]
         events = [r["event"] for r in await pool.fetch(
             "SELECT event FROM jobq.job_event WHERE job_id = $1 ORDER BY n", jid)]

@@ -38,8 +38,9 @@ def _provider() -> None:
 
 def _finished(job_id: uuid.UUID) -> list[Any]:
     return sorted((s for s in EXPORTER.get_finished_spans()
-                   if s.name == "jobq.run" and s.attributes["jobq.job_id"] == str(job_id)),
-                  key=lambda s: s.attributes["jobq.attempt"])
+                   if s.name == "jobq.run" and (s.attributes or {}).get("jobq.job_id")
+                   == str(job_id)),
+                  key=lambda s: int((s.attributes or {}).get("jobq.attempt", 0)))
 
 
 async def _runs(job_id: uuid.UUID, n: int = 1) -> list[Any]:

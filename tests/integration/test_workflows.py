@@ -112,14 +112,16 @@ def test_a_step_runs_once_per_job_and_a_zombie_cannot_record_one(db_url: str) ->
     async def body(pool: asyncpg.Pool) -> None:
         jid = await pool.fetchval("SELECT jobq.enqueue('q')")
         (first,) = await lease.claim(pool, [jid], "w1", ["q"])
-        run1 = JobLink(pool, jid, first["lock"], 65536)
+        assert first is not None
+        run1 = JobLink(pool, jid, first.lock, 65536)
         assert await run1.step("charge", charge, 5) == {"charged": 5}
         assert calls == ["charge"]
         # the run dies; the job is claimed again with a new token
         await pool.execute("UPDATE jobq.job SET status = 'queued', lease_expires_at = NULL "
                            "WHERE id = $1", jid)
         (second,) = await lease.claim(pool, [jid], "w2", ["q"])
-        run2 = JobLink(pool, jid, second["lock"], 65536)
+        assert second is not None
+        run2 = JobLink(pool, jid, second.lock, 65536)
         assert await run2.step("charge", charge, 5) == {"charged": 5}
         assert calls == ["charge"]  # not called again
         with pytest.raises(BadInput, match="recorded by"):

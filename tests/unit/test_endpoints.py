@@ -28,7 +28,7 @@ def test_several_broker_urls_and_database_hosts_are_accepted() -> None:
 ])
 def test_a_bad_entry_anywhere_in_a_list_is_refused(field: str, value: str) -> None:
     with pytest.raises(ValidationError) as err:
-        Settings(**{field: value})
+        Settings.model_validate({field: value})
     assert "secret" not in str(err.value)
 
 

@@ -5,6 +5,7 @@ operator's mistake, and what a handler's exception does to its job."""
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import asyncpg
 import pytest
@@ -28,7 +29,9 @@ from jobq.worker.run import Run, Stop
 
 
 def _pg(cls: type[asyncpg.PostgresError]) -> asyncpg.PostgresError:
-    return cls.new({"M": "boom", "C": cls.sqlstate or "XX000"}, query=None)  # type: ignore[attr-defined]
+    made: asyncpg.PostgresError = cls.new({"M": "boom", "C": cls.sqlstate or "XX000"},
+                                          query=None)
+    return made
 
 
 @pytest.mark.parametrize("exc", [
@@ -71,7 +74,7 @@ def test_bugs_and_bad_data_are_not_transient(exc: BaseException) -> None:
 
 
 def _run() -> Run:
-    job = Job(uuid.uuid4(), "q", {}, 1, uuid.uuid4(), "w")
+    job: Job[Any] = Job(uuid.uuid4(), "q", {}, 1, uuid.uuid4(), "w")
     le = Lease(job.id, "q", job.lock, 30.0, 0.15, 25.5)
     return Run(job, le, None)  # type: ignore[arg-type]
 
@@ -125,7 +128,7 @@ def test_broker_errors_are_classified(exc: BaseException, kind: str) -> None:
     """QUEUE_REFUSED stays with its one queue; the rest of TRANSIENT is the
     broker or the connection (refused credentials are caught before, at
     connect, as a ConfigError)."""
-    from jobq.broker import QUEUE_REFUSED, TRANSIENT
+    from jobq.broker_connect import QUEUE_REFUSED, TRANSIENT
 
     assert isinstance(exc, TRANSIENT)
     assert isinstance(exc, QUEUE_REFUSED) is (kind == "queue")

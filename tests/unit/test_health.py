@@ -35,7 +35,7 @@ def test_an_oversized_request_line_gets_400_and_the_server_goes_on() -> None:
     assert ok.startswith(b"HTTP/1.0 200")
 
 
-async def _ready_ok() -> dict[str, bool]:
+async def _ready_ok() -> dict[str, bool | str]:
     return {"database": True}
 
 
@@ -67,7 +67,7 @@ def test_connections_over_the_cap_are_closed_at_once() -> None:
 def test_readiness_is_computed_at_most_once_a_second() -> None:
     calls = 0
 
-    async def ready() -> dict[str, bool]:
+    async def ready() -> dict[str, bool | str]:
         nonlocal calls
         calls += 1
         return {"database": True}

@@ -94,7 +94,7 @@ def test_a_consumer_refuses_queues_its_app_has_no_handler_for() -> None:
     with pytest.raises(Exception, match="no handler registered for queue"):
         Consumer(apps.app, Settings(), ["nope"])
     with pytest.raises(Exception, match="--pool process needs the app"):
-        Consumer(apps.app, Settings(consumer={"pool": "process"}), ["proc"])
+        Consumer(apps.app, Settings.model_validate({"consumer": {"pool": "process"}}), ["proc"])
 
 
 def test_every_verb_says_what_it_does_and_every_flag_has_help() -> None:

@@ -8,11 +8,12 @@ import io
 import json
 import logging
 import uuid
+from typing import Any
 
 import jobq
 from jobq import current, logs, tracing
 
-JOB = jobq.Job(id=uuid.UUID(int=7), queue="emails", payload={}, attempt=2,
+JOB: jobq.Job[Any] = jobq.Job(id=uuid.UUID(int=7), queue="emails", payload={}, attempt=2,
                lock=uuid.uuid4(), worker_id="w1")
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from jobq.batch import Coalescer
 from jobq.errors import BadInput
 from jobq.job import Job
 from jobq.lease import Lease
+from jobq.rows import Claim
 from jobq.settings import ConsumerSettings
 from jobq.worker.acks import Acks
 from jobq.worker.heartbeat import Heartbeat
@@ -25,9 +27,11 @@ from jobq.worker.tally import Tally
 
 
 def lease_at(sent_at: float, lease_s: float = 30.0, grace_s: float = 2.0) -> Lease:
-    row = {"id": uuid.uuid4(), "queue": "q", "lock": uuid.uuid4(), "lease_s": lease_s,
-           "vanished_grace_s": grace_s}
-    return Lease.from_claim(row, sent_at, 0.15)  # type: ignore[arg-type]
+    row = Claim(id=uuid.uuid4(), queue="q", lock=uuid.uuid4(), payload="{}", attempts=1,
+                stalls=0, created_at=datetime.now(UTC), suspect=False, handoffs=0,
+                lease_s=lease_s, timeout_s=None, vanished_grace_s=grace_s,
+                max_result_bytes=65536, limited=False, via=uuid.uuid4())
+    return Lease.from_claim(row, sent_at, 0.15)
 
 
 def test_a_lease_is_trusted_until_its_margin_before_the_database_deadline() -> None:
@@ -50,11 +54,12 @@ def test_a_lost_session_cuts_trust_to_the_grace_and_a_lost_lease_is_never_extend
 
 def test_the_next_renewal_is_due_for_the_lease_renewed_longest_ago() -> None:
     async def go() -> float:
-        hb = Heartbeat({}, ConsumerSettings(), "w", Tally(), None)  # type: ignore[arg-type]
+        runs: dict[uuid.UUID, Run] = {}
+        hb = Heartbeat(runs, ConsumerSettings(), "w", Tally(), None)  # type: ignore[arg-type]
         for sent_at, lease_s in ((10.0, 30.0), (12.0, 3.0)):
             le = lease_at(sent_at, lease_s)
-            job = Job(le.job_id, "q", {}, 1, le.lock, "w")
-            hb.runs[job.id] = Run(job, le, None)  # type: ignore[arg-type]
+            job: Job[Any] = Job(le.job_id, "q", {}, 1, le.lock, "w")
+            runs[job.id] = Run(job, le, None)  # type: ignore[arg-type]
         return hb._due()
 
     # 30 s lease renewed at 10 is due at 20; 3 s lease renewed at 12 is due at 13

@@ -4,6 +4,7 @@ across DST), what a result or a progress value may be, the chart."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -44,7 +45,7 @@ def test_cron_slots_follow_the_time_zone_across_dst() -> None:
     ({"cron": "* * * * *", "every_s": 5}, "not both"),
     ({"cron": "* * * * *", "timezone": "Mars/Olympus"}, "time zone"),
 ])
-def test_bad_schedules_are_one_line(kw: dict, msg: str) -> None:
+def test_bad_schedules_are_one_line(kw: dict[str, Any], msg: str) -> None:
     with pytest.raises(BadInput, match=msg):
         Schedule("s", "q", **kw)
 

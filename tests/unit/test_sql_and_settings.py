@@ -33,9 +33,9 @@ def test_settings_reject_bad_urls_and_unknown_keys(monkeypatch: pytest.MonkeyPat
     with pytest.raises(ValidationError, match="JOBQ_AMQP_URL"):
         Settings(amqp_url="http://x")
     with pytest.raises(ValidationError):
-        Settings(consumer={"concurrency": 0})
+        Settings.model_validate({"consumer": {"concurrency": 0}})
     with pytest.raises(ValidationError):
-        Settings(consumer={"bogus": 1})
+        Settings.model_validate({"consumer": {"bogus": 1}})
     monkeypatch.setenv("JOBQ_CONSUMER__CONCURRENCY", "7")
     assert Settings().consumer.concurrency == 7
 

@@ -75,3 +75,48 @@ def test_no_module_over_300_lines_and_no_function_over_60() -> None:
                 if n > MAX_FUNCTION_LINES:
                     long_functions.append(f"{path.name}:{node.name}: {n}")
     assert (long_modules, long_functions) == ([], [])
+
+
+# The driver's verbs: only the gateway (db.py) calls them on a pool or a
+# connection; every other module passes a statement of queries.sql to
+# db.fetch / fetchrow / fetchval / execute, which guard a pooled connection
+# that broke (issue #29: the reaper and the lost-message check did not).
+DRIVER_VERBS = {"fetch", "fetchrow", "fetchval", "execute", "executemany", "prepare",
+                "copy_records_to_table", "copy_to_table", "copy_from_query", "cursor"}
+GATEWAY = {"db.py"}
+# SQL written in Python: only the loader and the generator of the statement
+# functions (routines.py wraps each granted statement of queries.sql in its
+# CREATE FUNCTION, with the SET clauses it needs).
+SQL_WORDS = ("SELECT ", "INSERT ", "UPDATE ", "DELETE ", "CREATE ", "DROP ", "ALTER ",
+             "GRANT ", "REVOKE ", "WITH ", "TRUNCATE ", "SET ")
+SQL_ALLOWED = {"sql.py", "routines.py"}
+
+
+def test_only_the_gateway_calls_the_driver() -> None:
+    calls = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name in GATEWAY and path.parent == PACKAGE:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in DRIVER_VERBS):
+                calls.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: "
+                             f"{ast.unparse(node.func)}")
+    assert calls == []
+
+
+def test_no_sql_is_written_outside_queries_sql() -> None:
+    inline = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name in SQL_ALLOWED:
+            continue
+        tree = ast.parse(path.read_text())
+        docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                      if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef
+                                    | ast.AsyncFunctionDef)
+                      and n.body and isinstance(n.body[0], ast.Expr)}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                    and id(node) not in docstrings and node.value.lstrip().startswith(SQL_WORDS)):
+                inline.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {node.value[:40]!r}")
+    assert inline == []

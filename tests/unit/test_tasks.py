@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
@@ -21,7 +22,7 @@ class Invoice(BaseModel):
     total: float
 
 
-def make_app() -> tuple[jobq.App, jobq.Task[Invoice], jobq.Task[object]]:
+def make_app() -> tuple[jobq.App, jobq.Task[Invoice], jobq.Task[Any]]:
     app = jobq.App()
 
     @app.periodic(every=60)

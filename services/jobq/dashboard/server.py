@@ -17,9 +17,10 @@ import uvicorn
 
 from jobq.dashboard.sessions import allowed_hosts, guarded
 from jobq.dashboard.web import Dashboard, make_app
-from jobq.db import open_pool, translated
+from jobq.db import fetchval, open_pool, translated
 from jobq.errors import ConfigError
 from jobq.settings import Settings
+from jobq.sql import Q
 
 log = logging.getLogger("jobq.dashboard")
 
@@ -28,9 +29,7 @@ async def _reader_role(url: str) -> str | None:
     with translated():
         conn = await asyncpg.connect(url, timeout=10)
     try:
-        member = await conn.fetchval(
-            "SELECT to_regrole('jobq_reader') IS NOT NULL "
-            "AND pg_has_role(current_user, 'jobq_reader', 'MEMBER')")
+        member = await fetchval(conn, Q["reader_member"])
     finally:
         await conn.close()
     return "jobq_reader" if member else None

@@ -14,33 +14,39 @@ a whole lease, and charged a stall, because jobq's own write failed
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
-import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Final, Literal, TypeVar
 
-import asyncpg
 from pydantic import ValidationError
 
-from jobq import lease
 from jobq.backoff import Backoff
 from jobq.batch import Coalescer
-from jobq.broker import Broker
 from jobq.db import is_transient
 from jobq.errors import ConfigError, Fail, LeaseLost, Retry
-from jobq.job import Status
 from jobq.lease import Failure, Lease
 from jobq.logs import fields, printable
-from jobq.relay import publish_and_mark
 from jobq.results import ResultInvalid, encode
+from jobq.rows import Failed, Spell
+from jobq.status import Status
 from jobq.worker.heartbeat import Heartbeat
 from jobq.worker.run import Run
+from jobq.worker.store import WorkerStore
 from jobq.worker.tally import Tally
 
 log = logging.getLogger("jobq.consumer")
 
 T = TypeVar("T")
-_GIVE_UP = object()
+
+
+class GaveUp(enum.Enum):
+    """A fenced write not answered before the lease ran out of trust."""
+
+    GAVE_UP = "gave up"
+
+
+_GIVE_UP: Final = GaveUp.GAVE_UP
 
 
 class PayloadUndecodable(Exception):
@@ -71,10 +77,9 @@ def failure_for(run: Run, exc: BaseException) -> Failure | None:
 
 
 class Completer:
-    def __init__(self, pool: asyncpg.Pool, broker: Broker, heartbeat: Heartbeat, tally: Tally,
+    def __init__(self, store: WorkerStore, heartbeat: Heartbeat, tally: Tally,
                  worker_id: str) -> None:
-        self.pool = pool
-        self.broker = broker
+        self.store = store
         self.heartbeat = heartbeat
         self.tally = tally
         self.worker_id = worker_id
@@ -91,9 +96,10 @@ class Completer:
         raise self._fatal
 
     async def _complete_batch(self, items: list[tuple[Lease, str | None]]) -> list[bool]:
-        return await lease.complete(self.pool, [le for le, _ in items], [r for _, r in items])
+        return await self.store.complete([le for le, _ in items], [r for _, r in items])
 
-    async def fenced(self, run: Run, what: str, op: Callable[[], Awaitable[T]]) -> Any:
+    async def fenced(self, run: Run, what: str,
+                     op: Callable[[], Awaitable[T]]) -> T | Literal[GaveUp.GAVE_UP]:
         """Run a fenced write until it answers; ``_GIVE_UP`` if the lease ran
         out of trust first (then the reaper recovers the job)."""
         loop = asyncio.get_running_loop()
@@ -140,21 +146,12 @@ class Completer:
         elif ok is False:
             self.heartbeat.lose(run, "completion rejected")
 
-    async def republish(self, rows: Sequence[tuple[uuid.UUID, str, uuid.UUID]]) -> None:
-        """Publish spells this worker handed back (a claim that a higher
-        priority overtook); the relay is the fallback. Never raises."""
-        if rows:
-            await publish_and_mark(self.broker, self.pool, rows, own_spells=True)
-
     async def _slot_freed(self, run: Run) -> None:
         """A limited queue's slot is free: publish its oldest parked job now
         rather than at the next reaper sweep (best effort: the reaper is the
         fallback)."""
         try:
-            rows = await lease.unpark_freed(self.pool, run.lease)
-            await publish_and_mark(self.broker, self.pool,
-                                   [(r["id"], r["queue"], r["lock"]) for r in rows],
-                                   own_spells=True)
+            await self.store.publish(await self.store.unpark_freed(run.lease))
         except Exception as exc:
             log.debug("unpark after completion: %r", exc)
 
@@ -176,8 +173,8 @@ class Completer:
             self.heartbeat.lose(run, "the handler reported the lease lost")
             return
 
-        async def write() -> Any:
-            (row,) = await lease.fail(self.pool, [failure])
+        async def write() -> Failed | None:
+            (row,) = await self.store.fail([failure])
             return row
 
         row = await self.fenced(run, "failure", write)
@@ -185,9 +182,9 @@ class Completer:
             return
         if row is None:
             self.heartbeat.lose(run, "failure rejected")
-        elif row["status"] == Status.QUEUED:
+        elif row.status == Status.QUEUED:
             self.tally.count("retried", job.queue)
-            when = "" if row["retry_in_s"] is None else f" in {row['retry_in_s']:.1f}s"
+            when = "" if row.retry_in_s is None else f" in {row.retry_in_s:.1f}s"
             log.info("handler failed; retry%s: %s", when, failure.error[:500],
                      extra=fields(event="retry", job=job.id, queue=job.queue,
                                   attempt=job.attempt, worker=self.worker_id))
@@ -202,30 +199,29 @@ class Completer:
         job = run.job
         run.lease.finishing = True
         row = await self.fenced(run, "child death",
-                                lambda: lease.child_died(self.pool, run.lease, why))
+                                lambda: self.store.child_died(run.lease, why))
         if row is _GIVE_UP:
             return
         if row is None:
             self.heartbeat.lose(run, "child death not recorded: lease already gone")
             return
         self.tally.count("child_died", job.queue)
-        log.warning("%s; %s", why, "failed as a job of death" if row["status"] == Status.FAILED
-                    else f"requeued (stall {row['stalls']})",
+        log.warning("%s; %s", why, "failed as a job of death" if row.status == Status.FAILED
+                    else f"requeued (stall {row.stalls})",
                     extra=fields(event="child_died", job=job.id, queue=job.queue,
                                  attempt=job.attempt, worker=self.worker_id))
-        if row["status"] == Status.QUEUED and row["due"]:
-            await publish_and_mark(self.broker, self.pool, [(row["id"], row["queue"],
-                                                             row["lock"])], own_spells=True)
+        if row.status == Status.QUEUED and row.due:
+            await self.store.publish([Spell(row.id, row.queue, row.lock)])
 
     async def release(self, runs: Sequence[Run], why: str, handoff: bool = False) -> None:
         """Give leases back at once (no stall, no error) and publish the ids."""
         if not runs:
             return
-        rows: list[Any] = []
+        rows: list[Spell] = []
         backoff = Backoff(0.1, 1.0)
         for attempt in range(4):
             try:
-                rows = await lease.release(self.pool, [r.lease for r in runs], why, handoff)
+                rows = await self.store.release([r.lease for r in runs], why, handoff)
                 break
             except Exception as exc:
                 if attempt == 3:
@@ -234,9 +230,8 @@ class Completer:
                     return
                 await backoff.sleep()
         for row in rows:
-            self.tally.count("released", row["queue"])
+            self.tally.count("released", row.queue)
             log.info("released (%s)", why, extra=fields(
-                event="released", job=row["id"], queue=row["queue"], worker=self.worker_id))
+                event="released", job=row.id, queue=row.queue, worker=self.worker_id))
         # Publish them ourselves so they run at once; the relay is the fallback.
-        await publish_and_mark(self.broker, self.pool,
-                               [(r["id"], r["queue"], r["lock"]) for r in rows], own_spells=True)
+        await self.store.publish(rows)

@@ -24,7 +24,7 @@ import logging
 import os
 import socket
 import uuid
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 import asyncpg
 
@@ -44,6 +44,7 @@ from jobq.worker.intake import Intake
 from jobq.worker.processes import ProcessPool
 from jobq.worker.registry import Registry
 from jobq.worker.run import Run, Stop
+from jobq.worker.store import PgStore
 from jobq.worker.tally import Tally
 
 log = logging.getLogger("jobq.consumer")
@@ -88,6 +89,7 @@ class Consumer:
         self.executor: Executor | None = None
         self.intake: Intake | None = None
         self._heartbeat: Heartbeat | None = None
+        self._completer: Completer | None = None
         metrics.IN_FLIGHT.set_function(lambda: len(self.runs))  # computed when scraped
 
     def request_stop(self) -> None:
@@ -138,22 +140,30 @@ class Consumer:
                 max_memory_mb=self.cfg.max_memory_per_child_mb,
                 kill_grace_s=self.cfg.child_kill_grace_s)
             await self.processes.start()
-        hb = self._heartbeat = Heartbeat(self.runs, self.cfg, self.worker_id, self.tally, pool)
         self.registry = Registry(self.settings.session_url, self.worker_id,
-                                 on_lost=hb.session_lost, on_registered=hb.renew_now,
+                                 on_lost=self._session_lost, on_registered=self._registered,
                                  pool_kind=self.cfg.pool)
-        hb.registry = self.registry
-        completer = Completer(pool, self.broker, hb, self.tally, self.worker_id)
-        self.executor = Executor(self.app, self.cfg, self.concurrency, self.worker_id, pool, hb,
-                                 completer, self.tally, self._slots, self.processes)
-        self.intake = Intake(pool, self.worker_id, self.queues, self._slots, self._stop,
-                             self.tally, self.executor.start, completer.republish)
-        self._completer = completer
+        store = PgStore(pool, self.broker, self.registry, self.worker_id, self.queues)
+        hb = self._heartbeat = Heartbeat(self.runs, self.cfg, self.worker_id, self.tally, store)
+        completer = self._completer = Completer(store, hb, self.tally, self.worker_id)
+        self.executor = Executor(self.app, self.cfg, self.concurrency, self.worker_id, store, hb,
+                                 completer, self.tally, self._slots, self.runs, self.processes)
+        self.intake = Intake(store, self.queues, self._slots, self._stop, self.tally,
+                             self.executor.start)
         self.registry.start()
         await self.registry.wait_registered()
 
+    def _session_lost(self, at: float) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.session_lost(at)
+
+    def _registered(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.renew_now()
+
     async def _serve(self) -> None:
         assert self._heartbeat is not None and self.intake is not None
+        assert self._completer is not None
         renewer = asyncio.create_task(self._heartbeat.loop(), name="jobq-heartbeat")
         lag = asyncio.create_task(metrics.watch_loop_lag())
         stop_intake = await self.broker.consume(
@@ -196,9 +206,11 @@ class Consumer:
         finishing.cancel()
         await asyncio.gather(renewer, lag, finishing, return_exceptions=True)
 
-    async def _drain(self, stop_intake: Any, intake: asyncio.Task[None]) -> None:
+    async def _drain(self, stop_intake: Callable[[], Awaitable[None]],
+                     intake: asyncio.Task[None]) -> None:
         """SIGTERM: stop intake, let jobs finish within the grace, release the rest."""
         assert self.intake is not None and self.executor is not None
+        assert self._completer is not None
         grace = self.cfg.shutdown_grace_s
         await stop_intake()
         # The intake loop finishes a claim in flight (its jobs start, so they
@@ -220,5 +232,4 @@ class Consumer:
             await asyncio.wait(list(self.executor.tasks), timeout=10)
         stopped = [r for r in left if r.stop_reason is Stop.SHUTDOWN]
         await self._completer.release(stopped, "worker shutting down")
-        for r in stopped:
-            self.runs.pop(r.job.id, None)
+        self.executor.forget(stopped)

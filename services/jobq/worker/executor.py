@@ -28,24 +28,22 @@ import contextvars
 import functools
 import json
 import logging
+import uuid
 from typing import Any
 
-import asyncpg
-
-from jobq import crash, current, lease, tracing
+from jobq import crash, current, tracing
 from jobq.app import App
-from jobq.db import fetchval
 from jobq.job import Job
 from jobq.lease import Lease
 from jobq.logs import fields
+from jobq.rows import Claim
 from jobq.settings import ConsumerSettings
-from jobq.sql import Q
 from jobq.worker.completer import Completer, PayloadUndecodable
 from jobq.worker.heartbeat import Heartbeat
 from jobq.worker.processes import ChildDied, ProcessPool
 from jobq.worker.progress import ProgressWriter
 from jobq.worker.run import Run, Stop
-from jobq.worker.steps import JobLink
+from jobq.worker.store import WorkerStore
 from jobq.worker.tally import Tally
 
 log = logging.getLogger("jobq.consumer")
@@ -56,18 +54,21 @@ MAX_HANDOFFS = 2
 
 class Executor:
     def __init__(self, app: App, cfg: ConsumerSettings, concurrency: int, worker_id: str,
-                 pool: asyncpg.Pool, heartbeat: Heartbeat, completer: Completer,
-                 tally: Tally, slots: asyncio.Semaphore,
+                 store: WorkerStore, heartbeat: Heartbeat, completer: Completer,
+                 tally: Tally, slots: asyncio.Semaphore, runs: dict[uuid.UUID, Run],
                  processes: ProcessPool | None = None) -> None:
         self.app = app
         self.cfg = cfg
         self.concurrency = concurrency
         self.worker_id = worker_id
-        self.pool = pool
+        self.store = store
         self.heartbeat = heartbeat
         self.completer = completer
         self.tally = tally
-        self.runs = heartbeat.runs
+        # The one owner of this process's runs: added at the claim, removed at
+        # their end (or by forget(), after the drain released them); the
+        # heartbeat reads them.
+        self.runs = runs
         self._slots = slots
         self._processes = processes
         self._threads = concurrent.futures.ThreadPoolExecutor(
@@ -75,19 +76,19 @@ class Executor:
         self._isolation = asyncio.Lock()  # held by the one suspect running isolated here
         self.tasks: set[asyncio.Task[None]] = set()
 
-    def start(self, row: asyncpg.Record, sent_at: float) -> None:
+    def start(self, row: Claim, sent_at: float) -> None:
         """Run a claimed row; its slot is released when the run ends."""
         task = asyncio.create_task(self._job(row, sent_at))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def _job(self, row: asyncpg.Record, sent_at: float) -> None:
+    async def _job(self, row: Claim, sent_at: float) -> None:
         run = None
         try:
             run = self._track(row, sent_at)
             await self._run(run, row)
         except Exception:
-            log.exception("jobq error while running job %s", row["id"])
+            log.exception("jobq error while running job %s", row.id)
             if run is not None and run.ours:
                 # Our own bug must not cost the job a lease wait and a stall.
                 run.stop(Stop.SHUTDOWN)
@@ -96,12 +97,13 @@ class Executor:
         finally:
             self._slots.release()
 
-    def _track(self, row: asyncpg.Record, sent_at: float) -> Run:
+    def _track(self, row: Claim, sent_at: float) -> Run:
         le = Lease.from_claim(row, sent_at, self.cfg.fence_margin_fraction)
-        job = Job(id=row["id"], queue=row["queue"], payload=None, attempt=row["attempts"],
-                  lock=row["lock"], worker_id=self.worker_id, stalls=row["stalls"],
-                  created_at=row["created_at"])
-        run = Run(job, le, self.app.handlers[row["queue"]])
+        job = Job(id=row.id, queue=row.queue, payload=None, attempt=row.attempts,
+                  lock=row.lock, worker_id=self.worker_id, stalls=row.stalls,
+                  created_at=row.created_at)
+        run = Run(job, le, self.app.handlers[row.queue])
+        self.runs[job.id] = run
         self.heartbeat.track(run)  # from here on the lease is renewed and fenced
         self.tally.count("claimed", job.queue)
         if log.isEnabledFor(logging.INFO):
@@ -109,7 +111,7 @@ class Executor:
                                              attempt=job.attempt, worker=self.worker_id))
         return run
 
-    async def _run(self, run: Run, row: asyncpg.Record) -> None:
+    async def _run(self, run: Run, row: Claim) -> None:
         loop = asyncio.get_running_loop()
         started = loop.time()
         isolated = False
@@ -117,25 +119,24 @@ class Executor:
         progress: ProgressWriter | None = None
         try:
             try:
-                run.job.payload = json.loads(row["payload"])
+                run.job.payload = json.loads(row.payload)
             except (ValueError, RecursionError) as exc:
                 outcome = "error"
                 await self.completer.fail(run, PayloadUndecodable(
                     f"{type(exc).__name__}: {str(exc)[:200]}"))
                 return
-            if row["suspect"] and self._isolates(run):
-                isolated = await self._isolate(run, row["handoffs"])
+            if row.suspect and self._isolates(run):
+                isolated = await self._isolate(run, row.handoffs)
                 if not isolated:
                     outcome = (run.stop_reason or Stop.LOST).value
                     return
-            run.max_result_bytes = row["max_result_bytes"]
-            run.limited = row["limited"]
-            progress = ProgressWriter(self.pool, run, self.heartbeat)
+            run.max_result_bytes = row.max_result_bytes
+            run.limited = row.limited
+            progress = ProgressWriter(self.store, run, self.heartbeat)
             run.job.attach_progress(progress)
-            run.job.attach_link(JobLink(self.pool, run.job.id, run.job.lock,
-                                        run.max_result_bytes))
-            if row["timeout_s"]:
-                run.timeout = loop.call_later(float(row["timeout_s"]), run.stop, Stop.TIMEOUT)
+            run.job.attach_link(self.store.link(run.job.id, run.job.lock, run.max_result_bytes))
+            if row.timeout_s:
+                run.timeout = loop.call_later(float(row.timeout_s), run.stop, Stop.TIMEOUT)
             stored = await self._trace_of(run) if tracing.enabled() else None
             with tracing.run_span(run.job, stored, self.worker_id) as traced:
                 with current.running(run.job, self.worker_id, tracing.trace_id()):
@@ -154,8 +155,7 @@ class Executor:
     async def _trace_of(self, run: Run) -> str | None:
         """The publisher's trace context (tracing.py); None if none or unreadable."""
         try:
-            stored: str | None = await fetchval(self.pool, Q["trace_of"], run.job.id)
-            return stored
+            return await self.store.trace_of(run.job.id)
         except Exception as exc:  # telemetry: the job runs all the same
             log.debug("trace context of %s: %r", run.job.id, exc)
             return None
@@ -183,7 +183,7 @@ class Executor:
                 self._isolation.release()
             return False
         ok = await self.completer.fenced(run, "isolation",
-                                         lambda: lease.isolate(self.pool, run.lease))
+                                         lambda: self.store.isolate(run.lease))
         if ok is True:
             log.info("suspect job: running it isolated", extra=fields(
                 event="isolated", job=run.job.id, queue=run.job.queue, worker=self.worker_id))
@@ -242,6 +242,11 @@ class Executor:
                 worker=self.worker_id))
         # SHUTDOWN: the drain releases every such run in one statement.
         return reason.value
+
+    def forget(self, runs: list[Run]) -> None:
+        """The drain released these: they are no longer this process's."""
+        for run in runs:
+            self.runs.pop(run.job.id, None)
 
     def stop_all(self, reason: Stop) -> list[Run]:
         """Stop every run still going (the drain); returns them."""

@@ -16,30 +16,30 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-import asyncpg
-
-from jobq import lease, metrics
-from jobq.db import session_broken
-from jobq.errors import ConfigError, DatabaseUnavailable, UnavailableError
+from jobq import metrics
+from jobq.errors import ConfigError
 from jobq.logs import fields
 from jobq.settings import ConsumerSettings
 from jobq.worker.run import Run, Stop
 from jobq.worker.tally import Tally
 
+if TYPE_CHECKING:
+    from jobq.worker.store import WorkerStore
+
 log = logging.getLogger("jobq.consumer")
 
 
 class Heartbeat:
-    def __init__(self, runs: dict[uuid.UUID, Run], cfg: ConsumerSettings, worker_id: str,
-                 tally: Tally, pool: asyncpg.Pool) -> None:
-        self.runs = runs  # shared with the executor, which adds and removes runs
+    def __init__(self, runs: Mapping[uuid.UUID, Run], cfg: ConsumerSettings, worker_id: str,
+                 tally: Tally, store: WorkerStore) -> None:
+        self.runs = runs  # read only: the executor owns the runs (adds, removes)
         self.cfg = cfg
         self.worker_id = worker_id
         self.tally = tally
-        self.pool = pool
-        self.registry: Any = None  # set by the consumer: .conn and .reset()
+        self.store = store
         self._wakeup = asyncio.Event()  # replan the next renewal
         self._next = float("inf")  # loop time the next renewal is planned for
         self._now = False
@@ -48,8 +48,8 @@ class Heartbeat:
     # ── per run ──
 
     def track(self, run: Run) -> None:
-        """A new claim: fence it, and renew sooner if its lease is the shortest."""
-        self.runs[run.job.id] = run
+        """A new run (the executor's): fence it, and renew sooner if its
+        lease is the shortest."""
         self._arm(run)
         le = run.lease
         if le.renewed_at + le.lease_s * self.cfg.renew_fraction < self._next:
@@ -78,7 +78,7 @@ class Heartbeat:
         log.warning("lease lost (%s): the handler is stopped and cannot finish the job", why,
                     extra=fields(event="lease_lost", job=job.id, queue=job.queue,
                                  attempt=job.attempt, worker=self.worker_id))
-        task = asyncio.create_task(lease.record_lost(self.pool, run.lease))
+        task = asyncio.create_task(self.store.record_lost(run.lease))
         self._side.add(task)
         task.add_done_callback(self._side.discard)
 
@@ -153,22 +153,7 @@ class Heartbeat:
                     r.lease.renewed_at = sent_at  # finishing: its own write will tell
 
     async def _renew(self, runs: list[Run]) -> set[uuid.UUID]:
-        conn = self.registry.conn if self.registry is not None else None
-        if conn is None:
-            raise DatabaseUnavailable("worker registry session is down")
-        # Bounded: a renewal hanging on a cut network must not stall every
-        # later one. A failure that leaves the session unfit (abandoned
-        # mid-flight, terminated, a driver error: reusing it is how "another
-        # operation is in progress" happens) ends it, and the registry
-        # re-registers and renews at once; a plain SQL error (a conflict) on
-        # a healthy session keeps it, so reapers do not see us vanish.
-        timeout = max(1.0, min(r.lease.lease_s for r in runs) * self.cfg.renew_fraction)
-        try:
-            return await asyncio.wait_for(
-                lease.renew(conn, [r.lease for r in runs], self.worker_id), timeout)
-        except Exception as exc:
-            if not isinstance(exc, UnavailableError | TimeoutError | ConfigError):
-                log.exception("lease renewal raised unexpectedly")
-            if session_broken(exc):
-                self.registry.reset()
-            raise
+        # Bounded (the store ends a session a timeout left unfit): a renewal
+        # hanging on a cut network must not stall every later one.
+        within = max(1.0, min(r.lease.lease_s for r in runs) * self.cfg.renew_fraction)
+        return await self.store.renew([r.lease for r in runs], within)

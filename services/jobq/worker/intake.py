@@ -40,19 +40,19 @@ import asyncio
 import collections
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Callable
 
-import asyncpg
 from aio_pika.abc import AbstractIncomingMessage
 
-from jobq import crash, lease
+from jobq import crash
 from jobq.backoff import Backoff
 from jobq.db import is_data_error, is_transient
 from jobq.errors import ConfigError
 from jobq.logs import fields
+from jobq.rows import Claim, Spell
 from jobq.worker.acks import Acks, settle_one
 from jobq.worker.misses import explain_misses
+from jobq.worker.store import WorkerStore
 from jobq.worker.tally import Tally
 
 log = logging.getLogger("jobq.consumer")
@@ -64,18 +64,15 @@ Batch = list[tuple[uuid.UUID, AbstractIncomingMessage]]
 
 
 class Intake:
-    def __init__(self, pool: asyncpg.Pool, worker_id: str, queues: list[str],
-                 slots: asyncio.Semaphore, stop: asyncio.Event, tally: Tally,
-                 start_job: Callable[[asyncpg.Record, float], None],
-                 republish: Callable[[list[Any]], Awaitable[None]]) -> None:
-        self.pool = pool
-        self.worker_id = worker_id
+    def __init__(self, store: WorkerStore, queues: list[str], slots: asyncio.Semaphore,
+                 stop: asyncio.Event, tally: Tally,
+                 start_job: Callable[[Claim, float], None]) -> None:
+        self.store = store
         self.queues = queues
         self._slots = slots
         self._stop = stop
         self.tally = tally
-        self._start_job = start_job
-        self._republish = republish  # delivered jobs a higher priority overtook
+        self._start_job = start_job  # the executor's: runs a claimed row
         self._inbox: collections.deque[AbstractIncomingMessage] = collections.deque()
         self._ready = asyncio.Event()
         self._acks = Acks(self._inbox)
@@ -173,7 +170,7 @@ class Intake:
             return
         await self._started(batch, rows, sent_at)
 
-    async def _started(self, batch: Batch, rows: list[Any], sent_at: float) -> None:
+    async def _started(self, batch: Batch, rows: list[Claim | None], sent_at: float) -> None:
         crash.point("consumer.after_claim")
         await self._acks.settle([m for _, m in batch], ack=True)
         for row in rows:
@@ -245,8 +242,7 @@ class Intake:
                         self._fail_intake(exc)
                     continue
                 try:
-                    failed = await lease.quarantine(self.pool, job_id, self.worker_id,
-                                                    self.queues, lock)
+                    failed = await self.store.quarantine(job_id, lock)
                 except Exception as again:
                     log.warning("could not fail unclaimable job %s: %s", job_id, again)
                     await self._acks.settle([msg], ack=False)
@@ -263,19 +259,18 @@ class Intake:
             await self._started([(job_id, msg)], rows, first_sent_at)
 
     async def _claim(self, ids: list[uuid.UUID], locks: list[uuid.UUID],
-                     retried: bool = False) -> list[Any]:
-        handed: list[Any] = []
-        rows = await lease.claim(self.pool, ids, self.worker_id, self.queues, locks, retried,
-                                 handed)
+                     retried: bool = False) -> list[Claim | None]:
+        handed: list[Spell] = []  # delivered jobs a higher priority overtook
+        rows = await self.store.claim(ids, locks, retried, handed)
         if handed:
             self.tally.note("overtaken", len(handed))
-            await self._republish(handed)
+            await self.store.publish(handed)
         misses = [i for i, r in zip(ids, rows) if r is None]
         if misses:
             # The claims above are committed: failing to explain the misses
             # must not make us drop the rows we just claimed.
             try:
-                await explain_misses(self.pool, self.tally, self.queues, misses)
+                await explain_misses(self.store, self.tally, self.queues, misses)
             except Exception as exc:
                 log.warning("could not look up %d unclaimable id(s): %s", len(misses), exc)
         return rows

@@ -7,42 +7,43 @@ from __future__ import annotations
 
 import logging
 import uuid
+from typing import TYPE_CHECKING
 
-import asyncpg
-
-from jobq import lease
-from jobq.job import Status
 from jobq.logs import fields
+from jobq.status import Status
 from jobq.worker.tally import Tally
+
+if TYPE_CHECKING:
+    from jobq.worker.store import WorkerStore
 
 log = logging.getLogger("jobq.consumer")
 
 
-async def explain_misses(pool: asyncpg.Pool, tally: Tally, queues: list[str],
+async def explain_misses(store: WorkerStore, tally: Tally, queues: list[str],
                          ids: list[uuid.UUID]) -> None:
-    found = await lease.claim_misses(pool, ids)
+    found = await store.claim_misses(ids)
     for i in ids:
         row = found.get(i)
         if row is None:
             tally.drop("unknown_job")
             log.warning("message for unknown job id; dropped",
                         extra=fields(event="unknown_job", job=i))
-        elif row["status"] == Status.QUEUED and row["queue"] not in queues:
+        elif row.status == Status.QUEUED and row.queue not in queues:
             tally.drop("foreign_queue")
             log.warning("job belongs to queue %s, which this worker does not handle; "
                         "dropped (its own queue's message, or the relay, brings it)",
-                        row["queue"],
-                        extra=fields(event="foreign_queue", job=i, queue=row["queue"]))
-        elif row["status"] == Status.QUEUED and row["parked"]:
+                        row.queue,
+                        extra=fields(event="foreign_queue", job=i, queue=row.queue))
+        elif row.status == Status.QUEUED and row.parked:
             tally.note("limited")
             log.info("held back by its queue's limit (max_running / rate_per_s): parked; "
                      "the reapers publish it again when a slot frees",
-                     extra=fields(event="limited", job=i, queue=row["queue"]))
-        elif row["status"] == Status.QUEUED and row["not_due"]:
+                     extra=fields(event="limited", job=i, queue=row.queue))
+        elif row.status == Status.QUEUED and row.not_due:
             tally.drop("not_due")
             log.info("early delivery for a job not due yet; dropped (the relay "
                      "publishes it when due)", extra=fields(event="not_due", job=i))
         else:
             tally.drop("duplicate")
-            log.info("duplicate delivery: job is %s; dropped", row["status"],
-                     extra=fields(event="duplicate", job=i, status=row["status"]))
+            log.info("duplicate delivery: job is %s; dropped", row.status,
+                     extra=fields(event="duplicate", job=i, status=row.status))

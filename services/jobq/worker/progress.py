@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from jobq import lease
 from jobq.errors import BadInput, LeaseLost
+
+if TYPE_CHECKING:  # the executor's units; progress.py is below them
+    from jobq.worker.heartbeat import Heartbeat
+    from jobq.worker.run import Run
+    from jobq.worker.store import WorkerStore
 
 MIN_INTERVAL_S = 1.0
 MAX_BYTES = 4096
@@ -36,8 +40,8 @@ def _encode(value: Any) -> str:
 
 
 class ProgressWriter:
-    def __init__(self, pool: Any, run: Any, heartbeat: Any) -> None:
-        self.pool = pool
+    def __init__(self, store: WorkerStore, run: Run, heartbeat: Heartbeat) -> None:
+        self.store = store
         self.run = run
         self.heartbeat = heartbeat
         self._last = float("-inf")  # loop time of the last write
@@ -68,7 +72,7 @@ class ProgressWriter:
     async def _write(self, text: str, raise_lost: bool = True) -> None:
         self._last = asyncio.get_running_loop().time()
         try:
-            ok = await lease.progress(self.pool, self.run.lease, text)
+            ok = await self.store.progress(self.run.lease, text)
         except Exception:
             return  # progress is best effort: the database may be briefly away
         if not ok and self.run.ours and not self.run.lease.finishing:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import asyncpg
 
 from jobq.backoff import Backoff
-from jobq.db import SESSION_SETTINGS, missing_right
+from jobq.db import SESSION_SETTINGS, execute, fetchval, missing_right
 from jobq.errors import ConfigError
 from jobq.logs import fields
 from jobq.sql import Q
@@ -61,15 +61,15 @@ class Registry:
             ended = asyncio.Event()
             conn.add_termination_listener(lambda _c: ended.set())
             key = random.randrange(1, 2**31)
-            while not await conn.fetchval(Q["worker_lock"], key):
+            while not await fetchval(conn, Q["worker_lock"], key):
                 key = random.randrange(1, 2**31)
-            if await conn.fetchval(Q["worker_register"], self.worker_id, socket.gethostname(),
+            if await fetchval(conn, Q["worker_register"], self.worker_id, socket.gethostname(),
                                    os.getpid(), key) is None:
                 # Our earlier session may still hold its lock for a moment
                 # after a broken connection: the loop tries again.
                 raise RuntimeError(f"worker id {self.worker_id} is registered by a live "
                                    "session")
-            await conn.execute(Q["worker_pool"], self.worker_id, self.pool_kind)
+            await execute(conn, Q["worker_pool"], self.worker_id, self.pool_kind)
             self.conn = conn
             self.registered.set()
             self._on_registered()
@@ -122,7 +122,7 @@ class Registry:
             try:
                 # The heartbeat is stopped before this, and the loop only
                 # waits for the session to end: nothing else uses conn now.
-                await asyncio.wait_for(conn.execute(Q["worker_gone"], self.worker_id), 5)
+                await asyncio.wait_for(execute(conn, Q["worker_gone"], self.worker_id), 5)
             except Exception as exc:  # best effort: the reaper copes either way
                 log.debug("deregister: %r", exc)
         if self._task is not None:

@@ -13,8 +13,8 @@ import logging
 import asyncpg
 
 from jobq import lease, metrics
-from jobq.job import Status
 from jobq.logs import fields
+from jobq.status import Status
 
 log = logging.getLogger("jobq.reaper")
 
@@ -30,10 +30,10 @@ async def cut_vanished(pool: asyncpg.Pool | None, vanished: list[str]) -> None:
     """Cut the leases of workers whose session ended; their ids go to ``vanished``."""
     assert pool is not None
     for w in await lease.cut_vanished(pool):
-        vanished.append(w["worker_id"])
+        vanished.append(w.worker_id)
         log.warning("worker %s vanished (its database session ended): %d lease(s) cut to "
-                    "the grace period", w["worker_id"], w["jobs"],
-                    extra=fields(event="worker_vanished", worker=w["worker_id"]))
+                    "the grace period", w.worker_id, w.jobs,
+                    extra=fields(event="worker_vanished", worker=w.worker_id))
 
 
 async def requeue_lapsed(pool: asyncpg.Pool | None, batch: int, reaper_id: str,
@@ -43,18 +43,18 @@ async def requeue_lapsed(pool: asyncpg.Pool | None, batch: int, reaper_id: str,
     while True:
         rows = await lease.requeue_lapsed(pool, batch, reaper_id)
         for r in rows:
-            if r["status"] == Status.FAILED:
-                metrics.JOBS_OF_DEATH.labels(r["queue"]).inc()
-                failed.append(str(r["id"]))
-                log.warning("job of death: lease lapsed %d times; failed", r["stalls"],
-                            extra=fields(event="failed", job=r["id"], queue=r["queue"],
-                                         worker=r["worker_id"], stalls=r["stalls"]))
+            if r.status == Status.FAILED:
+                metrics.JOBS_OF_DEATH.labels(r.queue).inc()
+                failed.append(str(r.id))
+                log.warning("job of death: lease lapsed %d times; failed", r.stalls,
+                            extra=fields(event="failed", job=r.id, queue=r.queue,
+                                         worker=r.worker_id, stalls=r.stalls))
             else:
-                metrics.JOBS_STALLED.labels(r["queue"]).inc()
-                requeued.append(str(r["id"]))
-                log.info("lease lapsed; requeued (%s)", VERDICT[r["verdict"]],
-                         extra=fields(event="stalled", job=r["id"], queue=r["queue"],
-                                      worker=r["worker_id"], stalls=r["stalls"],
-                                      suspect_stalls=r["suspect_stalls"]))
+                metrics.JOBS_STALLED.labels(r.queue).inc()
+                requeued.append(str(r.id))
+                log.info("lease lapsed; requeued (%s)", VERDICT[r.verdict],
+                         extra=fields(event="stalled", job=r.id, queue=r.queue,
+                                      worker=r.worker_id, stalls=r.stalls,
+                                      suspect_stalls=r.suspect_stalls))
         if len(rows) < batch:
             break

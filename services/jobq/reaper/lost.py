@@ -19,7 +19,7 @@ import asyncpg
 
 from jobq import metrics
 from jobq.broker import Broker
-from jobq.db import translated
+from jobq.db import fetch, fetchval, translated
 from jobq.logs import fields
 from jobq.sql import Q
 
@@ -30,7 +30,7 @@ async def republish_lost(pool: asyncpg.Pool, broker: Broker, after_s: float) -> 
     """Hand rows published over ``after_s`` before their horizon and still
     waiting back to the relay; returns how many."""
     with translated():
-        candidates = await pool.fetch(Q["lost_candidates"], after_s)
+        candidates = await fetch(pool, Q["lost_candidates"], after_s)
     total = 0
     for row in candidates:
         queue = row["queue"]
@@ -40,10 +40,10 @@ async def republish_lost(pool: asyncpg.Pool, broker: Broker, after_s: float) -> 
             log.debug("ready count of %s: %r", queue, exc)
             continue
         with translated():
-            before = await pool.fetchval(Q["lost_horizon"], queue, after_s, empty)
+            before = await fetchval(pool, Q["lost_horizon"], queue, after_s, empty)
             if before is None:
                 continue  # a backlog nobody has started on lately: nothing to tell
-            n = int(await pool.fetchval(Q["unpublish_lost"], queue, before, empty))
+            n = int(await fetchval(pool, Q["unpublish_lost"], queue, before, empty))
         total += n
         metrics.SWEEP_ROWS.labels("republished_lost").inc(n)
         if n:

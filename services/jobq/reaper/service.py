@@ -43,14 +43,19 @@ from typing import TypeVar
 
 import asyncpg
 
-from jobq import crash, limits, metrics, rescue, schedules
+from jobq import crash, metrics
 from jobq.backoff import Backoff
 from jobq.broker import Broker
-from jobq.db import execute, open_pool, translated
+from jobq.db import execute, fetchrow, fetchval, open_pool, translated
 from jobq.errors import UnavailableError
 from jobq.logs import fields
-from jobq.lost import republish_lost
+from jobq.reaper.lost import republish_lost
+from jobq.reaper.periodic import fire_due
+from jobq.reaper.rescue import cut_vanished, requeue_lapsed
+from jobq.reaper.retention import prune_expired as prune_finished
+from jobq.reaper.unpark import unpark
 from jobq.relay import relay_due
+from jobq.rows import Overdue, of
 from jobq.service import database_answers, lifecycle
 from jobq.settings import Settings
 from jobq.sql import Q
@@ -124,13 +129,13 @@ class Reaper:
         assert self.pool is not None
         started = time.monotonic()
         sweep = Sweep()
-        await self._duty(sweep, "cut", rescue.cut_vanished(self.pool, sweep.vanished))
-        await self._duty(sweep, "requeue", rescue.requeue_lapsed(
+        await self._duty(sweep, "cut", cut_vanished(self.pool, sweep.vanished))
+        await self._duty(sweep, "requeue", requeue_lapsed(
             self.pool, self.cfg.batch_size, self.reaper_id, sweep.requeued, sweep.failed))
         if sweep.requeued or sweep.failed:
             crash.point("reaper.after_requeue")
-        await self._duty(sweep, "schedules", schedules.fire_due(self.pool))  # once per slot
-        await self._duty(sweep, "unpark", limits.unpark(self.pool))  # as slots free
+        await self._duty(sweep, "schedules", fire_due(self.pool))  # once per slot
+        await self._duty(sweep, "unpark", unpark(self.pool))  # as slots free
         sweep.published = await self._duty(sweep, "relay", self.relay()) or 0
         sweep.duration_s = time.monotonic() - started
         self.sweeps += 1
@@ -165,18 +170,19 @@ class Reaper:
             return
         with translated():
             if not self._registered:
-                await self.pool.execute(Q["reaper_register"], self.reaper_id,
-                                        socket.gethostname(), os.getpid())
+                await execute(self.pool, Q["reaper_register"], self.reaper_id,
+                              socket.gethostname(), os.getpid())
                 self._registered = True
             failed = next(iter(sweep.errors.items()), None)
-            await self.pool.execute(Q["reaper_swept"], self.reaper_id, self.sweeps,
-                                    None if failed is None else
-                                    f"{failed[0]}: {type(failed[1]).__name__}: {failed[1]}"[:1000])
-            overdue = await self.pool.fetchrow(Q["overdue"])
-        assert overdue is not None
+            await execute(self.pool, Q["reaper_swept"], self.reaper_id, self.sweeps,
+                          None if failed is None else
+                          f"{failed[0]}: {type(failed[1]).__name__}: {failed[1]}"[:1000])
+            row = await fetchrow(self.pool, Q["overdue"])
+        assert row is not None
+        overdue = of(Overdue, row)
         self._recorded_failing = bool(sweep.errors)
-        metrics.OVERDUE.set(overdue["overdue_leases"])
-        metrics.OLDEST_OVERDUE.set(overdue["oldest_overdue_s"])
+        metrics.OVERDUE.set(overdue.overdue_leases)
+        metrics.OLDEST_OVERDUE.set(overdue.oldest_overdue_s)
         self.sweeps = 0
         self.last_sweep_at = now
 
@@ -188,24 +194,14 @@ class Reaper:
     async def prune_expired(self) -> int:
         """Delete finished jobs past their queue's retention; returns how many."""
         assert self.pool is not None
-        total = 0
-        for _ in range(self.cfg.prune_max_batches):
-            status = await execute(self.pool, Q["prune_expired"], self.cfg.prune_batch)
-            n = int(status.split()[-1])
-            total += n
-            if n < self.cfg.prune_batch:
-                break
-        await execute(self.pool, Q["key_rate_prune"])  # idle per-key buckets are full
-        if total:
-            metrics.SWEEP_ROWS.labels("pruned").inc(total)
-            log.info("pruned %d finished job(s) past their queue's retention", total)
-        return total
+        return await prune_finished(self.pool, self.cfg.prune_batch,
+                                    self.cfg.prune_max_batches)
 
     async def check_lost(self) -> int:
-        """Republish rows whose messages the broker lost (``jobq.lost``)."""
+        """Republish rows whose messages the broker lost (``lost.py``)."""
         assert self.pool is not None
         with translated():
-            await self.pool.execute(Q["workers_prune"])
+            await execute(self.pool, Q["workers_prune"])
         return await republish_lost(self.pool, self.broker, self.cfg.republish_after_s)
 
     # ── the loop ──
@@ -213,7 +209,7 @@ class Reaper:
     async def _seconds_to_next(self) -> float:
         assert self.pool is not None
         with translated():
-            seconds = await self.pool.fetchval(Q["next_deadline_s"])
+            seconds = await fetchval(self.pool, Q["next_deadline_s"])
         if seconds is None:
             return self.cfg.max_sleep_s
         return max(0.02, min(self.cfg.max_sleep_s, float(seconds) + self.cfg.wake_slack_s))

@@ -1,0 +1,31 @@
+"""The reapers' retention duty: delete finished jobs past their queue's
+``keep_*_s`` (with their history), a batch at a time, and the per-key rate
+buckets that sat idle (a full bucket is the same as none)."""
+
+from __future__ import annotations
+
+import logging
+
+import asyncpg
+
+from jobq import metrics
+from jobq.db import execute
+from jobq.sql import Q
+
+log = logging.getLogger("jobq.reaper")
+
+
+async def prune_expired(pool: asyncpg.Pool, batch: int, max_batches: int) -> int:
+    """Delete up to ``max_batches`` batches of expired jobs; returns how many."""
+    total = 0
+    for _ in range(max_batches):
+        status = await execute(pool, Q["prune_expired"], batch)
+        n = int(status.split()[-1])
+        total += n
+        if n < batch:
+            break
+    await execute(pool, Q["key_rate_prune"])
+    if total:
+        metrics.SWEEP_ROWS.labels("pruned").inc(total)
+        log.info("pruned %d finished job(s) past their queue's retention", total)
+    return total

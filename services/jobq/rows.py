@@ -1,0 +1,133 @@
+"""Typed rows: what the worker's and the reaper's statements return.
+
+The gateway (``db.py``) hands out driver records; ``lease.py``, the relay
+and the reaper's duties turn the ones they use into these small frozen
+values at once, so no code past them indexes a row by a string and mypy
+knows every field. Each class names the statement(s) of ``queries.sql``
+it reads; :func:`of` takes exactly the fields the class declares, so a
+column renamed in the SQL fails at the first row, not later in a log call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any, NamedTuple, TypeVar
+
+import asyncpg
+
+R = TypeVar("R")
+
+
+def of(cls: type[R], row: asyncpg.Record | Mapping[str, Any]) -> R:
+    """``cls`` from a record (or a dict) with at least its fields."""
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = tuple(
+            f.name for f in dataclasses.fields(cls)) if dataclasses.is_dataclass(cls) \
+            else tuple(cls._fields)  # type: ignore[attr-defined]
+    return cls(*(row[n] for n in names))
+
+
+_FIELDS: dict[type[Any], tuple[str, ...]] = {}
+
+
+class Spell(NamedTuple):
+    """A queued spell to publish: the job, its queue and the spell's token
+    (None for a row just inserted). release, unpark_freed, retry_failed,
+    child_died's requeue, a claim's hand-back."""
+
+    id: uuid.UUID
+    queue: str
+    lock: uuid.UUID | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Claim:
+    """One claimed job (claim, claim_recover): the run's inputs. ``via``
+    is the delivered id it was claimed for (another job's when a higher
+    priority took the delivered one's place)."""
+
+    id: uuid.UUID
+    queue: str
+    lock: uuid.UUID
+    payload: str
+    attempts: int
+    stalls: int
+    created_at: datetime
+    suspect: bool
+    handoffs: int
+    lease_s: float
+    timeout_s: float | None
+    vanished_grace_s: float
+    max_result_bytes: int
+    limited: bool
+    via: uuid.UUID
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Miss:
+    """Why a delivered id was not claimable (claim_misses)."""
+
+    id: uuid.UUID
+    queue: str
+    status: str
+    not_due: bool
+    parked: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Failed:
+    """A recorded handler failure (fail): queued again (a retry in
+    ``retry_in_s``; None when a retried write found its own earlier one)
+    or failed for good."""
+
+    id: uuid.UUID
+    status: str
+    retry_in_s: float | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ChildDeath:
+    """A child process's death charged to its job (child_died): requeued
+    (published at once when ``due``) or failed as a job of death."""
+
+    id: uuid.UUID
+    queue: str
+    lock: uuid.UUID
+    status: str
+    stalls: int
+    due: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Lapsed:
+    """A lapsed lease the reaper moved (requeue_lapsed), with the verdict of
+    who was charged."""
+
+    id: uuid.UUID
+    queue: str
+    status: str
+    stalls: int
+    suspect_stalls: int
+    verdict: str
+    worker_id: str | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Vanished:
+    """A worker whose registry session ended, and how many leases were cut
+    (workers_vanished)."""
+
+    worker_id: str
+    jobs: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Overdue:
+    """Leases past their deadline that no reaper has moved yet (overdue)."""
+
+    overdue_leases: int
+    oldest_overdue_s: float

@@ -1,0 +1,157 @@
+"""What a worker needs from outside itself, as one Protocol, and the real one.
+
+The worker's units (intake, executor, completer, heartbeat) reach the
+database and the broker only through :class:`WorkerStore`: the lease's
+fenced statements with typed rows, and publishing the ids of rows it just
+put back in line. :class:`PgStore` is the real thing (``lease.py``'s
+statements on the pool and the registry session, ``relay.py``'s publish and
+mark); ``tests/unit/fake_store.py`` is a fake with the same rules (a token
+fences every write, a lapsed lease is gone), so the worker's flow is unit
+tested without services.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Sequence
+from typing import Protocol
+
+import asyncpg
+
+from jobq import lease
+from jobq.broker import Broker
+from jobq.db import fetchval, session_broken
+from jobq.errors import ConfigError, DatabaseUnavailable, UnavailableError
+from jobq.lease import Failure, Lease
+from jobq.relay import publish_and_mark
+from jobq.rows import ChildDeath, Claim, Failed, Miss, Spell
+from jobq.sql import Q
+from jobq.worker.registry import Registry
+from jobq.worker.steps import JobLink
+
+log = logging.getLogger("jobq.consumer")
+
+
+class WorkerStore(Protocol):
+    """Every write names its lease and is fenced by its token: a write that
+    matches no row (False, None, or an id left out) means the lease is lost."""
+
+    async def claim(self, ids: Sequence[uuid.UUID], locks: Sequence[uuid.UUID],
+                    retried: bool, handed: list[Spell]) -> list[Claim | None]: ...
+
+    async def claim_misses(self, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Miss]: ...
+
+    async def quarantine(self, job_id: uuid.UUID, lock: uuid.UUID) -> bool: ...
+
+    async def renew(self, leases: Sequence[Lease], within_s: float) -> set[uuid.UUID]: ...
+
+    async def complete(self, leases: Sequence[Lease],
+                       results: Sequence[str | None]) -> list[bool]: ...
+
+    async def fail(self, failures: Sequence[Failure]) -> list[Failed | None]: ...
+
+    async def release(self, leases: Sequence[Lease], why: str,
+                      handoff: bool) -> list[Spell]: ...
+
+    async def child_died(self, lease_: Lease, why: str) -> ChildDeath | None: ...
+
+    async def isolate(self, lease_: Lease) -> bool: ...
+
+    async def unpark_freed(self, finished: Lease) -> list[Spell]: ...
+
+    async def progress(self, lease_: Lease, text: str) -> bool: ...
+
+    async def record_lost(self, lease_: Lease) -> None: ...
+
+    async def trace_of(self, job_id: uuid.UUID) -> str | None: ...
+
+    async def publish(self, spells: Sequence[Spell]) -> None:
+        """Publish ids of rows this worker put back in line (their spells'
+        tokens are its own). Never raises: the relay is the fallback."""
+
+    def link(self, job_id: uuid.UUID, lock: uuid.UUID,
+             max_result_bytes: int) -> JobLink | None:
+        """What the handler reaches as the job's holder (steps, parents)."""
+
+
+class PgStore:
+    """The worker's statements on PostgreSQL; renewals on the registry's
+    session, everything else on the pool."""
+
+    def __init__(self, pool: asyncpg.Pool, broker: Broker, registry: Registry,
+                 worker_id: str, queues: Sequence[str]) -> None:
+        self.pool = pool
+        self.broker = broker
+        self.registry = registry
+        self.worker_id = worker_id
+        self.queues = list(queues)
+
+    async def claim(self, ids: Sequence[uuid.UUID], locks: Sequence[uuid.UUID],
+                    retried: bool, handed: list[Spell]) -> list[Claim | None]:
+        return await lease.claim(self.pool, ids, self.worker_id, self.queues, locks, retried,
+                                 handed)
+
+    async def claim_misses(self, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Miss]:
+        return await lease.claim_misses(self.pool, ids)
+
+    async def quarantine(self, job_id: uuid.UUID, lock: uuid.UUID) -> bool:
+        return await lease.quarantine(self.pool, job_id, self.worker_id, self.queues, lock)
+
+    async def renew(self, leases: Sequence[Lease], within_s: float) -> set[uuid.UUID]:
+        """Bounded: a renewal hanging on a cut network must not stall every
+        later one. A failure that leaves the session unfit (abandoned
+        mid-flight, terminated, a driver error: reusing it is how "another
+        operation is in progress" happens) ends it, and the registry
+        re-registers and renews at once; a plain SQL error (a conflict) on a
+        healthy session keeps it, so reapers do not see us vanish."""
+        conn = self.registry.conn
+        if conn is None:
+            raise DatabaseUnavailable("worker registry session is down")
+        try:
+            return await asyncio.wait_for(lease.renew(conn, leases, self.worker_id), within_s)
+        except Exception as exc:
+            if not isinstance(exc, UnavailableError | TimeoutError | ConfigError):
+                log.exception("lease renewal raised unexpectedly")
+            if session_broken(exc):
+                self.registry.reset()
+            raise
+
+    async def complete(self, leases: Sequence[Lease],
+                       results: Sequence[str | None]) -> list[bool]:
+        return await lease.complete(self.pool, leases, results)
+
+    async def fail(self, failures: Sequence[Failure]) -> list[Failed | None]:
+        return await lease.fail(self.pool, failures)
+
+    async def release(self, leases: Sequence[Lease], why: str,
+                      handoff: bool) -> list[Spell]:
+        return await lease.release(self.pool, leases, why, handoff)
+
+    async def child_died(self, lease_: Lease, why: str) -> ChildDeath | None:
+        return await lease.child_died(self.pool, lease_, why)
+
+    async def isolate(self, lease_: Lease) -> bool:
+        return await lease.isolate(self.pool, lease_)
+
+    async def unpark_freed(self, finished: Lease) -> list[Spell]:
+        return await lease.unpark_freed(self.pool, finished)
+
+    async def progress(self, lease_: Lease, text: str) -> bool:
+        return await lease.progress(self.pool, lease_, text)
+
+    async def record_lost(self, lease_: Lease) -> None:
+        await lease.record_lost(self.pool, lease_)
+
+    async def trace_of(self, job_id: uuid.UUID) -> str | None:
+        stored: str | None = await fetchval(self.pool, Q["trace_of"], job_id)
+        return stored
+
+    async def publish(self, spells: Sequence[Spell]) -> None:
+        if spells:
+            await publish_and_mark(self.broker, self.pool, spells, own_spells=True)
+
+    def link(self, job_id: uuid.UUID, lock: uuid.UUID,
+             max_result_bytes: int) -> JobLink | None:
+        return JobLink(self.pool, job_id, lock, max_result_bytes)
