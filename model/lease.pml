@@ -9,8 +9,9 @@
    Checked:
    - no job lost: every run ends with every job completed (the processes
      leave their loops only then, so any other end state is an invalid one);
-   - one owner: a renewal or a completion lands only for the worker that
-     holds the job's current token (assertions in renew and complete);
+   - one owner: a renewal, a completion, a failure (retry) or a release lands
+     only for the worker that holds the job's current token (assertions in
+     renew, complete and back_in_line);
    - a stall is charged only on evidence: the job was its dead (or frozen)
      worker's only active job (assertion in requeue);
    - a stall is charged only after its worker crashed or froze.
@@ -41,6 +42,7 @@ bool troubled[W];        /* crashed or froze at some point */
 byte mytok[W * J];       /* the token each worker believes it holds, 0: none */
 byte crashes = 0;
 byte freezes = 0;
+byte backs = 0;          /* fails and releases so far */
 
 #define TOK(w, j) mytok[(w) * J + (j)]
 #define all_done (status[0] == DONE && status[1] == DONE && status[2] == DONE)
@@ -82,12 +84,26 @@ inline complete(w, j) {
     TOK(w, j) = 0
 }
 
-/* One step of worker w on job j: claim it, renew it or complete it. */
+/* queries.sql: fail (a retry) and queries.sql: release (a drain): fenced as
+   complete; the job goes back in line with a fresh spell, nothing charged. */
+inline back_in_line(w, j) {
+    if
+    :: status[j] == ACTIVE && lock[j] == TOK(w, j) && lease_ok[j] ->
+        assert(owner[j] == w);     /* only the owner puts it back */
+        status[j] = QUEUED; owner[j] = NONE
+    :: else -> skip
+    fi;
+    TOK(w, j) = 0
+}
+
+/* One step of worker w on job j: claim it, renew it, complete it, or (job 0,
+   once in a run) fail it for a retry or release it. */
 inline step(w, j) {
     if
     :: status[j] == QUEUED && TOK(w, j) == 0 -> claim(w, j)
     :: TOK(w, j) != 0 -> renew(w, j)
     :: TOK(w, j) != 0 -> complete(w, j)
+    :: j == 0 && TOK(w, j) != 0 && backs < 1 -> backs++; back_in_line(w, j)
     fi
 }
 #define can_step(w, j) (alive[w] && !frozen[w] && (TOK(w, j) != 0 || status[j] == QUEUED))

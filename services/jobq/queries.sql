@@ -651,7 +651,11 @@ SELECT id, queue, lock FROM released;
 -- parent charges exactly (child_died); the parent's own death is from
 -- outside ('parent': requeued, nothing charged; schema 0016).
 -- Every other job of a worker that held an isolated suspect is a bystander:
--- requeued at once, nothing charged. A worker that died holding several jobs
+-- requeued at once, nothing charged, but noted as present (suspect_stalls + 1,
+-- as a witness): a poison job that is not a suspect yet cannot keep getting
+-- the isolated suspect beside it charged, it is a suspect itself at its second
+-- such crash (model/verdict.pml found it: a healthy suspect failed as a job of
+-- death for a neighbour's crashes). A worker that died holding several jobs
 -- and no isolated suspect died for a reason nobody can pin on one job (a
 -- deploy, an OOM kill of the pod, a lost node): each of its jobs is a
 -- witness, suspect_stalls + 1, and runs again at once, in parallel, wherever
@@ -688,9 +692,10 @@ WITH lapsed AS (
 ), requeued AS (
     UPDATE jobq.job j
     SET stalls = j.stalls + CASE WHEN d.verdict = 'own' THEN 1 ELSE 0 END,
-        suspect_stalls = j.suspect_stalls + CASE WHEN d.verdict = 'witness' THEN 1 ELSE 0 END,
+        suspect_stalls = j.suspect_stalls
+                         + CASE WHEN d.verdict IN ('witness', 'bystander') THEN 1 ELSE 0 END,
         suspect = j.suspect OR d.verdict = 'own'
-                  OR (d.verdict = 'witness' AND j.suspect_stalls + 1 >= 2),
+                  OR (d.verdict IN ('witness', 'bystander') AND j.suspect_stalls + 1 >= 2),
         isolated = false,
         status = CASE WHEN d.verdict = 'own' AND j.stalls + 1 > q.max_stalls
                       THEN 'failed' ELSE 'queued' END,

@@ -53,7 +53,28 @@ def test_an_isolated_suspect_is_charged_alone(db_url: str) -> None:
         assert await crash(pool, "w") == {suspect: "own", other: "bystander"}
         s, o = await status(pool, suspect), await status(pool, other)
         assert (s["stalls"], s["isolated"], s["status"]) == (1, False, "queued")
-        assert (o["stalls"], o["suspect_stalls"], o["suspect"]) == (0, 0, False)
+        assert (o["stalls"], o["suspect_stalls"], o["suspect"]) == (0, 1, False)
+
+    run(db_url, body)
+
+
+def test_a_job_that_keeps_crashing_beside_isolated_suspects_becomes_one(db_url: str) -> None:
+    """Found by model/verdict.pml: a poison job that was not a suspect yet,
+    running beside an isolated (healthy) suspect, got the suspect charged
+    for every crash it caused, and was never marked itself. A bystander is
+    now noted as present (suspect_stalls + 1): at its second such crash it is
+    a suspect, runs isolated, and its next crash points at it."""
+    async def body(pool: asyncpg.Pool) -> None:
+        healthy, poison = await new_job(pool, max_stalls=10), await new_job(pool)
+        await pool.execute("UPDATE jobq.job SET suspect = true, suspect_stalls = 2 "
+                           "WHERE id = $1", healthy)
+        for n, worker in enumerate(("w1", "w2"), 1):
+            mine = await claim(pool, healthy, worker)
+            assert mine is not None and await claim(pool, poison, worker) is not None
+            assert await lease.isolate(pool, mine) is True
+            assert await crash(pool, worker) == {healthy: "own", poison: "bystander"}
+            p = await status(pool, poison)
+            assert (p["stalls"], p["suspect_stalls"], p["suspect"]) == (0, n, n >= 2)
 
     run(db_url, body)
 

@@ -1,7 +1,10 @@
 """The protocol's models checked by SPIN (issue #36), each exhaustive for
 2 workers x 3 jobs x 2 reapers: model/lease.pml (the lease, with a crash
-and a freeze) and model/delivery.pml (publishing, the relay, delivery, acks,
-redelivery and the lost-message check, with the lease and a crash). No
+and a freeze), model/delivery.pml (publishing, the relay, delivery, acks,
+redelivery and the lost-message check, with the lease and a crash) and
+model/verdict.pml (who is charged for a crash: witnesses, suspects run
+isolated, bystanders, the job-of-death cap, child deaths, a parent's death,
+with a poison job and an outside SIGKILL; thread and process pools). No
 assertion violated and no invalid end state (no job left unfinished); each
 mutation gives a counterexample, so neither model is vacuous; every
 statement of queries.sql the models name still exists."""
@@ -23,6 +26,8 @@ needs_spin = pytest.mark.skipif(shutil.which("spin") is None or shutil.which("gc
 
 
 def _check(tmp_path: Path, *defines: str, model: str = "lease.pml") -> str:
+    tmp_path = tmp_path / "_".join((model, *defines))
+    tmp_path.mkdir()
     (tmp_path / model).write_text((MODELS / model).read_text())
     subprocess.run(["spin", "-a", *(f"-D{d}" for d in defines), model], cwd=tmp_path,
                    check=True, capture_output=True, timeout=60)
@@ -34,24 +39,39 @@ def _check(tmp_path: Path, *defines: str, model: str = "lease.pml") -> str:
 
 
 @needs_spin
-@pytest.mark.parametrize("model", ["lease.pml", "delivery.pml"])
-def test_the_protocol_holds_exhaustively(tmp_path: Path, model: str) -> None:
-    out = _check(tmp_path, model=model)
+@pytest.mark.parametrize(("model", "defines", "least"), [
+    ("lease.pml", (), 100_000), ("delivery.pml", (), 100_000), ("verdict.pml", (), 100_000),
+    # a child's death never ends its worker: a small space, searched whole
+    ("verdict.pml", ("POOL_PROCESS",), 5_000),
+])
+def test_the_protocol_holds_exhaustively(tmp_path: Path, model: str,
+                                         defines: tuple[str, ...], least: int) -> None:
+    out = _check(tmp_path, *defines, model=model)
     assert "errors: 0" in out and "Search not completed" not in out, out
-    states = int(re.search(r"(\d+) states, stored", out).group(1))  # type: ignore[union-attr]
-    print(f"\nmodel/{model}: {states:,} states, no violation")
-    assert states > 100_000  # the search went somewhere
+    found = re.search(r"(\d+) states, stored", out)
+    assert found is not None, out
+    states = int(found.group(1))
+    print(f"\nmodel/{model} {' '.join(defines)}: {states:,} states, no violation")
+    assert states > least  # the search went somewhere
 
 
 @needs_spin
-@pytest.mark.parametrize(("mutation", "violated"), [
-    ("NO_FENCE", "assertion violated (owner"),       # a zombie's completion lands
-    ("CUT_LIVE", "assertion violated troubled"),     # a live worker's job is charged
-    ("CHARGE_ALL", "assertion violated (n==1)"),     # a witness is charged
+@pytest.mark.parametrize(("model", "mutation", "violated"), [
+    ("lease.pml", ("NO_FENCE",), "assertion violated (owner"),     # a zombie's write lands
+    ("lease.pml", ("CUT_LIVE",), "assertion violated troubled"),   # a live worker's job charged
+    ("lease.pml", ("CHARGE_ALL",), "assertion violated (n==1)"),   # a witness is charged
+    ("verdict.pml", ("CHARGE_ALL",), "assertion violated (stalls[i]<=evidence[i])"),
+    ("verdict.pml", ("BYSTANDER",), "assertion violated (stalls[i]<=evidence[i])"),
+    # the rule before the model: a poison neighbour kept an isolated suspect paying
+    # (with max_stalls 1 the suspect fails before a third charge: 2 lets it get there)
+    ("verdict.pml", ("OLD_BYSTANDER", "MAX_STALLS=2"),
+     "assertion violated ((i==0)||(beside[i]<=2))"),
+    ("verdict.pml", ("POOL_PROCESS", "PARENT_CHARGES"),
+     "assertion violated (stalls[i]<=evidence[i])"),
 ])
-def test_each_mutation_gives_a_counterexample(tmp_path: Path, mutation: str,
-                                              violated: str) -> None:
-    out = _check(tmp_path, mutation)
+def test_each_mutation_gives_a_counterexample(tmp_path: Path, model: str,
+                                              mutation: tuple[str, ...], violated: str) -> None:
+    out = _check(tmp_path, *mutation, model=model)
     assert "errors: 1" in out and violated in out, out
 
 
@@ -62,8 +82,9 @@ def test_without_the_relay_a_job_is_lost(tmp_path: Path) -> None:
 
 
 def test_every_statement_the_models_name_exists() -> None:
-    named = {n for m in ("lease.pml", "delivery.pml")
+    named = {n for m in ("lease.pml", "delivery.pml", "verdict.pml")
              for n in re.findall(r"queries\.sql: (\w+)", (MODELS / m).read_text())}
     assert named >= {"claim", "renew", "complete", "workers_vanished", "requeue_lapsed",
-                     "relay_take", "unpublish_lost", "enqueue_many"}
+                     "relay_take", "unpublish_lost", "enqueue_many", "fail", "release",
+                     "isolate", "child_died"}
     assert sorted(n for n in named if n not in Q) == []

@@ -21,7 +21,8 @@ log = logging.getLogger("jobq.reaper")
 # requeue_lapsed's verdicts, for the log line (the rule is in queries.sql).
 VERDICT = {"own": "charged a stall: it ran alone or isolated",
            "witness": "not charged: its worker died holding several jobs",
-           "bystander": "not charged: its worker was isolating another job",
+           "bystander": "not charged: its worker was isolating another job (noted as "
+                        "present: a second such crash makes it a suspect)",
            "parent": "not charged: its worker ran handlers in child processes, and a "
                      "handler's crash would have killed only its child"}
 
