@@ -2,10 +2,13 @@
 (issue #36), and a checker of the whole history.
 
 For --seconds, seeded: SIGKILL (then a restart) or SIGSTOP+SIGCONT of
-consumers and reapers, terminations of jobq's PostgreSQL backends, and with
---restarts a RabbitMQ or PostgreSQL restart (at most once a minute each), while
-a producer publishes single jobs, batches, delayed jobs and keyed jobs (the
-queue has a per-key cap). Every handler run is a row of test_run (job,
+consumers and reapers, terminations of jobq's PostgreSQL backends, a network
+cut of one consumer (its own network namespace, both links down for up to
+twice the lease; as root), and with --restarts a RabbitMQ or PostgreSQL
+restart (at most once a minute each), while a producer publishes single
+jobs, batches, delayed jobs, keyed jobs (a per-key cap), jobs of a queue
+with a fleet-wide cap (max_running 2) and dependants (a job published
+``after`` another), and a schedule fires every second. Every handler run is a row of test_run (job,
 worker, token, start, end, how it ended). Then the faults stop and the
 checker reads everything:
 
@@ -15,6 +18,8 @@ checker reads everything:
 - overlapping runs: two runs of one job whose handler times overlap (a frozen
   worker's handler resumes until its fence: reported, not a loss; a SIGKILLed
   run has no recorded end and is not counted);
+- dependants started before a job they wait for completed;
+- schedule slots fired twice (and how many fired);
 - stalls charged, and PostgreSQL deadlocks in the run.
 
     .venv/bin/python bench/nemesis.py --seconds 60 [--seed N]   # prints the seed
@@ -39,14 +44,18 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
+import asyncpg
 from benchenv import scratch
 
+from harness import netns
 from harness.helpers import Proc, Procs, SyncDB, set_queue
 from jobq.producer import Client, NewJob
+from jobq.schedules import Schedule, set_schedule
 from jobq.settings import Settings
 
 LEASE_S = 2.0
-FAULTS = ("kill_consumer", "stop_consumer", "kill_reaper", "stop_reaper", "kill_backends")
+FAULTS = ("kill_consumer", "stop_consumer", "kill_reaper", "stop_reaper", "kill_backends",
+          "cut_consumer")
 # --restarts: the shared local servers themselves (never in the suite, whose
 # other tests use them): a RabbitMQ restart and a PostgreSQL restart.
 RESTARTS = ("restart_rabbitmq", "restart_postgres")
@@ -72,14 +81,20 @@ def producer(settings: Settings, stop: threading.Event, rng: random.Random,
                 kind = rng.random()
                 sleep = round(rng.uniform(0.05, 0.5), 2)
                 try:
-                    if kind < 0.5:
+                    if kind < 0.4:
                         jobs = [NewJob("work", {"sleep": sleep})]
-                    elif kind < 0.7:
+                    elif kind < 0.55:
                         jobs = [NewJob("work", {"sleep": sleep}) for _ in range(10)]
-                    elif kind < 0.85:
+                    elif kind < 0.7:
                         jobs = [NewJob("work", {"sleep": sleep}, delay_s=rng.uniform(0.5, 3))]
-                    else:
+                    elif kind < 0.8:
                         jobs = [NewJob("fair", {"sleep": sleep}, key=f"k{n % 3}")]
+                    elif kind < 0.9:
+                        jobs = [NewJob("limited", {"sleep": sleep})]
+                    else:  # a parent, then a job that runs once it completed
+                        (parent,) = await client.publish_many([NewJob("work", {"sleep": sleep})])
+                        published.append(parent)
+                        jobs = [NewJob("other", {"sleep": sleep}, after=[parent])]
                     published.extend(await client.publish_many(jobs))
                 except Exception as exc:  # a backend killed under the publish: raised to us
                     print(f"  publish refused ({type(exc).__name__}); publishing on", flush=True)
@@ -93,11 +108,13 @@ def run(seconds: float, seed: int, consumers: int, reapers: int,
         restarts: bool = False) -> dict[str, Any]:
     rng = random.Random(seed)
     kinds = FAULTS + RESTARTS if restarts else FAULTS
-    with scratch(("work", "fair")) as (db_url, amqp_url, namespace):
+    with scratch(QUEUES) as (db_url, amqp_url, namespace):
         db = SyncDB(db_url)
-        set_queue(db, "work", lease_s=LEASE_S, max_stalls=1000, stall_cooldown_s=0.1)
-        set_queue(db, "fair", lease_s=LEASE_S, max_stalls=1000, stall_cooldown_s=0.1,
-                  max_running_per_key=2)
+        for q in QUEUES:
+            set_queue(db, q, lease_s=LEASE_S, max_stalls=1000, stall_cooldown_s=0.1)
+        set_queue(db, "fair", max_running_per_key=2)
+        set_queue(db, "limited", max_running=2)
+        asyncio.run(_every_second(db_url))
         env = {k: v for k, v in os.environ.items() if not k.startswith("JOBQ_")}
         env.update({"JOBQ_DATABASE_URL": db_url, "JOBQ_AMQP_URL": amqp_url,
                     "JOBQ_NAMESPACE": namespace, "JOBQ_AMQP_HEARTBEAT_S": "2",
@@ -106,6 +123,8 @@ def run(seconds: float, seed: int, consumers: int, reapers: int,
                     "PYTHONPATH": str(HERE.parent) + os.pathsep + env.get("PYTHONPATH", "")})
         procs = Procs(env, Path(tempfile.mkdtemp(prefix="jobq-nemesis-")))
         fleet: list[Proc] = [procs.consumer("--concurrency", "8") for _ in range(consumers)]
+        host = netns.Host() if netns.available() is None else None
+        cut_off = _cut_consumer(procs, host, db_url, amqp_url) if host else None
         reaper_fleet: list[Proc] = [procs.reaper() for _ in range(reapers)]
         for c in fleet:
             c.worker_id()
@@ -131,6 +150,12 @@ def run(seconds: float, seed: int, consumers: int, reapers: int,
                 elif fault == "kill_reaper":
                     reaper_fleet.pop(rng.randrange(len(reaper_fleet))).kill()
                     reaper_fleet.append(procs.reaper())
+                elif fault == "cut_consumer":
+                    if host is None or cut_off is None:
+                        continue  # not root: no namespaces here
+                    host.cut("db", "mq")
+                    time.sleep(rng.uniform(0.5, LEASE_S * 2))
+                    host.heal("db", "mq")
                 elif fault in ("stop_consumer", "stop_reaper"):
                     victim = rng.choice(fleet if fault == "stop_consumer" else reaper_fleet)
                     victim.signal(signal.SIGSTOP)
@@ -151,8 +176,36 @@ def run(seconds: float, seed: int, consumers: int, reapers: int,
         report = check(db, published, last_fault)
         report.update({"seed": seed, "seconds": seconds, "faults": counts})
         procs.close()
+        if host is not None:
+            host.close()
         db.close()
         return report
+
+
+QUEUES = ("work", "fair", "limited", "other", "prio")
+
+
+async def _every_second(db_url: str) -> None:
+    """A schedule on queue prio, every second (fired by the reapers)."""
+    conn = await asyncpg.connect(db_url)
+    try:
+        await set_schedule(conn, Schedule("tick", "prio", {"sleep": 0.05}, every_s=1.0))
+    finally:
+        await conn.close()
+
+
+def _cut_consumer(procs: Procs, host: netns.Host, db_url: str, amqp_url: str) -> Proc:
+    """A consumer whose links to both servers the schedule can cut."""
+    there = {"JOBQ_DATABASE_URL": host.forward("db", db_url),
+             "JOBQ_AMQP_URL": host.forward("mq", amqp_url)}
+    proc = procs.consumer("--concurrency", "8", wrap=host.argv, environ=there)
+    proc.worker_id()
+    return proc
+
+
+# What must be 0 for a run to pass (the rest is reported).
+FAILURES = ("lost", "not_in_db", "completed_by_non_owner", "completed_twice",
+            "dependants_started_early", "schedule_slots_twice")
 
 
 def check(db: SyncDB, published: list[Any], last_fault: Any) -> dict[str, Any]:
@@ -174,6 +227,15 @@ def check(db: SyncDB, published: list[Any], last_fault: Any) -> dict[str, Any]:
             "AND a.n < b.n AND b.started_at < a.ended_at"),  # a SIGKILLed run has no end
         "reruns": db.val("SELECT count(*) FROM test_run") - db.val(
             "SELECT count(*) FROM jobq.job"),
+        "dependants_started_early": db.val(
+            "SELECT count(*) FROM jobq.job_dependency d JOIN jobq.job p ON p.id = d.parent_id "
+            "JOIN test_run r ON r.job_id = d.job_id "
+            "WHERE p.finished_at IS NULL OR r.started_at < p.finished_at"),
+        "dependants": db.val("SELECT count(*) FROM jobq.job_dependency"),
+        "schedule_slots_fired": db.val("SELECT count(*) FROM jobq.job WHERE queue = 'prio'"),
+        "schedule_slots_twice": db.val(
+            "SELECT count(*) FROM (SELECT idempotency_key FROM jobq.job WHERE queue = 'prio' "
+            "GROUP BY idempotency_key HAVING count(*) > 1) t"),
         "stalls_charged": db.val("SELECT coalesce(sum(stalls), 0) FROM jobq.job"),
         "terminal_after_last_fault_s": db.val(
             "SELECT round(extract(epoch FROM max(finished_at) - $1::timestamptz)::numeric, 2) "
@@ -198,8 +260,7 @@ def main() -> None:
     width = max(len(k) for k in report)
     for k, v in report.items():
         print(f"  {k:<{width}}  {v}")
-    bad = report["lost"] or report["not_in_db"] or report["completed_by_non_owner"] \
-        or report["completed_twice"]
+    bad = any(report[k] for k in FAILURES)
     sys.exit(1 if bad else 0)
 
 

@@ -1,7 +1,9 @@
-"""The randomized fault schedule, short (issue #36): bench/nemesis.py for
-20 s with a random seed, printed so a failure can be replayed with
+"""The randomized fault schedule, short (issue #36): bench/nemesis.py with a
+fixed seed and with a random one, printed so a failure can be replayed with
 `bench/nemesis.py --seed N`. Nothing lost, nothing completed by a non-owner
-or twice, every published id in the database."""
+or twice, every published id in the database, no dependant started before
+its parent completed, no schedule slot fired twice. The 60 s and 10-minute
+runs are in bench/README.md (they do not fit the suite's ten minutes)."""
 
 from __future__ import annotations
 
@@ -16,14 +18,16 @@ import nemesis
 
 pytestmark = pytest.mark.e2e
 
+SECONDS = 12
 
-def test_a_random_fault_schedule_loses_nothing() -> None:
-    seed = random.randrange(1_000_000)
-    print(f"\nnemesis seed {seed} (replay: .venv/bin/python bench/nemesis.py --seconds 20 "
-          f"--seed {seed})")
-    report = nemesis.run(20, seed, consumers=3, reapers=2)
+
+@pytest.mark.parametrize("seed", [11, random.randrange(1_000_000)], ids=["fixed", "random"])
+def test_a_random_fault_schedule_loses_nothing(seed: int) -> None:
+    print(f"\nnemesis seed {seed} (replay: .venv/bin/python bench/nemesis.py --seconds "
+          f"{SECONDS} --seed {seed})")
+    report = nemesis.run(SECONDS, seed, consumers=3, reapers=2)
     print(report)
-    assert report["jobs"] > 100 and report["published_ids_returned"] > 100, report
-    bad = {k: report[k] for k in ("lost", "not_in_db", "completed_by_non_owner",
-                                  "completed_twice")}
+    assert report["jobs"] > 60 and report["published_ids_returned"] > 60, report
+    assert sum(report["faults"].values()) >= 4, report  # the schedule did something
+    bad = {k: report[k] for k in nemesis.FAILURES}
     assert bad == dict.fromkeys(bad, 0), (seed, report)
