@@ -67,4 +67,5 @@ if __name__ == "__main__":
     else:
         pool = sys.argv[2] if len(sys.argv) > 2 else "solo"
         app.worker_main(["worker", f"--pool={pool}", "--loglevel=WARNING", "--without-gossip",
-                         "--without-mingle", "--without-heartbeat"])
+                         "--without-mingle", "--without-heartbeat",
+                         f"--hostname=w{os.getpid()}@%h"])  # several on one machine

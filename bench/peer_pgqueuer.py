@@ -1,4 +1,5 @@
 """pgqueuer: python peer_pgqueuer.py fill N | produce N | single N CONCURRENCY | worker
+| paced RATE SECONDS CONCURRENCY (jobs of entrypoint "lat", payload {"t": publish time})
 (the worker runs PgQueuer.run directly: pgqueuer 1.6.0's `pgq run --log-level` fails on
 its own log setup)"""
 import asyncio
@@ -25,7 +26,41 @@ async def create() -> PgQueuer:
         if port:  # completion reported by UDP (bench/pingcount.py)
             sock.sendto(b"1", ("127.0.0.1", port))
 
+    @pgq.entrypoint("lat")
+    async def lat(job) -> None:  # type: ignore[no-untyped-def]
+        # publish -> handler start, reported to bench/latency.py (LAT_PORT)
+        t = json.loads(job.payload)["t"]
+        sock.sendto(str(time.time() - t).encode(),
+                    ("127.0.0.1", int(os.environ.get("LAT_PORT", "9"))))
+
     return pgq
+
+
+async def paced(rate: float, seconds: float, concurrency: int) -> None:
+    """CONCURRENCY connections publishing single "lat" jobs, RATE a second in
+    all, on a fixed schedule (open loop: a slow enqueue does not slow the
+    offered load)."""
+    conns = [await asyncpg.connect(os.environ["PEER_DATABASE_URL"]) for _ in range(concurrency)]
+    qs = [Queries(AsyncpgDriver(c)) for c in conns]
+    start = time.monotonic() + 0.2
+    period = concurrency / rate
+    sent = [0]
+
+    async def one(i: int, q: Queries) -> None:
+        k = 0
+        while True:
+            at = start + (k + i / concurrency) * period
+            if at - start > seconds or time.monotonic() - start > seconds:
+                return
+            await asyncio.sleep(max(0.0, at - time.monotonic()))
+            await q.enqueue("lat", json.dumps({"t": time.time()}).encode(), 0)
+            sent[0] += 1
+            k += 1
+
+    await asyncio.gather(*(one(i, q) for i, q in enumerate(qs)))
+    for c in conns:
+        await c.close()
+    print(json.dumps({"sent": sent[0]}), flush=True)
 
 
 async def enqueue(n: int, batch: int) -> None:
@@ -69,7 +104,9 @@ async def worker() -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "single":
+    if sys.argv[1] == "paced":
+        asyncio.run(paced(float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])))
+    elif sys.argv[1] == "single":
         asyncio.run(single(int(sys.argv[2]), int(sys.argv[3])))
     elif sys.argv[1] in ("fill", "produce"):
         asyncio.run(enqueue(int(sys.argv[2]), 1000 if sys.argv[1] == "fill" else 100))

@@ -1,0 +1,170 @@
+"""Publish -> handler start at load (issue #37): jobq and pgqueuer, same
+machine, same sitting.
+
+    .venv/bin/python bench/latency.py [--seconds 15] [--callers 16]
+
+Each system gets 2 worker processes (jobq: --concurrency 16, and a reaper;
+pgqueuer: its defaults, batch 10) and no-op handlers that report, with one
+UDP datagram, how long after its publish (the payload's time.time()) they
+started. First its capacity: --callers callers publishing single jobs as
+fast as they can for 8 s (completions a second). Then at 20 %, 50 % and 80 %
+of that capacity, an open-loop schedule (each caller publishes on a fixed
+beat, so a slow publish does not lower the offered load) for --seconds:
+p50, p99 and max over every job of the window.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+from benchenv import scratch, service_env
+from idle_cost import Latencies, _pct
+from peers import PY, VENV, ensure_venv
+
+from harness.helpers import Procs
+from jobq.producer import Client, NewJob
+from jobq.settings import Settings
+
+FRACTIONS = (0.2, 0.5, 0.8)
+FLOOD = 1e6  # jobs/s offered when measuring capacity: as fast as callers go
+
+
+def _summary(ms: list[float]) -> dict[str, float]:
+    return {"n": len(ms), "p50": round(statistics.median(ms), 2),
+            "p99": round(_pct(ms, 0.99), 2), "max": round(max(ms), 2)}
+
+
+def _window(lat: Latencies, offer: Any, seconds: float) -> tuple[float, list[float]]:
+    """Run ``offer()`` (blocks ``seconds``), then wait for its jobs; returns
+    (completions a second during the offer, latencies in ms)."""
+    start = len(lat.values)
+    t0 = time.monotonic()
+    offered = offer()
+    took = time.monotonic() - t0
+    done_in_window = len(lat.values) - start
+    deadline = time.monotonic() + 30
+    while len(lat.values) - start < offered and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return done_in_window / took, [v * 1000 for v in lat.values[start:]]
+
+
+def jobq(seconds: float, callers: int) -> dict[str, Any]:
+    with scratch(("lat",)) as (db_url, amqp_url, namespace):
+        lat = Latencies()
+        env = service_env(db_url, amqp_url, namespace, LAT_PORT=str(lat.port),
+                          PYTHONPATH=str(HERE) + os.pathsep + str(HERE.parent))
+        procs = Procs(env, Path(tempfile.mkdtemp(prefix="jobq-latency-")))
+        for c in [procs.start("consume", "latency_app:app", "--concurrency", "16")
+                  for _ in range(2)]:
+            c.worker_id()
+        procs.start("reap")
+        def offer(rate: float, secs: float) -> int:
+            # In a process of its own, as pgqueuer's: the producer never
+            # shares a GIL with this process's datagram receiver.
+            out = subprocess.run([sys.executable, __file__, "produce", str(rate), str(secs),
+                                  str(callers)], env=env, check=True, capture_output=True,
+                                 text=True)
+            sent: int = json.loads(out.stdout.strip().splitlines()[-1])["sent"]
+            return sent
+
+        try:
+            return _levels(lat, offer, seconds)
+        finally:
+            procs.close()
+
+
+def pgqueuer(seconds: float, callers: int) -> dict[str, Any]:
+    with scratch(queues=()) as (db_url, _amqp, _ns):
+        lat = Latencies()
+        env = {**os.environ, "PEER_DATABASE_URL": db_url, "PGDSN": db_url,
+               "LAT_PORT": str(lat.port), "PYTHONPATH": str(HERE)}
+        subprocess.run([str(VENV / "bin" / "pgq"), "install"], env=env, check=True,
+                       stdout=subprocess.DEVNULL)
+        workers = [subprocess.Popen([str(PY), str(HERE / "peer_pgqueuer.py"), "worker"],
+                                    env=env, cwd=HERE, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL) for _ in range(2)]
+        time.sleep(3)
+
+        def offer(rate: float, secs: float) -> int:
+            out = subprocess.run([str(PY), str(HERE / "peer_pgqueuer.py"), "paced", str(rate),
+                                  str(secs), str(callers)], env=env, cwd=HERE, check=True,
+                                 capture_output=True, text=True)
+            sent: int = json.loads(out.stdout.strip().splitlines()[-1])["sent"]
+            return sent
+
+        try:
+            return _levels(lat, offer, seconds)
+        finally:
+            for w in workers:
+                w.kill()
+                w.wait()
+
+
+def _levels(lat: Latencies, offer: Any, seconds: float) -> dict[str, Any]:
+    offer(200, 2)  # warm up (connections, plans)
+    capacity, _ = _window(lat, lambda: offer(FLOOD, 8), 8)
+    out: dict[str, Any] = {"capacity_per_s": round(capacity)}
+    for f in FRACTIONS:
+        rate, ms = _window(lat, lambda f=f: offer(f * capacity, seconds), seconds)
+        out[f"at_{int(f * 100)}pct"] = {"offered_per_s": round(f * capacity),
+                                        "done_per_s": round(rate), **_summary(ms)}
+        print(json.dumps(out), flush=True)
+    return out
+
+
+def produce(rate: float, secs: float, callers: int) -> None:
+    """CALLERS tasks on one Client publishing single "lat" jobs, RATE a second
+    in all, on a fixed beat; prints {"sent": n}."""
+    async def go() -> int:
+        async with Client(Settings()) as client:
+            start, period, sent = time.monotonic() + 0.2, callers / rate, [0]
+
+            async def one(i: int) -> None:
+                k = 0
+                while True:
+                    at = start + (k + i / callers) * period
+                    if at - start > secs or time.monotonic() - start > secs:
+                        return  # (a flood is behind its schedule: wall time ends it)
+                    await asyncio.sleep(max(0.0, at - time.monotonic()))
+                    await client.publish_many([NewJob("lat", {"t": time.time()})])
+                    sent[0] += 1
+                    k += 1
+
+            await asyncio.gather(*(one(i) for i in range(callers)))
+            return sent[0]
+    print(json.dumps({"sent": asyncio.run(go())}), flush=True)
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["produce"]:
+        produce(float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]))
+        return
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=15)
+    ap.add_argument("--callers", type=int, default=16)
+    a = ap.parse_args()
+    ensure_venv()
+    report = {"jobq": jobq(a.seconds, a.callers), "pgqueuer": pgqueuer(a.seconds, a.callers)}
+    for f in FRACTIONS:
+        key = f"at_{int(f * 100)}pct"
+        report[f"p99_ratio_jobq_over_pgqueuer_{key}"] = round(
+            report["jobq"][key]["p99"] / report["pgqueuer"][key]["p99"], 3)
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
