@@ -1,9 +1,10 @@
 """The randomized fault schedule, short (issue #36): bench/nemesis.py with a
-fixed seed and with a random one, printed so a failure can be replayed with
-`bench/nemesis.py --seed N`. Nothing lost, nothing completed by a non-owner
+random seed, printed so a failure can be replayed with `bench/nemesis.py
+--seed N`. Nothing lost, nothing completed by a non-owner
 or twice, every published id in the database, no dependant started before
 its parent completed, no schedule slot fired twice. The 60 s and 10-minute
-runs are in bench/README.md (they do not fit the suite's ten minutes)."""
+runs, with fixed seeds, are in bench/README.md (they do not fit the suite's ten
+minutes)."""
 
 from __future__ import annotations
 
@@ -18,11 +19,11 @@ import nemesis
 
 pytestmark = pytest.mark.e2e
 
-SECONDS = 12
+SECONDS = 15
 
 
-@pytest.mark.parametrize("seed", [11, random.randrange(1_000_000)], ids=["fixed", "random"])
-def test_a_random_fault_schedule_loses_nothing(seed: int) -> None:
+def test_a_random_fault_schedule_loses_nothing() -> None:
+    seed = random.randrange(1_000_000)
     print(f"\nnemesis seed {seed} (replay: .venv/bin/python bench/nemesis.py --seconds "
           f"{SECONDS} --seed {seed})")
     report = nemesis.run(SECONDS, seed, consumers=3, reapers=2)
