@@ -122,64 +122,76 @@ def run(seconds: float, seed: int, consumers: int, reapers: int,
                     "JOBQ_REAPER__MAX_SLEEP_S": "0.2",
                     "PYTHONPATH": str(HERE.parent) + os.pathsep + env.get("PYTHONPATH", "")})
         procs = Procs(env, Path(tempfile.mkdtemp(prefix="jobq-nemesis-")))
-        fleet: list[Proc] = [procs.consumer("--concurrency", "8") for _ in range(consumers)]
         host = netns.Host() if netns.available() is None else None
-        cut_off = _cut_consumer(procs, host, db_url, amqp_url) if host else None
-        reaper_fleet: list[Proc] = [procs.reaper() for _ in range(reapers)]
-        for c in fleet:
-            c.worker_id()
-        settings = Settings(database_url=db_url, amqp_url=amqp_url, namespace=namespace)
-        stop = threading.Event()
-        published: list[Any] = []
-        feeder = threading.Thread(target=producer, args=(settings, stop, rng, published))
-        feeder.start()
-        counts = dict.fromkeys(kinds, 0)
-        started = time.monotonic()
         try:
-            while time.monotonic() - started < seconds:
-                time.sleep(rng.uniform(0.5, 2.0))
-                fault = rng.choice(kinds)
-                if fault in RESTARTS and counts[fault] * 60 > time.monotonic() - started:
-                    fault = "kill_consumer"  # a restart a minute at most: they are slow
-                counts[fault] += 1
-                if fault in RESTARTS:
-                    restart(fault)
-                elif fault == "kill_consumer":
-                    fleet.pop(rng.randrange(len(fleet))).kill()
-                    fleet.append(procs.consumer("--concurrency", "8"))
-                elif fault == "kill_reaper":
-                    reaper_fleet.pop(rng.randrange(len(reaper_fleet))).kill()
-                    reaper_fleet.append(procs.reaper())
-                elif fault == "cut_consumer":
-                    if host is None or cut_off is None:
-                        continue  # not root: no namespaces here
-                    host.cut("db", "mq")
-                    time.sleep(rng.uniform(0.5, LEASE_S * 2))
-                    host.heal("db", "mq")
-                elif fault in ("stop_consumer", "stop_reaper"):
-                    victim = rng.choice(fleet if fault == "stop_consumer" else reaper_fleet)
-                    victim.signal(signal.SIGSTOP)
-                    time.sleep(rng.uniform(0.5, LEASE_S * 2))
-                    victim.signal(signal.SIGCONT)
-                else:
-                    db.val("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                           "WHERE datname = current_database() AND pid <> pg_backend_pid() "
-                           "AND application_name LIKE 'jobq-%' AND random() < 0.5")
-            last_fault = db.val("SELECT now()")
-        finally:
-            stop.set()
-            feeder.join(60)
-        deadline = time.monotonic() + LEASE_S + 10 + 60  # + drain of what is queued
-        while time.monotonic() < deadline and db.val(
-                "SELECT count(*) FROM jobq.job WHERE status <> 'completed'"):
-            time.sleep(0.2)
-        report = check(db, published, last_fault)
-        report.update({"seed": seed, "seconds": seconds, "faults": counts})
-        procs.close()
-        if host is not None:
-            host.close()
-        db.close()
-        return report
+            return _schedule(db, procs, host, db_url, amqp_url, namespace, kinds, rng, seconds,
+                             seed, consumers, reapers)
+        finally:  # also when a fault raised: no process and no namespace left behind
+            procs.close()
+            if host is not None:
+                host.close()
+            db.close()
+
+
+def _schedule(db: SyncDB, procs: Procs, host: netns.Host | None, db_url: str, amqp_url: str,
+              namespace: str, kinds: tuple[str, ...], rng: random.Random, seconds: float,
+              seed: int, consumers: int, reapers: int) -> dict[str, Any]:
+    """The fleet, the producer and the faults for ``seconds``, then the checker."""
+    fleet: list[Proc] = [procs.consumer("--concurrency", "8") for _ in range(consumers)]
+    if host is not None:
+        _cut_consumer(procs, host, db_url, amqp_url)
+    else:
+        kinds = tuple(k for k in kinds if k != "cut_consumer")  # not root: no namespaces
+    reaper_fleet: list[Proc] = [procs.reaper() for _ in range(reapers)]
+    for c in fleet:
+        c.worker_id()
+    settings = Settings(database_url=db_url, amqp_url=amqp_url, namespace=namespace)
+    stop = threading.Event()
+    published: list[Any] = []
+    feeder = threading.Thread(target=producer, args=(settings, stop, rng, published))
+    feeder.start()
+    counts = dict.fromkeys(kinds, 0)
+    started = time.monotonic()
+    try:
+        while time.monotonic() - started < seconds:
+            time.sleep(rng.uniform(0.5, 2.0))
+            fault = rng.choice(kinds)
+            if fault in RESTARTS and counts[fault] * 60 > time.monotonic() - started:
+                fault = "kill_consumer"  # a restart a minute at most: they are slow
+            counts[fault] += 1
+            if fault in RESTARTS:
+                restart(fault)
+            elif fault == "kill_consumer":
+                fleet.pop(rng.randrange(len(fleet))).kill()
+                fleet.append(procs.consumer("--concurrency", "8"))
+            elif fault == "kill_reaper":
+                reaper_fleet.pop(rng.randrange(len(reaper_fleet))).kill()
+                reaper_fleet.append(procs.reaper())
+            elif fault == "cut_consumer":
+                assert host is not None
+                host.cut("db", "mq")
+                time.sleep(rng.uniform(0.5, LEASE_S * 2))
+                host.heal("db", "mq")
+            elif fault in ("stop_consumer", "stop_reaper"):
+                victim = rng.choice(fleet if fault == "stop_consumer" else reaper_fleet)
+                victim.signal(signal.SIGSTOP)
+                time.sleep(rng.uniform(0.5, LEASE_S * 2))
+                victim.signal(signal.SIGCONT)
+            else:
+                db.val("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                       "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                       "AND application_name LIKE 'jobq-%' AND random() < 0.5")
+        last_fault = db.val("SELECT now()")
+    finally:
+        stop.set()
+        feeder.join(60)
+    deadline = time.monotonic() + LEASE_S + 10 + 60  # + drain of what is queued
+    while time.monotonic() < deadline and db.val(
+            "SELECT count(*) FROM jobq.job WHERE status <> 'completed'"):
+        time.sleep(0.2)
+    report = check(db, published, last_fault)
+    report.update({"seed": seed, "seconds": seconds, "faults": counts})
+    return report
 
 
 QUEUES = ("work", "fair", "limited", "other", "prio")
