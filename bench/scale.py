@@ -58,8 +58,8 @@ def sweep_and_claim_ms(settings: Settings, active: int = 100) -> dict[str, float
             sweeps = []
             for _ in range(50):
                 t0 = time.perf_counter()
-                await reaper.run_once()
-                await reaper._seconds_to_next()
+                await reaper.run_once(await reaper.probe())  # as the loop does
+                await reaper.probe()
                 sweeps.append(time.perf_counter() - t0)
             claims = []
             for _ in range(200):

@@ -35,6 +35,10 @@ HANDLER_SECONDS = Histogram("jobq_handler_duration_seconds", "Handler run time."
 RENEW_SECONDS = Histogram("jobq_lease_renewal_duration_seconds",
                           "Time of one batched renewal statement.", registry=REGISTRY,
                           buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5))
+CLAIM_SECONDS = Histogram("jobq_claim_duration_seconds",
+                          "Time of one batched claim statement (a delivery batch).",
+                          registry=REGISTRY,
+                          buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5))
 RENEWALS = Counter("jobq_lease_renewals_total", "Batched renewal statements.", ["result"],
                    registry=REGISTRY)
 CHILD_DEATHS = Counter("jobq_child_deaths_total", "Handler child processes (--pool process) "

@@ -39,13 +39,13 @@
 --       fail, release
 --   reap: requeue_lapsed, isolate, child_died, quarantine, lost_candidates, lost_horizon,
 --       unpublish_lost, unpark, unpark_freed, schedules_due, schedule_fire, schedule_set,
---       schedule_upsert, schedule_skip, db_now, schedule_list, schedule_delete, next_deadline_s
+--       schedule_upsert, schedule_skip, db_now, schedule_list, schedule_delete, sweep_probe
 --   workers: worker_lock, worker_register, worker_gone, worker_pool, workers_vanished,
 --       workers_prune, lease_lost_event
 --   operator verbs: cancel, retry_failed, cancel_queue_batch, retry_queue_batch,
 --       queue_job_counts, queue_delete, prune_batch, prune_count, prune_expired,
 --       key_rate_prune, history
---   reapers: reaper_register, reaper_swept, reaper_failed, reaper_gone, overdue
+--   reapers: reaper_register, reaper_swept, reaper_failed, reaper_gone
 --   queues: queue_ensure, queue_list, queue_update, queue_pause, queue_resume, key_stats,
 --       queue_limits_get, queue_limits_set
 --   inspect: stats, job_status, job_get, job_links, job_steps, workflow_jobs, workflow_cancel
@@ -1083,10 +1083,35 @@ ORDER BY name;
 -- name: schedule_delete
 DELETE FROM jobq.schedule WHERE name = $1 RETURNING name;
 
--- name: next_deadline_s
--- Seconds until the reaper has something to do: the earliest lease deadline
--- or relay time. NULL when nothing is pending.
-SELECT extract(epoch FROM least(
+-- name: sweep_probe
+-- Reaper, before each sweep (issue #37): which duties have anything to do,
+-- and the seconds until the earliest lease deadline, relay time or schedule
+-- slot (NULL: none pending). Index probes only, one statement: what an idle
+-- fleet costs the database. Each flag is the condition of its duty's own
+-- statement (workers_vanished and requeue_lapsed, unpark, relay_take,
+-- schedules_due), so a duty skipped had nothing to do when this ran; what
+-- turns up after it waits for the next loop, at most max_sleep_s.
+SELECT EXISTS (SELECT 1 FROM jobq.job WHERE status = 'active') AS active,
+       EXISTS (SELECT 1 FROM jobq.worker w
+               WHERE w.vanished_at IS NULL
+                 AND NOT EXISTS (
+                     SELECT 1 FROM pg_locks l
+                     WHERE l.locktype = 'advisory'
+                       AND l.database = (SELECT oid FROM pg_database
+                                         WHERE datname = current_database())
+                       AND l.classid = (w.lock_key >> 32)::bigint::oid
+                       AND l.objid = (w.lock_key & 4294967295)::bigint::oid
+                       AND l.objsubid = 1
+                       AND l.granted)) AS vanished,
+       EXISTS (SELECT 1 FROM jobq.job
+               WHERE status = 'queued' AND published_at IS NULL
+                 AND relay_after = 'infinity') AS parked,
+       EXISTS (SELECT 1 FROM jobq.job
+               WHERE status = 'queued' AND published_at IS NULL
+                 AND relay_after <= now()) AS relay_due,
+       EXISTS (SELECT 1 FROM jobq.schedule
+               WHERE enabled AND next_run_at <= now()) AS schedules_due,
+       extract(epoch FROM least(
            (SELECT min(lease_expires_at) FROM jobq.job WHERE status = 'active'),
            (SELECT min(relay_after) FROM jobq.job
              WHERE status = 'queued' AND published_at IS NULL
@@ -1367,11 +1392,15 @@ ON CONFLICT (reaper_id) DO NOTHING;
 
 -- name: reaper_swept
 -- $3: what a duty of the sweep raised (the others went on), or NULL.
-UPDATE jobq.reaper
-SET last_sweep_at = now(), sweeps = sweeps + $2, last_error = $3::text,
-    failing_since = CASE WHEN $3::text IS NULL THEN NULL
-                         ELSE coalesce(failing_since, now()) END
-WHERE reaper_id = $1;
+-- Returns jobq.overdue as it stands (the metrics), in the same round trip.
+WITH swept AS (
+    UPDATE jobq.reaper
+    SET last_sweep_at = now(), sweeps = sweeps + $2, last_error = $3::text,
+        failing_since = CASE WHEN $3::text IS NULL THEN NULL
+                             ELSE coalesce(failing_since, now()) END
+    WHERE reaper_id = $1
+)
+SELECT overdue_leases, oldest_overdue_s FROM jobq.overdue;
 
 -- name: reaper_failed
 -- Best effort (the database may be what fails): shown in jobq.reaper_status.
@@ -1382,9 +1411,6 @@ WHERE reaper_id = $1;
 -- name: reaper_gone
 -- A reaper that stops cleanly leaves the status view.
 DELETE FROM jobq.reaper WHERE reaper_id = $1;
-
--- name: overdue
-SELECT overdue_leases, oldest_overdue_s FROM jobq.overdue;
 
 -- ───────────────────────────── queues ─────────────────────────────
 

@@ -132,7 +132,25 @@ class Vanished:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Overdue:
-    """Leases past their deadline that no reaper has moved yet (overdue)."""
+    """Leases past their deadline that no reaper has moved yet (reaper_swept)."""
 
     overdue_leases: int
     oldest_overdue_s: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Probe:
+    """Which of a sweep's duties have anything to do, and the seconds to the
+    next deadline, relay time or slot, None if nothing is pending (sweep_probe)."""
+
+    active: bool
+    vanished: bool
+    parked: bool
+    relay_due: bool
+    schedules_due: bool
+    seconds: float | None
+
+    @property
+    def idle(self) -> bool:
+        return not (self.active or self.vanished or self.parked or self.relay_due
+                    or self.schedules_due)

@@ -21,9 +21,12 @@ that breaks a statement) is logged in one line and the others still run.
    missing the row. Dying in between only causes a duplicate message, which
    consumers drop.
 
-:meth:`Reaper.run` is a thin loop around it that sleeps until the next lease
-deadline or relay time (or a NOTIFY from ``jobq.enqueue``), at most
-``max_sleep_s``; errors are logged and the loop goes on. Any number of
+:meth:`Reaper.run` is a thin loop around it: one statement (``sweep_probe``)
+says which duties have anything to do and when the next lease deadline,
+relay time or schedule slot comes; the sweep runs only those, then the loop
+sleeps until then (or a NOTIFY from ``jobq.enqueue``), at most
+``max_sleep_s``. Idle, that probe (and the sweep record, once a second) is
+all a reaper sends (bench/idle_cost.py). Errors are logged and the loop goes on. Any number of
 reapers may run; they are symmetric peers. Limits: a reaper frozen inside
 the relay transaction holds its rows until PostgreSQL's
 ``idle_in_transaction_session_timeout`` ends its session (5 s).
@@ -46,7 +49,7 @@ import asyncpg
 from jobq import crash, metrics
 from jobq.backoff import Backoff
 from jobq.broker import Broker
-from jobq.db import execute, fetchrow, fetchval, open_pool, translated
+from jobq.db import execute, fetchrow, open_pool, translated
 from jobq.errors import UnavailableError
 from jobq.logs import fields
 from jobq.reaper.lost import republish_lost
@@ -55,7 +58,7 @@ from jobq.reaper.rescue import cut_vanished, requeue_lapsed
 from jobq.reaper.retention import prune_expired as prune_finished
 from jobq.reaper.unpark import unpark
 from jobq.relay import relay_due
-from jobq.rows import Overdue, of
+from jobq.rows import Overdue, Probe, of
 from jobq.service import database_answers, lifecycle
 from jobq.settings import Settings
 from jobq.sql import Q
@@ -122,21 +125,29 @@ class Reaper:
 
     # ── one sweep ──
 
-    async def run_once(self) -> Sweep:
-        """One sweep. Each duty runs alone (``_duty``): one that fails is
-        logged in one line and recorded in ``sweep.errors``, and the others
-        still run, so no queue, schedule or row can stop the relay."""
+    async def run_once(self, probe: Probe | None = None) -> Sweep:
+        """One sweep: every duty, or those ``probe`` says have anything to
+        do. Each duty runs alone (``_duty``): one that fails is logged in one
+        line and recorded in ``sweep.errors``, and the others still run, so
+        no queue, schedule or row can stop the relay."""
         assert self.pool is not None
         started = time.monotonic()
         sweep = Sweep()
-        await self._duty(sweep, "cut", cut_vanished(self.pool, sweep.vanished))
-        await self._duty(sweep, "requeue", requeue_lapsed(
-            self.pool, self.cfg.batch_size, self.reaper_id, sweep.requeued, sweep.failed))
+        p = probe or Probe(True, True, True, True, True, None)
+        if p.vanished or p.active:
+            await self._duty(sweep, "cut", cut_vanished(self.pool, sweep.vanished))
+        if p.active:
+            await self._duty(sweep, "requeue", requeue_lapsed(
+                self.pool, self.cfg.batch_size, self.reaper_id, sweep.requeued, sweep.failed))
         if sweep.requeued or sweep.failed:
             crash.point("reaper.after_requeue")
-        await self._duty(sweep, "schedules", fire_due(self.pool))  # once per slot
-        await self._duty(sweep, "unpark", unpark(self.pool))  # as slots free
-        sweep.published = await self._duty(sweep, "relay", self.relay()) or 0
+        fired = unparked = 0
+        if p.schedules_due:  # once per slot
+            fired = await self._duty(sweep, "schedules", fire_due(self.pool)) or 0
+        if p.parked:  # as slots free
+            unparked = await self._duty(sweep, "unpark", unpark(self.pool)) or 0
+        if p.relay_due or sweep.requeued or fired or unparked:  # in this sweep, as they come
+            sweep.published = await self._duty(sweep, "relay", self.relay()) or 0
         sweep.duration_s = time.monotonic() - started
         self.sweeps += 1
         metrics.SWEEP_SECONDS.observe(sweep.duration_s)
@@ -174,10 +185,9 @@ class Reaper:
                               socket.gethostname(), os.getpid())
                 self._registered = True
             failed = next(iter(sweep.errors.items()), None)
-            await execute(self.pool, Q["reaper_swept"], self.reaper_id, self.sweeps,
-                          None if failed is None else
-                          f"{failed[0]}: {type(failed[1]).__name__}: {failed[1]}"[:1000])
-            row = await fetchrow(self.pool, Q["overdue"])
+            row = await fetchrow(self.pool, Q["reaper_swept"], self.reaper_id, self.sweeps,
+                                 None if failed is None else
+                                 f"{failed[0]}: {type(failed[1]).__name__}: {failed[1]}"[:1000])
         assert row is not None
         overdue = of(Overdue, row)
         self._recorded_failing = bool(sweep.errors)
@@ -206,13 +216,18 @@ class Reaper:
 
     # ── the loop ──
 
-    async def _seconds_to_next(self) -> float:
+    async def probe(self) -> Probe:
+        """What the next sweep has to do (``sweep_probe``)."""
         assert self.pool is not None
         with translated():
-            seconds = await fetchval(self.pool, Q["next_deadline_s"])
-        if seconds is None:
+            row = await fetchrow(self.pool, Q["sweep_probe"])
+        assert row is not None
+        return of(Probe, row)
+
+    def _sleep_s(self, probe: Probe) -> float:
+        if probe.seconds is None:
             return self.cfg.max_sleep_s
-        return max(0.02, min(self.cfg.max_sleep_s, float(seconds) + self.cfg.wake_slack_s))
+        return max(0.02, min(self.cfg.max_sleep_s, probe.seconds + self.cfg.wake_slack_s))
 
     async def _listen(self) -> None:
         """LISTEN for jobq.enqueue()'s NOTIFY (best effort; polling is the floor)."""
@@ -262,12 +277,15 @@ class Reaper:
                 if self.cfg.prune_every_s and time.monotonic() >= next_prune:
                     next_prune = time.monotonic() + self.cfg.prune_every_s
                     await self.prune_expired()
-                sweep = await self.run_once()
+                probe = await self.probe()
+                sweep = await self.run_once(probe)
                 if sweep.requeued or sweep.failed or sweep.published:
                     log.info("sweep: %d requeued, %d failed, %d published in %.3fs",
                              len(sweep.requeued), len(sweep.failed), sweep.published,
                              sweep.duration_s)
-                sleep_s = await self._seconds_to_next()
+                if not probe.idle:  # the sweep changed what comes next
+                    probe = await self.probe()
+                sleep_s = self._sleep_s(probe)
                 backoff.reset()
                 if sweep.errors:  # some duty failed (recorded by the sweep): readiness
                     self.failures += 1

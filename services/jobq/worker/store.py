@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import Sequence
 from typing import Protocol
 
 import asyncpg
 
-from jobq import lease
+from jobq import lease, metrics
 from jobq.broker import Broker
 from jobq.db import fetchval, session_broken
 from jobq.errors import ConfigError, DatabaseUnavailable, UnavailableError
@@ -90,8 +91,11 @@ class PgStore:
 
     async def claim(self, ids: Sequence[uuid.UUID], locks: Sequence[uuid.UUID],
                     retried: bool, handed: list[Spell]) -> list[Claim | None]:
-        return await lease.claim(self.pool, ids, self.worker_id, self.queues, locks, retried,
-                                 handed)
+        started = time.perf_counter()
+        got = await lease.claim(self.pool, ids, self.worker_id, self.queues, locks, retried,
+                                handed)
+        metrics.CLAIM_SECONDS.observe(time.perf_counter() - started)
+        return got
 
     async def claim_misses(self, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Miss]:
         return await lease.claim_misses(self.pool, ids)
