@@ -1,10 +1,11 @@
-"""Publish -> handler start at load (issue #37): jobq and pgqueuer, same
-machine, same sitting.
+"""Publish -> handler start at load (issue #37): jobq, pgqueuer, procrastinate
+and Celery, same machine, same sitting.
 
-    .venv/bin/python bench/latency.py [--seconds 15] [--callers 16]
+    .venv/bin/python bench/latency.py [--seconds 15] [--callers 16] [--peers ...]
 
 Each system gets 2 worker processes (jobq: --concurrency 16, and a reaper;
-pgqueuer: its defaults, batch 10) and no-op handlers that report, with one
+pgqueuer: its defaults, batch 10; procrastinate: 16 concurrent jobs each, a
+pool of 20; Celery: solo pool, acks_late, prefetch 4) and no-op handlers that report, with one
 UDP datagram, how long after its publish (the payload's time.time()) they
 started. First its capacity: --callers callers publishing single jobs as
 fast as they can for 8 s (completions a second). Then at 20 %, 50 % and 80 %
@@ -40,6 +41,7 @@ from jobq.producer import Client, NewJob
 from jobq.settings import Settings
 
 FRACTIONS = (0.2, 0.5, 0.8)
+PEERS = ("pgqueuer", "procrastinate", "celery")
 FLOOD = 1e6  # jobs/s offered when measuring capacity: as fast as callers go
 
 
@@ -87,21 +89,33 @@ def jobq(seconds: float, callers: int) -> dict[str, Any]:
             procs.close()
 
 
-def pgqueuer(seconds: float, callers: int) -> dict[str, Any]:
-    with scratch(queues=()) as (db_url, _amqp, _ns):
+def peer(name: str, seconds: float, callers: int) -> dict[str, Any]:
+    """pgqueuer (its defaults, batch 10), procrastinate (``serve 16``: 16
+    concurrent jobs per worker, as jobq's) or Celery (solo pool, acks_late,
+    prefetch 4): 2 workers each, the producer in a process of its own."""
+    with scratch(queues=()) as (db_url, amqp_url, _ns):
         lat = Latencies()
         env = {**os.environ, "PEER_DATABASE_URL": db_url, "PGDSN": db_url,
+               "PEER_AMQP_URL": amqp_url, "PEER_POOL_MAX": "20",
+               "PEER_QUEUE": f"celery-lat-{db_url.rsplit('/', 1)[1][-8:]}",
                "LAT_PORT": str(lat.port), "PYTHONPATH": str(HERE)}
-        subprocess.run([str(VENV / "bin" / "pgq"), "install"], env=env, check=True,
-                       stdout=subprocess.DEVNULL)
-        workers = [subprocess.Popen([str(PY), str(HERE / "peer_pgqueuer.py"), "worker"],
-                                    env=env, cwd=HERE, stdout=subprocess.DEVNULL,
+        script = str(HERE / f"peer_{name}.py")
+        if name == "pgqueuer":
+            subprocess.run([str(VENV / "bin" / "pgq"), "install"], env=env, check=True,
+                           stdout=subprocess.DEVNULL)
+            argv = [str(PY), script, "worker"]
+        elif name == "procrastinate":
+            subprocess.run([str(PY), script, "setup"], env=env, check=True)
+            argv = [str(PY), script, "serve", "16"]
+        else:
+            argv = [str(PY), script, "worker", "solo"]
+        workers = [subprocess.Popen(argv, env=env, cwd=HERE, stdout=subprocess.DEVNULL,
                                     stderr=subprocess.DEVNULL) for _ in range(2)]
         time.sleep(3)
 
         def offer(rate: float, secs: float) -> int:
-            out = subprocess.run([str(PY), str(HERE / "peer_pgqueuer.py"), "paced", str(rate),
-                                  str(secs), str(callers)], env=env, cwd=HERE, check=True,
+            out = subprocess.run([str(PY), script, "paced", str(rate), str(secs),
+                                  str(callers)], env=env, cwd=HERE, check=True,
                                  capture_output=True, text=True)
             sent: int = json.loads(out.stdout.strip().splitlines()[-1])["sent"]
             return sent
@@ -112,6 +126,9 @@ def pgqueuer(seconds: float, callers: int) -> dict[str, Any]:
             for w in workers:
                 w.kill()
                 w.wait()
+            if name == "celery":  # its queue is not the namespace's: drop it here
+                subprocess.run(["rabbitmqctl", "delete_queue", env["PEER_QUEUE"]],
+                               capture_output=True, timeout=60)
 
 
 def _levels(lat: Latencies, offer: Any, seconds: float) -> dict[str, Any]:
@@ -156,13 +173,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=15)
     ap.add_argument("--callers", type=int, default=16)
+    ap.add_argument("--peers", nargs="*", default=list(PEERS), choices=PEERS)
     a = ap.parse_args()
     ensure_venv()
-    report = {"jobq": jobq(a.seconds, a.callers), "pgqueuer": pgqueuer(a.seconds, a.callers)}
+    report: dict[str, Any] = {"jobq": jobq(a.seconds, a.callers)}
+    for name in a.peers:
+        try:
+            report[name] = peer(name, a.seconds, a.callers)
+        except Exception as exc:  # a peer failing must not hide the others
+            report[name] = {"error": repr(exc)}
     for f in FRACTIONS:
         key = f"at_{int(f * 100)}pct"
-        report[f"p99_ratio_jobq_over_pgqueuer_{key}"] = round(
-            report["jobq"][key]["p99"] / report["pgqueuer"][key]["p99"], 3)
+        for name in a.peers:
+            if key in report[name]:
+                report[f"p99_jobq_over_{name}_{key}"] = round(
+                    report["jobq"][key]["p99"] / report[name][key]["p99"], 3)
     print(json.dumps(report, indent=2))
 
 

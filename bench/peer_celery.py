@@ -1,5 +1,6 @@
 """Celery on RabbitMQ, acks_late (crash-safe in the same sense as jobq):
     python peer_celery.py fill N | produce N CONCURRENCY | worker [solo|prefork]
+    | paced RATE SECONDS CONCURRENCY (tasks "lat", publish time as argument t)
 
 produce: CONCURRENCY threads, each with its own producer, publish one task
 per call with publisher confirms (kombu's confirm_publish), as a web app
@@ -34,6 +35,42 @@ def noop() -> None:
         _sock.sendto(b"1", ("127.0.0.1", _port))
 
 
+@app.task(name="lat")
+def lat(t: float) -> None:
+    # publish -> handler start, reported to bench/latency.py (LAT_PORT)
+    _sock.sendto(str(time.time() - t).encode(),
+                 ("127.0.0.1", int(os.environ.get("LAT_PORT", "9"))))
+
+
+def paced(rate: float, seconds: float, concurrency: int) -> None:
+    """CONCURRENCY threads, each with its own producer, publishing single
+    "lat" tasks, RATE a second in all, on a fixed beat (open loop)."""
+    start = time.monotonic() + 0.2
+    period = concurrency / rate
+    sent = [0]
+    lock = threading.Lock()
+
+    def one(i: int) -> None:
+        with app.producer_or_acquire() as producer:
+            k = 0
+            while True:
+                at = start + (k + i / concurrency) * period
+                if at - start > seconds or time.monotonic() - start > seconds:
+                    return
+                time.sleep(max(0.0, at - time.monotonic()))
+                lat.apply_async((time.time(),), producer=producer)
+                with lock:
+                    sent[0] += 1
+                k += 1
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print(json.dumps({"sent": sent[0]}), flush=True)
+
+
 def produce(n: int, concurrency: int) -> None:
     left = [n]
     lock = threading.Lock()
@@ -58,7 +95,9 @@ def produce(n: int, concurrency: int) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "produce":
+    if sys.argv[1] == "paced":
+        paced(float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]))
+    elif sys.argv[1] == "produce":
         produce(int(sys.argv[2]), int(sys.argv[3]))
     elif sys.argv[1] == "fill":
         with app.producer_or_acquire() as producer:

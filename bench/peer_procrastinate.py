@@ -1,8 +1,12 @@
 """procrastinate: python peer_procrastinate.py setup | fill N | worker C (exits once the
-queue is empty: a drain) | serve C (waits for jobs, as a deployed worker does)"""
+queue is empty: a drain) | serve C (waits for jobs, as a deployed worker does)
+| paced RATE SECONDS CONCURRENCY (jobs of task "lat", publish time as argument t)"""
 import asyncio
+import json
 import os
+import socket
 import sys
+import time
 
 import procrastinate
 
@@ -19,6 +23,38 @@ async def noop() -> None:
     return None
 
 
+_sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+
+
+@app.task(name="lat", queue="lat")
+async def lat(t: float) -> None:
+    # publish -> handler start, reported to bench/latency.py (LAT_PORT)
+    _sock.sendto(str(time.time() - t).encode(),
+                 ("127.0.0.1", int(os.environ.get("LAT_PORT", "9"))))
+
+
+async def paced(rate: float, seconds: float, concurrency: int) -> None:
+    """CONCURRENCY tasks deferring single "lat" jobs, RATE a second in all, on
+    a fixed beat (open loop, as bench/peer_pgqueuer.py's paced)."""
+    start = time.monotonic() + 0.2
+    period = concurrency / rate
+    sent = [0]
+
+    async def one(i: int) -> None:
+        k = 0
+        while True:
+            at = start + (k + i / concurrency) * period
+            if at - start > seconds or time.monotonic() - start > seconds:
+                return
+            await asyncio.sleep(max(0.0, at - time.monotonic()))
+            await lat.defer_async(t=time.time())
+            sent[0] += 1
+            k += 1
+
+    await asyncio.gather(*(one(i) for i in range(concurrency)))
+    print(json.dumps({"sent": sent[0]}), flush=True)
+
+
 async def main() -> None:
     async with app.open_async():
         if sys.argv[1] == "setup":
@@ -27,8 +63,10 @@ async def main() -> None:
             n = int(sys.argv[2])
             for i in range(0, n, 1000):
                 await noop.batch_defer_async(*[{} for _ in range(min(1000, n - i))])
+        elif sys.argv[1] == "paced":
+            await paced(float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]))
         else:
-            await app.run_worker_async(queues=["noop"], concurrency=int(sys.argv[2]),
+            await app.run_worker_async(queues=["noop", "lat"], concurrency=int(sys.argv[2]),
                                        wait=sys.argv[1] == "serve",
                                        install_signal_handlers=False)
 
