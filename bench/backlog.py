@@ -89,7 +89,7 @@ async def reaper_times(settings: Settings) -> dict[str, float]:
 
 
 def one_depth(depth: int, window: int) -> dict[str, Any]:
-    with world(("noop",), f"backlog-{depth}", JOBQ_LOG_LEVEL="WARNING") as w:
+    with world(("noop",), f"backlog-{depth}") as w:
         out: dict[str, Any] = {"depth": depth}
         out["enqueue_jobs_per_s"] = round(asyncio.run(fill(w.settings, depth)), 1)
         time.sleep(1)  # the producer's marks written

@@ -108,7 +108,7 @@ def one_way(way: str, consumers: int, concurrency: int, seconds: float) -> dict[
         if bouncer is not None:
             bouncer.start()
         benchenv.ADMIN_URL = server.url()  # scratch() makes its database there
-        with benchenv.world(("noop",), f"fleet-{way}", JOBQ_LOG_LEVEL="WARNING") as w:
+        with benchenv.world(("noop",), f"fleet-{way}") as w:
             name = w.db_url.rsplit("/", 1)[1]
             admin = SyncDB(server.url())
             extra: dict[str, str] = {}
@@ -123,8 +123,8 @@ def one_way(way: str, consumers: int, concurrency: int, seconds: float) -> dict[
                     environ={**extra, "JOBQ_HEALTH_PORT": str(port),
                              "JOBQ_HEALTH_HOST": "127.0.0.1",
                              "PYTHONPATH": f"{HERE}{os.pathsep}{w.procs.env['PYTHONPATH']}"}))
-            for c in fleet:
-                c.worker_id()
+            for c in fleet:  # 40 start-ups share 2 cores: more than worker_id's 15 s
+                c.wait_log(r"consumer ready", timeout=180)
             start_up_s = time.monotonic() - started
             w.procs.reaper(environ=extra)
             time.sleep(3)

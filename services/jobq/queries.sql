@@ -1186,12 +1186,22 @@ WITH gone AS (
             AND l.objsubid = 1
             AND l.granted)
     RETURNING w.worker_id
+), cut AS (
+    -- In id order, as every multi-row write of job rows locks them (the
+    -- worker's batched complete, fail, renew and release: lease.in_lock_order;
+    -- the claim): a worker whose session was cut is often alive and
+    -- completing these very jobs (tests/integration/test_lock_order.py).
+    SELECT j.id
+    FROM jobq.job j JOIN gone ON j.worker_id = gone.worker_id
+    WHERE j.status = 'active'
+    ORDER BY j.id
+    FOR NO KEY UPDATE OF j
 ), shortened AS (
     UPDATE jobq.job j
     SET lease_expires_at = least(j.lease_expires_at,
                                  now() + make_interval(secs => q.vanished_grace_s))
-    FROM gone, jobq.queue q
-    WHERE j.worker_id = gone.worker_id AND j.status = 'active' AND q.name = j.queue
+    FROM cut, jobq.queue q
+    WHERE j.id = cut.id AND j.status = 'active' AND q.name = j.queue
     RETURNING j.id, j.worker_id, j.attempts, q.history, q.vanished_grace_s
 ), logged AS (
     INSERT INTO jobq.job_event (job_id, event, worker_id, attempt, detail)
@@ -1478,11 +1488,17 @@ UPDATE jobq.queue SET paused = true WHERE name = $1 RETURNING name;
 -- to publish them. No row: no such queue.
 WITH resumed AS (
     UPDATE jobq.queue SET paused = false WHERE name = $1 RETURNING name
+), parked AS (  -- locked in id order, as every multi-row write
+    SELECT j.id FROM jobq.job j JOIN resumed ON j.queue = resumed.name
+    WHERE j.status = 'queued' AND j.published_at IS NULL
+      AND j.relay_after = 'infinity' AND j.waiting_on = 0
+    ORDER BY j.id
+    FOR NO KEY UPDATE OF j
 ), released AS (
     UPDATE jobq.job j SET relay_after = now()
-    FROM resumed
-    WHERE j.queue = resumed.name AND j.status = 'queued' AND j.published_at IS NULL
-      AND j.relay_after = 'infinity' AND j.waiting_on = 0
+    FROM parked
+    WHERE j.id = parked.id AND j.status = 'queued' AND j.published_at IS NULL
+      AND j.relay_after = 'infinity'
     RETURNING j.id
 )
 SELECT r.name, (SELECT count(*) FROM released) AS released,
