@@ -9,7 +9,9 @@ For each depth, in a scratch database and namespace of its own:
    is printed too);
 2. with that backlog standing, a reaper's sweep as its loop runs it
    (``probe``, ``run_once`` of what it found, ``probe``; 20 times) and its
-   lost-message check (``check_lost``, 5 times) timed in this process: the median and the slowest;
+   lost-message check (``check_lost``, 5 times; and the broker's answer to
+   its question alone, how many messages are ready) timed in this process:
+   the median and the slowest; again after 30 s;
 3. then 2 consumers of concurrency 32 start and drain. Over the window from
    the 1,000th job finished to the (1,000 + --window)th, by the database
    clock: the drain rate, and the claim statement's p50 / p99 from the
@@ -47,6 +49,7 @@ from jobq.settings import Settings
 
 CLAIM = "jobq_claim_duration_seconds"
 WARM = 1_000  # jobs finished before the window opens (consumers' start-up)
+SETTLE_S = 30
 
 
 async def fill(settings: Settings, depth: int) -> float:
@@ -76,16 +79,21 @@ async def reaper_times(settings: Settings) -> dict[str, float]:
             await reaper.run_once(await reaper.probe())  # as the loop does
             await reaper.probe()
             sweeps.append(time.perf_counter() - started)
+        asks = []  # the check's question to the broker alone: how many ready
         for _ in range(5):
             started = time.perf_counter()
             await reaper.check_lost()
             checks.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            await reaper.broker.ready_count("noop")
+            asks.append(time.perf_counter() - started)
     finally:
         await reaper.close()
     return {"sweep_median_ms": round(statistics.median(sweeps) * 1000, 2),
             "sweep_max_ms": round(max(sweeps) * 1000, 2),
             "lost_check_median_ms": round(statistics.median(checks) * 1000, 2),
-            "lost_check_max_ms": round(max(checks) * 1000, 2)}
+            "lost_check_max_ms": round(max(checks) * 1000, 2),
+            "of_which_broker_ready_count_median_ms": round(statistics.median(asks) * 1000, 2)}
 
 
 def one_depth(depth: int, window: int) -> dict[str, Any]:
@@ -95,6 +103,8 @@ def one_depth(depth: int, window: int) -> dict[str, Any]:
         time.sleep(1)  # the producer's marks written
         out["queued"] = w.db.val("SELECT count(*) FROM jobq.job WHERE status = 'queued'")
         out.update(asyncio.run(reaper_times(w.settings)))
+        time.sleep(SETTLE_S)  # and again once the broker has written the backlog away
+        out["after_settling"] = asyncio.run(reaper_times(w.settings))
         ports = [free_port(), free_port()]
         for port in ports:
             w.procs.start("consume", "noop_app:app", "--concurrency", "32",
@@ -142,7 +152,12 @@ def main() -> None:
         small, deep = runs
         ratios = {k: round(deep[k] / small[k], 3) for k in (
             "claim_p50_ms", "claim_p99_ms", "drain_jobs_per_s", "sweep_median_ms",
-            "lost_check_median_ms") if deep.get(k) and small.get(k)}
+            "lost_check_median_ms", "of_which_broker_ready_count_median_ms")
+            if deep.get(k) and small.get(k)}
+        ratios.update({f"{k} after settling": round(
+            deep["after_settling"][k] / small["after_settling"][k], 3)
+            for k in ("sweep_median_ms", "lost_check_median_ms")
+            if deep["after_settling"].get(k) and small["after_settling"].get(k)})
         print(json.dumps({"deep / small": ratios}), flush=True)
 
 

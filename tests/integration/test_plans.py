@@ -182,3 +182,69 @@ def test_generic_plans_go_through_the_primary_key_whatever_the_statistics(
         # this worker's active rows (rare: a claim retried after a lost reply)
         "claim_recover": {"job_active_idx"}})
     assert not bad, f"generic plans of statements by id through other paths: {bad}"
+
+
+# The reapers' polling statements with their arguments: each must stay a
+# probe (a few index entries per queue), however large the backlog and
+# however stale the statistics about it.
+PROBES: dict[str, tuple[Any, ...]] = {
+    "sweep_probe": (),
+    "lost_candidates": (0.0,),  # every published row is "a while ago"
+    "lost_horizon": ("noop", 0.0, False),
+}
+
+
+def _rows_read(plan: Any) -> int:
+    """Rows that scans of jobq.job produced, over the whole plan."""
+    total = 0
+    if isinstance(plan, dict):
+        if plan.get("Relation Name") == "job":
+            total += int(plan.get("Actual Rows", 0)) * int(plan.get("Actual Loops", 1))
+        for value in plan.values():
+            total += _rows_read(value)
+    elif isinstance(plan, list):
+        total += sum(_rows_read(p) for p in plan)
+    return total
+
+
+ACTIVE = 20  # what runs: the probes may read that much (bounded by the fleet)
+
+
+async def _backlog(conn: asyncpg.Connection, stats: str) -> None:
+    """40 k jobs queued and published a minute ago, ACTIVE running."""
+    await conn.execute("INSERT INTO jobq.queue (name) VALUES ('noop')")
+    if stats == "empty":  # analyzed while empty: the planner believes it still is
+        await conn.execute("VACUUM ANALYZE jobq.job")
+    await conn.execute(
+        "INSERT INTO jobq.job (queue, payload, status, lock, run_at, published_at, "
+        "lease_expires_at, started_at) "
+        "SELECT 'noop', '{}', CASE WHEN i <= $1 THEN 'active' ELSE 'queued' END, "
+        "gen_random_uuid(), now() - interval '2 min', now() - interval '1 min', "
+        "CASE WHEN i <= $1 THEN now() + interval '30 s' END, "
+        "CASE WHEN i <= $1 THEN now() END FROM generate_series(1, 40000) i", ACTIVE)
+    if stats == "fresh":
+        await conn.execute("ANALYZE jobq.job")
+
+
+@pytest.mark.parametrize("stats", ["empty", "fresh"])
+def test_the_reapers_probes_read_what_runs_not_the_backlog(db_url: str, stats: str) -> None:
+    """Found by bench/backlog.py: with 1 M jobs queued and no ANALYZE since,
+    lost_candidates (then an EXISTS) hashed every waiting row, 370 ms every
+    5 s per reaper; as a LATERAL ... LIMIT 1 it reads one. What runs (the
+    earliest lease deadline) they may read: the fleet bounds it."""
+    assert set(PROBES) <= set(Q), "a statement in this test no longer exists"
+
+    async def go() -> dict[str, int]:
+        conn = await asyncpg.connect(db_url, server_settings=SESSION_SETTINGS)
+        try:
+            await _backlog(conn, stats)
+            read = {}
+            for name, args in PROBES.items():
+                raw = await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {Q[name]}", *args)
+                read[name] = _rows_read(json.loads(raw) if isinstance(raw, str) else raw)
+            return read
+        finally:
+            await conn.close()
+
+    read = asyncio.run(go())
+    assert max(read.values()) <= 2 * ACTIVE + 10, f"rows of jobq.job read per probe: {read}"
