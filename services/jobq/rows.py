@@ -154,3 +154,7 @@ class Probe:
     def idle(self) -> bool:
         return not (self.active or self.vanished or self.parked or self.relay_due
                     or self.schedules_due)
+
+    def sleep_s(self, max_s: float, slack_s: float) -> float:
+        """How long the reaper may sleep: until then (plus slack), at most max_s."""
+        return max_s if self.seconds is None else max(0.02, min(max_s, self.seconds + slack_s))

@@ -2,10 +2,8 @@
 published.
 
 :meth:`Reaper.run_once` does one sweep and returns what it did (tests call it
-directly):
-
-Each duty fails alone: an error in one (a schedule that cannot fire, a row
-that breaks a statement) is logged in one line and the others still run.
+directly). Each duty fails alone: an error in one (a schedule that cannot
+fire, a row that breaks a statement) is logged in one line, the others run:
 
 1. **requeue** active jobs whose lease lapsed (database clock): back to
    ``queued`` with ``stalls + 1``, or ``failed`` as a job of death past
@@ -25,11 +23,11 @@ that breaks a statement) is logged in one line and the others still run.
 says which duties have anything to do and when the next lease deadline,
 relay time or schedule slot comes; the sweep runs only those, then the loop
 sleeps until then (or a NOTIFY from ``jobq.enqueue``), at most
-``max_sleep_s``. Idle, that probe (and the sweep record, once a second) is
-all a reaper sends (bench/idle_cost.py). Errors are logged and the loop goes on. Any number of
-reapers may run; they are symmetric peers. Limits: a reaper frozen inside
-the relay transaction holds its rows until PostgreSQL's
-``idle_in_transaction_session_timeout`` ends its session (5 s).
+``max_sleep_s``. Idle, that probe and the sweep record (once a second) are
+all a reaper sends (bench/idle_cost.py). Errors are logged and the loop
+goes on. Any number of reapers may run; they are symmetric peers. Limits:
+a reaper frozen inside the relay transaction holds its rows until
+PostgreSQL's ``idle_in_transaction_session_timeout`` ends its session (5 s).
 """
 
 from __future__ import annotations
@@ -224,11 +222,6 @@ class Reaper:
         assert row is not None
         return of(Probe, row)
 
-    def _sleep_s(self, probe: Probe) -> float:
-        if probe.seconds is None:
-            return self.cfg.max_sleep_s
-        return max(0.02, min(self.cfg.max_sleep_s, probe.seconds + self.cfg.wake_slack_s))
-
     async def _listen(self) -> None:
         """LISTEN for jobq.enqueue()'s NOTIFY (best effort; polling is the floor)."""
         if self._listener is not None and not self._listener.is_closed():
@@ -285,7 +278,7 @@ class Reaper:
                              sweep.duration_s)
                 if not probe.idle:  # the sweep changed what comes next
                     probe = await self.probe()
-                sleep_s = self._sleep_s(probe)
+                sleep_s = probe.sleep_s(self.cfg.max_sleep_s, self.cfg.wake_slack_s)
                 backoff.reset()
                 if sweep.errors:  # some duty failed (recorded by the sweep): readiness
                     self.failures += 1
