@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 import aio_pika
 import aiormq
@@ -33,6 +34,7 @@ from jobq.endpoints import FailoverConnection, redact
 from jobq.errors import BrokerUnavailable, ConfigError
 
 log = logging.getLogger("jobq.broker")
+T = TypeVar("T")
 
 QUEUE_REFUSED: tuple[type[BaseException], ...] = (aiormq.exceptions.ChannelClosed,)
 TRANSIENT: tuple[type[BaseException], ...] = (
@@ -88,3 +90,27 @@ async def open_connection(urls: Sequence[str], *, wait: bool) -> AbstractRobustC
             delay = backoff.next()
             log.warning("broker not ready at %s: %s; retrying in %.1fs", shown, exc, delay)
             await asyncio.sleep(delay)
+
+
+async def start_when_possible(start: Callable[[], Awaitable[T]],
+                              stopped: asyncio.Event) -> T | None:
+    """``start()`` (a consumer's first basic.consume), waiting out what can
+    heal: a broker restarting or busy deleting queues under it closes the
+    connection (INTERNAL_ERROR; aio-pika reconnects), and a service must not
+    exit for that (bench/nemesis.py, seed 302). None if ``stopped`` first. A
+    refused queue (ChannelClosed: access, not found) is raised, as before."""
+    backoff = Backoff(0.5, 5.0)
+    while True:
+        try:
+            return await start()
+        except QUEUE_REFUSED:
+            raise
+        except TRANSIENT as exc:
+            delay = backoff.next()
+            log.warning("could not start consuming (%s: %s); retrying in %.1fs",
+                        type(exc).__name__, exc, delay)
+            try:
+                await asyncio.wait_for(stopped.wait(), delay)
+                return None
+            except TimeoutError:
+                pass

@@ -31,6 +31,7 @@ import asyncpg
 from jobq import metrics, schedules
 from jobq.app import App
 from jobq.broker import Broker
+from jobq.broker_connect import start_when_possible
 from jobq.db import connection, execute, open_pool
 from jobq.errors import ConfigError
 from jobq.logs import fields
@@ -166,12 +167,15 @@ class Consumer:
         assert self._completer is not None
         renewer = asyncio.create_task(self._heartbeat.loop(), name="jobq-heartbeat")
         lag = asyncio.create_task(metrics.watch_loop_lag())
-        stop_intake = await self.broker.consume(
-            self.queues, self.intake.on_message, self.cfg.prefetch or self.concurrency)
-        self.ready.set()
-        log.info("consumer ready", extra=fields(
-            worker=self.worker_id, queues=",".join(self.queues), concurrency=self.concurrency,
-            pool=self.cfg.pool))
+        intake_ = self.intake
+        started = await start_when_possible(lambda: self.broker.consume(
+            self.queues, intake_.on_message, self.cfg.prefetch or self.concurrency), self._stop)
+        stop_intake = started or _nothing  # None: stopped before the broker took it
+        if started is not None:
+            self.ready.set()
+            log.info("consumer ready", extra=fields(
+                worker=self.worker_id, queues=",".join(self.queues),
+                concurrency=self.concurrency, pool=self.cfg.pool))
         # Deliveries wait in the intake's inbox until here: no job runs before
         # the line above says the consumer is ready.
         intake = asyncio.create_task(self.intake.loop(), name="jobq-intake")
@@ -233,3 +237,7 @@ class Consumer:
         stopped = [r for r in left if r.stop_reason is Stop.SHUTDOWN]
         await self._completer.release(stopped, "worker shutting down")
         self.executor.forget(stopped)
+
+
+async def _nothing() -> None:
+    """Stopping an intake that never started."""
