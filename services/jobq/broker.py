@@ -14,6 +14,7 @@ Knows nothing of leases or job rows. The wire format is the contract:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
@@ -269,13 +270,21 @@ class Broker:
         """Start consuming; returns a coroutine function that stops intake."""
         assert self._conn is not None
         ch = await self._conn.channel()
-        await ch.set_qos(prefetch_count=prefetch)
         tags: list[tuple[AbstractQueue, str]] = []
-        for queue in queues:
-            args = await self.ensure_queue(queue)
-            q = (await ch.get_queue(self.queue_name(queue)) if args is None else
-                 await ch.declare_queue(self.queue_name(queue), durable=True, arguments=args))
-            tags.append((q, await q.consume(on_message)))
+        try:
+            await ch.set_qos(prefetch_count=prefetch)
+            for queue in queues:
+                args = await self.ensure_queue(queue)
+                q = (await ch.get_queue(self.queue_name(queue)) if args is None else
+                     await ch.declare_queue(self.queue_name(queue), durable=True,
+                                            arguments=args))
+                tags.append((q, await q.consume(on_message)))
+        except BaseException:
+            # A robust channel would come back with the consumers it had, beside
+            # the next attempt's (start_when_possible): none may outlive this one.
+            with contextlib.suppress(Exception):
+                await ch.close()
+            raise
 
         async def stop() -> None:
             for q, tag in tags:
