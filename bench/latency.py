@@ -32,6 +32,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
+import pace
 from benchenv import scratch, service_env
 from idle_cost import Latencies, _pct
 from peers import PY, VENV, ensure_venv
@@ -148,21 +149,8 @@ def produce(rate: float, secs: float, callers: int) -> None:
     in all, on a fixed beat; prints {"sent": n}."""
     async def go() -> int:
         async with Client(Settings()) as client:
-            start, period, sent = time.monotonic() + 0.2, callers / rate, [0]
-
-            async def one(i: int) -> None:
-                k = 0
-                while True:
-                    at = start + (k + i / callers) * period
-                    if at - start > secs or time.monotonic() - start > secs:
-                        return  # (a flood is behind its schedule: wall time ends it)
-                    await asyncio.sleep(max(0.0, at - time.monotonic()))
-                    await client.publish_many([NewJob("lat", {"t": time.time()})])
-                    sent[0] += 1
-                    k += 1
-
-            await asyncio.gather(*(one(i) for i in range(callers)))
-            return sent[0]
+            return await pace.paced(rate, secs, callers, lambda _: client.publish_many(
+                [NewJob("lat", {"t": time.time()})]))
     print(json.dumps({"sent": asyncio.run(go())}), flush=True)
 
 

@@ -10,6 +10,7 @@ import sys
 import time
 
 import asyncpg
+import pace
 from pgqueuer import PgQueuer, Queries
 from pgqueuer.db import AsyncpgDriver
 
@@ -42,25 +43,11 @@ async def paced(rate: float, seconds: float, concurrency: int) -> None:
     offered load)."""
     conns = [await asyncpg.connect(os.environ["PEER_DATABASE_URL"]) for _ in range(concurrency)]
     qs = [Queries(AsyncpgDriver(c)) for c in conns]
-    start = time.monotonic() + 0.2
-    period = concurrency / rate
-    sent = [0]
-
-    async def one(i: int, q: Queries) -> None:
-        k = 0
-        while True:
-            at = start + (k + i / concurrency) * period
-            if at - start > seconds or time.monotonic() - start > seconds:
-                return
-            await asyncio.sleep(max(0.0, at - time.monotonic()))
-            await q.enqueue("lat", json.dumps({"t": time.time()}).encode(), 0)
-            sent[0] += 1
-            k += 1
-
-    await asyncio.gather(*(one(i, q) for i, q in enumerate(qs)))
+    sent = await pace.paced(rate, seconds, concurrency, lambda i: qs[i].enqueue(
+        "lat", json.dumps({"t": time.time()}).encode(), 0))
     for c in conns:
         await c.close()
-    print(json.dumps({"sent": sent[0]}), flush=True)
+    print(json.dumps({"sent": sent}), flush=True)
 
 
 async def enqueue(n: int, batch: int) -> None:

@@ -8,6 +8,7 @@ import socket
 import sys
 import time
 
+import pace
 import procrastinate
 
 # PEER_POOL_MAX: the connection pool's size (its default, 10, times 20 idle
@@ -36,23 +37,8 @@ async def lat(t: float) -> None:
 async def paced(rate: float, seconds: float, concurrency: int) -> None:
     """CONCURRENCY tasks deferring single "lat" jobs, RATE a second in all, on
     a fixed beat (open loop, as bench/peer_pgqueuer.py's paced)."""
-    start = time.monotonic() + 0.2
-    period = concurrency / rate
-    sent = [0]
-
-    async def one(i: int) -> None:
-        k = 0
-        while True:
-            at = start + (k + i / concurrency) * period
-            if at - start > seconds or time.monotonic() - start > seconds:
-                return
-            await asyncio.sleep(max(0.0, at - time.monotonic()))
-            await lat.defer_async(t=time.time())
-            sent[0] += 1
-            k += 1
-
-    await asyncio.gather(*(one(i) for i in range(concurrency)))
-    print(json.dumps({"sent": sent[0]}), flush=True)
+    sent = await pace.paced(rate, seconds, concurrency, lambda _: lat.defer_async(t=time.time()))
+    print(json.dumps({"sent": sent}), flush=True)
 
 
 async def main() -> None:
