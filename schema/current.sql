@@ -329,6 +329,9 @@ BEGIN
         -- Wake the reapers: nobody else will publish this id. NOTIFY is
         -- delivered at commit, so a rolled-back enqueue wakes nobody.
         PERFORM pg_notify('jobq_relay', enqueue.queue);
+    ELSIF delay > 0 THEN
+        -- The relay's when due: wake a reaper sleeping longer than that.
+        PERFORM pg_notify('jobq_delayed', '');
     END IF;
     RETURN new_id;
 END;
@@ -405,6 +408,10 @@ BEGIN
         PERFORM pg_notify('jobq_relay', d.queue)
         FROM (SELECT DISTINCT u.queue FROM unnest(enqueue_many.queues, enqueue_many.delays_s)
               AS u(queue, delay) WHERE coalesce(u.delay, 0) <= 0) AS d;
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(enqueue_many.delays_s) AS u(delay) WHERE u.delay > 0) THEN
+        -- The relay's when due: wake a reaper sleeping longer than that.
+        PERFORM pg_notify('jobq_delayed', '');
     END IF;
 END;
 $$;

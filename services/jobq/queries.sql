@@ -1096,7 +1096,8 @@ DELETE FROM jobq.schedule WHERE name = $1 RETURNING name;
 -- fleet costs the database. Each flag is the condition of its duty's own
 -- statement (workers_vanished and requeue_lapsed, unpark, relay_take,
 -- schedules_due), so a duty skipped had nothing to do when this ran; what
--- turns up after it waits for the next loop, at most max_sleep_s.
+-- turns up after it waits for the next loop, at most max_sleep_s (idle, at
+-- most idle_sleep_s and min_lease_s: reaper/wakes.py).
 SELECT EXISTS (SELECT 1 FROM jobq.job WHERE status = 'active') AS active,
        EXISTS (SELECT 1 FROM jobq.worker w
                WHERE w.vanished_at IS NULL
@@ -1123,7 +1124,8 @@ SELECT EXISTS (SELECT 1 FROM jobq.job WHERE status = 'active') AS active,
              WHERE status = 'queued' AND published_at IS NULL
                AND relay_after < 'infinity'),  -- parked by a limit: unpark decides
            (SELECT min(next_run_at) FROM jobq.schedule WHERE enabled)
-       ) - now())::float8 AS seconds;
+       ) - now())::float8 AS seconds,
+       (SELECT min(lease_s) FROM jobq.queue)::float8 AS min_lease_s;
 
 -- ───────────────────────────── workers ─────────────────────────────
 

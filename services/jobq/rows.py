@@ -149,12 +149,20 @@ class Probe:
     relay_due: bool
     schedules_due: bool
     seconds: float | None
+    min_lease_s: float | None = None  # the shortest queue lease (None: no queue)
 
     @property
     def idle(self) -> bool:
         return not (self.active or self.vanished or self.parked or self.relay_due
                     or self.schedules_due)
 
-    def sleep_s(self, max_s: float, slack_s: float) -> float:
-        """How long the reaper may sleep: until then (plus slack), at most max_s."""
-        return max_s if self.seconds is None else max(0.02, min(max_s, self.seconds + slack_s))
+    def sleep_s(self, max_s: float, slack_s: float, idle_s: float | None = None) -> float:
+        """How long the reaper may sleep: until then (plus slack), at most
+        max_s; when idle and ``idle_s`` is given, at most ``idle_s`` instead,
+        but never past the shortest lease (a job claimed after this probe
+        lapses no sooner than that) nor under max_s (reaper/wakes.py)."""
+        cap = max_s
+        if idle_s is not None and self.idle:
+            lease = idle_s if self.min_lease_s is None else self.min_lease_s
+            cap = max(max_s, min(idle_s, lease))
+        return cap if self.seconds is None else max(0.02, min(cap, self.seconds + slack_s))

@@ -79,6 +79,11 @@ class ReaperSettings(BaseModel):
     # Upper bound on sleep between sweeps; the reaper otherwise wakes at the
     # next lease deadline or relay time it knows of, or on NOTIFY.
     max_sleep_s: float = Field(default=0.5, gt=0, le=60)
+    # With no job active, due or parked, the reaper sleeps up to this long
+    # between probes instead (never past the shortest queue lease, never
+    # under max_sleep_s); a delayed or SQL-only enqueue wakes it at once.
+    # What an idle fleet costs the database.
+    idle_sleep_s: float = Field(default=2.0, gt=0, le=60)
     # Added to a deadline before waking, so the lease has surely lapsed by the
     # database clock when the sweep runs.
     wake_slack_s: float = Field(default=0.05, ge=0, le=5)

@@ -23,8 +23,9 @@ fire, a row that breaks a statement) is logged in one line, the others run:
 says which duties have anything to do and when the next lease deadline,
 relay time or schedule slot comes; the sweep runs only those, then the loop
 sleeps until then (or a NOTIFY from ``jobq.enqueue``), at most
-``max_sleep_s``. Idle, that probe and the sweep record (once a second) are
-all a reaper sends (bench/idle_cost.py). Errors are logged and the loop
+``max_sleep_s``; with nothing going on, up to ``idle_sleep_s`` (``wakes.py``
+says why that is safe). Idle, that probe, the sweep record and the
+lost-message check are all a reaper sends (bench/idle_cost.py). Errors are logged and the loop
 goes on. Any number of reapers may run; they are symmetric peers. Limits:
 a reaper frozen inside the relay transaction holds its rows until
 PostgreSQL's ``idle_in_transaction_session_timeout`` ends its session (5 s).
@@ -55,6 +56,7 @@ from jobq.reaper.periodic import fire_due
 from jobq.reaper.rescue import cut_vanished, requeue_lapsed
 from jobq.reaper.retention import prune_expired as prune_finished
 from jobq.reaper.unpark import unpark
+from jobq.reaper.wakes import Wakes
 from jobq.relay import relay_due
 from jobq.rows import Overdue, Probe, of
 from jobq.service import database_answers, lifecycle
@@ -89,8 +91,8 @@ class Reaper:
         self.broker = Broker(settings.amqp_url, settings.namespace,
                              settings.amqp_heartbeat_s)
         self._stop = asyncio.Event()
-        self._wake = asyncio.Event()
-        self._listener: asyncpg.Connection | None = None
+        self._wakes = Wakes(settings.session_url, self.cfg)
+        self._next_workers_prune = 0.0  # workers gone for a day: check_lost deletes them
         self.sweeps = 0
         self.last_sweep_at: float | None = None
         self.failures = 0  # sweeps failed in a row
@@ -106,8 +108,7 @@ class Reaper:
         await self.broker.connect(wait=wait)
 
     async def close(self) -> None:
-        if self._listener is not None and not self._listener.is_closed():
-            await self._listener.close()
+        await self._wakes.close()
         if self.pool is not None and self._registered:
             try:  # a clean stop leaves jobq.reaper_status (no stale-sweep alert)
                 await execute(self.pool, Q["reaper_gone"], self.reaper_id)
@@ -119,7 +120,7 @@ class Reaper:
 
     def request_stop(self) -> None:
         self._stop.set()
-        self._wake.set()
+        self._wakes.set()
 
     # ── one sweep ──
 
@@ -208,8 +209,10 @@ class Reaper:
     async def check_lost(self) -> int:
         """Republish rows whose messages the broker lost (``lost.py``)."""
         assert self.pool is not None
-        with translated():
-            await execute(self.pool, Q["workers_prune"])
+        if time.monotonic() >= self._next_workers_prune:  # housekeeping: once a minute
+            with translated():
+                await execute(self.pool, Q["workers_prune"])
+            self._next_workers_prune = time.monotonic() + 60.0
         return await republish_lost(self.pool, self.broker, self.cfg.republish_after_s)
 
     # ── the loop ──
@@ -221,17 +224,6 @@ class Reaper:
             row = await fetchrow(self.pool, Q["sweep_probe"])
         assert row is not None
         return of(Probe, row)
-
-    async def _listen(self) -> None:
-        """LISTEN for jobq.enqueue()'s NOTIFY (best effort; polling is the floor)."""
-        if self._listener is not None and not self._listener.is_closed():
-            return
-        try:
-            self._listener = await asyncpg.connect(self.settings.session_url, timeout=5)
-            await self._listener.add_listener("jobq_relay", lambda *_: self._wake.set())
-        except Exception as exc:  # polling still works; try again next loop
-            self._listener = None
-            log.debug("LISTEN unavailable: %r", exc)
 
     async def _readiness(self) -> dict[str, bool | str]:
         # Not ready while sweeps keep failing: a reaper that cannot requeue
@@ -261,8 +253,8 @@ class Reaper:
         next_lost_check = time.monotonic() + self.cfg.lost_check_s
         next_prune = time.monotonic() + min(self.cfg.prune_every_s, 5.0)
         while not self._stop.is_set():
-            self._wake.clear()
-            await self._listen()
+            self._wakes.before_probe()
+            await self._wakes.listen()
             try:
                 if time.monotonic() >= next_lost_check:
                     next_lost_check = time.monotonic() + self.cfg.lost_check_s
@@ -278,7 +270,7 @@ class Reaper:
                              sweep.duration_s)
                 if not probe.idle:  # the sweep changed what comes next
                     probe = await self.probe()
-                sleep_s = probe.sleep_s(self.cfg.max_sleep_s, self.cfg.wake_slack_s)
+                sleep_s = self._wakes.sleep_for(probe)
                 backoff.reset()
                 if sweep.errors:  # some duty failed (recorded by the sweep): readiness
                     self.failures += 1
@@ -293,7 +285,4 @@ class Reaper:
                 sleep_s = backoff.next()
                 log.exception("sweep failed unexpectedly; retrying in %.1fs", sleep_s)
                 await self._sweep_failed(exc)
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout=sleep_s)
-            except TimeoutError:
-                pass
+            await self._wakes.sleep(sleep_s)
