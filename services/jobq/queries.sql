@@ -1029,18 +1029,22 @@ SELECT id FROM job;
 -- schedule whose timing is unchanged keeps its next slot; a changed one
 -- starts anew. The operator's word wins over an app's declaration, and a
 -- schedule set here is the operator's from now on (source).
-INSERT INTO jobq.schedule AS s (name, queue, payload, cron, timezone, interval_s, next_run_at,
-                                enabled, source)
-VALUES ($1, $2, $3::jsonb, $4, $5, $6, $7, $8, 'operator')
-ON CONFLICT (name) DO UPDATE
-SET queue = excluded.queue, payload = excluded.payload, cron = excluded.cron,
-    timezone = excluded.timezone, interval_s = excluded.interval_s, enabled = excluded.enabled,
-    source = 'operator', last_error = NULL,
-    next_run_at = CASE WHEN (s.cron, s.timezone, s.interval_s)
-                            IS NOT DISTINCT FROM (excluded.cron, excluded.timezone,
-                                                  excluded.interval_s)
-                       THEN s.next_run_at ELSE excluded.next_run_at END
-RETURNING name;
+WITH stored AS (
+    INSERT INTO jobq.schedule AS s (name, queue, payload, cron, timezone, interval_s, next_run_at,
+                                    enabled, source)
+    VALUES ($1, $2, $3::jsonb, $4, $5, $6, $7, $8, 'operator')
+    ON CONFLICT (name) DO UPDATE
+    SET queue = excluded.queue, payload = excluded.payload, cron = excluded.cron,
+        timezone = excluded.timezone, interval_s = excluded.interval_s, enabled = excluded.enabled,
+        source = 'operator', last_error = NULL,
+        next_run_at = CASE WHEN (s.cron, s.timezone, s.interval_s)
+                                IS NOT DISTINCT FROM (excluded.cron, excluded.timezone,
+                                                      excluded.interval_s)
+                           THEN s.next_run_at ELSE excluded.next_run_at END
+    RETURNING name
+)
+-- A new slot may come before an idle reaper's next probe: wake it (reaper/wakes.py).
+SELECT stored.name FROM stored CROSS JOIN LATERAL (SELECT pg_notify('jobq_delayed', '')) AS woke;
 
 -- name: schedule_upsert
 -- grant: jobq_consumer
@@ -1050,20 +1054,24 @@ RETURNING name;
 -- a producer (jobq_producer); it never touches a schedule an operator set
 -- (source 'operator'); it keeps an unchanged schedule's next slot. No row
 -- back: not stored (the consumer logs why, once).
-INSERT INTO jobq.schedule AS s (name, queue, payload, cron, timezone, interval_s, next_run_at,
-                                enabled, source)
-SELECT $1, $2, $3::jsonb, $4, $5, $6, $7, $8, 'app'
-WHERE pg_has_role(session_user, 'jobq_producer', 'MEMBER')
-ON CONFLICT (name) DO UPDATE
-SET queue = excluded.queue, payload = excluded.payload, cron = excluded.cron,
-    timezone = excluded.timezone, interval_s = excluded.interval_s, enabled = excluded.enabled,
-    last_error = NULL,
-    next_run_at = CASE WHEN (s.cron, s.timezone, s.interval_s)
-                            IS NOT DISTINCT FROM (excluded.cron, excluded.timezone,
-                                                  excluded.interval_s)
-                       THEN s.next_run_at ELSE excluded.next_run_at END
-WHERE s.source = 'app'
-RETURNING name;
+WITH stored AS (
+    INSERT INTO jobq.schedule AS s (name, queue, payload, cron, timezone, interval_s, next_run_at,
+                                    enabled, source)
+    SELECT $1, $2, $3::jsonb, $4, $5, $6, $7, $8, 'app'
+    WHERE pg_has_role(session_user, 'jobq_producer', 'MEMBER')
+    ON CONFLICT (name) DO UPDATE
+    SET queue = excluded.queue, payload = excluded.payload, cron = excluded.cron,
+        timezone = excluded.timezone, interval_s = excluded.interval_s, enabled = excluded.enabled,
+        last_error = NULL,
+        next_run_at = CASE WHEN (s.cron, s.timezone, s.interval_s)
+                                IS NOT DISTINCT FROM (excluded.cron, excluded.timezone,
+                                                      excluded.interval_s)
+                           THEN s.next_run_at ELSE excluded.next_run_at END
+    WHERE s.source = 'app'
+    RETURNING name
+)
+-- A new slot may come before an idle reaper's next probe: wake it (reaper/wakes.py).
+SELECT stored.name FROM stored CROSS JOIN LATERAL (SELECT pg_notify('jobq_delayed', '')) AS woke;
 
 -- name: schedule_skip
 -- A slot that could not be fired (its payload is over the queue's limit, the

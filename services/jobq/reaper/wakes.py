@@ -11,7 +11,7 @@ one probe per ``idle_sleep_s`` and little else. Three things keep that safe:
   last renewal, whatever the reaper was doing);
 - NOTIFYs at commit wake it: ``jobq_relay`` (a job nobody else publishes:
   SQL enqueues, released dependants) always, ``jobq_delayed`` (a delayed
-  enqueue, schema 0020) when it sleeps past ``max_sleep_s``, so a stream of
+  enqueue, schema 0020, or a schedule set) when it sleeps past ``max_sleep_s``, so a stream of
   delayed publishes costs a busy reaper nothing extra;
 - any NOTIFY since the last sleep began keeps the next sleep short:
   activity is the sign that more is coming, and a stream of delayed
