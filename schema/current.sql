@@ -1108,19 +1108,23 @@ CREATE FUNCTION jobq.q_schedule_upsert(text, text, jsonb, text, text, double pre
     AS $_$
 #variable_conflict use_column
 BEGIN
-RETURN QUERY INSERT INTO jobq.schedule AS s (name, queue, payload, cron, timezone, interval_s, next_run_at,
-                                enabled, source)
-SELECT $1, $2, $3::jsonb, $4, $5, $6, $7, $8, 'app'
-WHERE pg_has_role(session_user, 'jobq_producer', 'MEMBER')
-ON CONFLICT (name) DO UPDATE
-    timezone = excluded.timezone, interval_s = excluded.interval_s, enabled = excluded.enabled,
-    last_error = NULL,
-    next_run_at = CASE WHEN (s.cron, s.timezone, s.interval_s)
-                            IS NOT DISTINCT FROM (excluded.cron, excluded.timezone,
-                                                  excluded.interval_s)
-                       THEN s.next_run_at ELSE excluded.next_run_at END
-WHERE s.source = 'app'
-RETURNING name;
+RETURN QUERY WITH stored AS (
+    INSERT INTO jobq.schedule AS s (name, queue, payload, cron, timezone, interval_s, next_run_at,
+                                    enabled, source)
+    SELECT $1, $2, $3::jsonb, $4, $5, $6, $7, $8, 'app'
+    WHERE pg_has_role(session_user, 'jobq_producer', 'MEMBER')
+    ON CONFLICT (name) DO UPDATE
+    SET queue = excluded.queue, payload = excluded.payload, cron = excluded.cron,
+        timezone = excluded.timezone, interval_s = excluded.interval_s, enabled = excluded.enabled,
+        last_error = NULL,
+        next_run_at = CASE WHEN (s.cron, s.timezone, s.interval_s)
+                                IS NOT DISTINCT FROM (excluded.cron, excluded.timezone,
+                                                      excluded.interval_s)
+                           THEN s.next_run_at ELSE excluded.next_run_at END
+    WHERE s.source = 'app'
+    RETURNING name
+)
+SELECT stored.name FROM stored CROSS JOIN LATERAL (SELECT pg_notify('jobq_delayed', '')) AS woke;
 END
 $_$;
 

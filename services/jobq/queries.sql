@@ -40,8 +40,8 @@
 --   reap: requeue_lapsed, isolate, child_died, quarantine, lost_candidates, lost_horizon,
 --       unpublish_lost, unpark, unpark_freed, schedules_due, schedule_fire, schedule_set,
 --       schedule_upsert, schedule_skip, db_now, schedule_list, schedule_delete, sweep_probe
---   workers: worker_lock, worker_register, worker_gone, worker_pool, workers_vanished,
---       workers_prune, lease_lost_event
+--   workers: worker_busy, worker_lock, worker_register, worker_gone, worker_pool,
+--       workers_vanished, workers_prune, lease_lost_event
 --   operator verbs: cancel, retry_failed, cancel_queue_batch, retry_queue_batch,
 --       queue_job_counts, queue_delete, prune_batch, prune_count, prune_expired,
 --       key_rate_prune, history
@@ -1136,6 +1136,12 @@ SELECT EXISTS (SELECT 1 FROM jobq.job WHERE status = 'active') AS active,
        (SELECT min(lease_s) FROM jobq.queue)::float8 AS min_lease_s;
 
 -- ───────────────────────────── workers ─────────────────────────────
+
+-- name: worker_busy
+-- A consumer that ran nothing has claimed jobs: wake the reapers from an idle
+-- sleep (reaper/wakes.py), so a crash right after is noticed at the busy
+-- pace. At commit; the same payload is one notification per transaction.
+SELECT pg_notify('jobq_busy', '');
 
 -- name: worker_lock
 -- A session-level advisory lock held for the worker's life on its registry

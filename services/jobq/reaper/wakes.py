@@ -10,9 +10,12 @@ one probe per ``idle_sleep_s`` and little else. Three things keep that safe:
   just after the probe cannot lapse before the next one (I3 holds from the
   last renewal, whatever the reaper was doing);
 - NOTIFYs at commit wake it: ``jobq_relay`` (a job nobody else publishes:
-  SQL enqueues, released dependants) always, ``jobq_delayed`` (a delayed
-  enqueue, schema 0020, or a schedule set) when it sleeps past ``max_sleep_s``, so a stream of
-  delayed publishes costs a busy reaper nothing extra;
+  SQL enqueues, released dependants) always; ``jobq_delayed`` (a delayed
+  enqueue, schema 0020, or a schedule set) and ``jobq_busy`` (a consumer
+  that ran nothing claimed jobs) when it sleeps past ``max_sleep_s``, so a
+  stream of them costs a busy reaper nothing extra. ``jobq_busy`` is what
+  keeps the vanished-session path fast: a consumer killed right after an
+  idle spell is noticed at the busy pace, not an idle sleep later;
 - any NOTIFY since the last sleep began keeps the next sleep short:
   activity is the sign that more is coming, and a stream of delayed
   publishes then finds the reaper at the busy pace, not woken by each.
@@ -53,6 +56,7 @@ class Wakes:
             self._listener = await asyncpg.connect(self._url, timeout=5)
             await self._listener.add_listener("jobq_relay", self._on_relay)
             await self._listener.add_listener("jobq_delayed", self._on_delayed)
+            await self._listener.add_listener("jobq_busy", self._on_delayed)
         except Exception as exc:  # polling still works; try again next loop
             self._listener = None
             log.debug("LISTEN unavailable: %r", exc)

@@ -78,6 +78,7 @@ class Consumer:
         self.tally = Tally()
         self.counters = self.tally.counters
         self.runs: dict[uuid.UUID, Run] = {}
+        self._wakes: set[asyncio.Task[None]] = set()  # worker_busy NOTIFYs in flight
         self.broker = Broker(settings.amqp_url, settings.namespace, settings.amqp_heartbeat_s)
         self.ready = asyncio.Event()
         self._stop = asyncio.Event()
@@ -150,9 +151,17 @@ class Consumer:
         self.executor = Executor(self.app, self.cfg, self.concurrency, self.worker_id, store, hb,
                                  completer, self.tally, self._slots, self.runs, self.processes)
         self.intake = Intake(store, self.queues, self._slots, self._stop, self.tally,
-                             self.executor.start)
+                             self.executor.start, lambda: self._claimed(store))
         self.registry.start()
         await self.registry.wait_registered()
+
+    def _claimed(self, store: PgStore) -> None:
+        """Jobs were claimed: if none ran here, this process just went from
+        idle to busy, and a reaper may be in its idle sleep (reaper/wakes.py)."""
+        if not self.runs:
+            task = asyncio.create_task(store.wake_reapers())
+            self._wakes.add(task)
+            task.add_done_callback(self._wakes.discard)
 
     def _session_lost(self, at: float) -> None:
         if self._heartbeat is not None:

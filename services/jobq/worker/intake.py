@@ -66,13 +66,15 @@ Batch = list[tuple[uuid.UUID, AbstractIncomingMessage]]
 class Intake:
     def __init__(self, store: WorkerStore, queues: list[str], slots: asyncio.Semaphore,
                  stop: asyncio.Event, tally: Tally,
-                 start_job: Callable[[Claim, float], None]) -> None:
+                 start_job: Callable[[Claim, float], None],
+                 on_claimed: Callable[[], None] | None = None) -> None:
         self.store = store
         self.queues = queues
         self._slots = slots
         self._stop = stop
         self.tally = tally
         self._start_job = start_job  # the executor's: runs a claimed row
+        self._on_claimed = on_claimed  # before a batch with a claim starts (consumer.py)
         self._inbox: collections.deque[AbstractIncomingMessage] = collections.deque()
         self._ready = asyncio.Event()
         self._acks = Acks(self._inbox)
@@ -173,6 +175,8 @@ class Intake:
     async def _started(self, batch: Batch, rows: list[Claim | None], sent_at: float) -> None:
         crash.point("consumer.after_claim")
         await self._acks.settle([m for _, m in batch], ack=True)
+        if self._on_claimed is not None and any(r is not None for r in rows):
+            self._on_claimed()
         for row in rows:
             if row is None:
                 self._slots.release()

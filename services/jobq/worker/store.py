@@ -23,7 +23,7 @@ import asyncpg
 
 from jobq import lease, metrics
 from jobq.broker import Broker
-from jobq.db import fetchval, session_broken
+from jobq.db import execute, fetchval, session_broken
 from jobq.errors import ConfigError, DatabaseUnavailable, UnavailableError
 from jobq.lease import Failure, Lease
 from jobq.relay import publish_and_mark
@@ -159,3 +159,13 @@ class PgStore:
     def link(self, job_id: uuid.UUID, lock: uuid.UUID,
              max_result_bytes: int) -> JobLink | None:
         return JobLink(self.pool, job_id, lock, max_result_bytes)
+
+    async def wake_reapers(self) -> None:
+        """NOTIFY jobq_busy: a reaper in its idle sleep probes again, so a
+        crash right after this claim is noticed at the busy pace
+        (reaper/wakes.py). Never raises: without it, the idle sleep still
+        ends before any lease can lapse."""
+        try:
+            await execute(self.pool, Q["worker_busy"])
+        except Exception as exc:
+            log.debug("worker_busy: %r", exc)
