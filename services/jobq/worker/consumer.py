@@ -23,6 +23,7 @@ import asyncio
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 
@@ -49,6 +50,10 @@ from jobq.worker.store import PgStore
 from jobq.worker.tally import Tally
 
 log = logging.getLogger("jobq.consumer")
+
+# A consumer going from idle to busy wakes the reapers at most this often
+# (Consumer._claimed): a woken reaper keeps its busy pace about as long.
+WAKE_EVERY_S = 0.5
 
 
 def new_worker_id() -> str:
@@ -79,6 +84,7 @@ class Consumer:
         self.counters = self.tally.counters
         self.runs: dict[uuid.UUID, Run] = {}
         self._wakes: set[asyncio.Task[None]] = set()  # worker_busy NOTIFYs in flight
+        self._woke_at = -WAKE_EVERY_S
         self.broker = Broker(settings.amqp_url, settings.namespace, settings.amqp_heartbeat_s)
         self.ready = asyncio.Event()
         self._stop = asyncio.Event()
@@ -157,8 +163,12 @@ class Consumer:
 
     def _claimed(self, store: PgStore) -> None:
         """Jobs were claimed: if none ran here, this process just went from
-        idle to busy, and a reaper may be in its idle sleep (reaper/wakes.py)."""
-        if not self.runs:
+        idle to busy, and a reaper may be in its idle sleep (reaper/wakes.py).
+        At most every WAKE_EVERY_S: a woken reaper keeps the busy pace that
+        long, and short jobs at a low rate must not cost a statement each."""
+        now = time.monotonic()
+        if not self.runs and now - self._woke_at >= WAKE_EVERY_S:
+            self._woke_at = now
             task = asyncio.create_task(store.wake_reapers())
             self._wakes.add(task)
             task.add_done_callback(self._wakes.discard)
