@@ -46,7 +46,7 @@ from jobq.worker.intake import Intake
 from jobq.worker.processes import ProcessPool
 from jobq.worker.registry import Registry
 from jobq.worker.run import Run, Stop
-from jobq.worker.store import PgStore
+from jobq.worker.store import PgStore, warm
 from jobq.worker.tally import Tally
 
 log = logging.getLogger("jobq.consumer")
@@ -134,7 +134,8 @@ class Consumer:
         pool = self.pool = await open_pool(
             self.settings.database_url, wait=True, min_size=1,
             max_size=min(20, 4 + self.concurrency // 4), app_name="jobq-consumer",
-            pooled=self.settings.database_pooled)
+            pooled=self.settings.database_pooled,
+            init=lambda conn: warm(conn, self.worker_id, self.queues))
         await self.broker.connect(wait=True)
         for q in self.queues:
             await execute(pool, Q["queue_ensure"], q)
