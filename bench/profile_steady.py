@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import json
 import os
 import subprocess
 import sys
@@ -38,7 +39,7 @@ from jobq.producer import Client
 # Innermost frame's file -> what it belongs to (first match wins).
 KINDS = (("asyncpg", "asyncpg"), ("aio_pika", "AMQP (aio-pika, aiormq, pamqp)"),
          ("aiormq", "AMQP (aio-pika, aiormq, pamqp)"), ("pamqp", "AMQP (aio-pika, aiormq, pamqp)"),
-         ("uvloop", "event loop"), ("asyncio", "event loop"), ("/jobq/", "jobq"),
+         ("uvloop", "event loop"), ("asyncio", "event loop"), ("jobq/", "jobq"),
          ("ping_app", "benchmark handler"), ("producer_jobq", "benchmark producer"),
          ("pydantic", "pydantic"), ("json", "json"), ("uuid", "uuid"),
          ("prometheus", "metrics (prometheus_client)"), ("logging", "logging"))
@@ -63,7 +64,8 @@ def summarise(raw: Path) -> tuple[int, collections.Counter[str], collections.Cou
         frames = stack.split(";")
         total += int(n)
         kinds[kind_of(frames[-1])] += int(n)
-        mine = [f for f in frames if "/jobq/" in f]
+        mine = [f for f in frames if "jobq/" in f and "jobq/__main__" not in f
+                and "jobq/cli.py" not in f]
         if mine:  # the jobq frame this sample ran under, however deep
             ours[mine[-1].split(" (")[0] + " (" + mine[-1].rsplit("/", 1)[-1]] += int(n)
     return total, kinds, ours
@@ -81,7 +83,7 @@ def servers() -> tuple[float, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=30000)
-    ap.add_argument("--seconds", type=float, default=6.0)
+    ap.add_argument("--seconds", type=int, default=6)
     ap.add_argument("--py-spy", default="py-spy")
     a = ap.parse_args()
     out = Path(tempfile.mkdtemp(prefix="jobq-profile-"))
@@ -113,16 +115,17 @@ def main() -> None:
             spies = [subprocess.Popen([a.py_spy, "record", "--pid", str(pid), "--rate", "200",
                                        "--duration", str(a.seconds), "--nonblocking",
                                        "--format", "raw", "--output", str(out / f"{pid}.txt")],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                      text=True)
                      for pid in procs.values()]
-            for s in spies:
-                s.wait()
-            # The producer's CPU before it exits (its children are none).
-            producer_cpu = cpu_pid(producer.pid)
-            producer.communicate()
+            for spy in spies:
+                _, err = spy.communicate()
+                if spy.returncode:
+                    print(f"py-spy: {err.strip().splitlines()[0] if err.strip() else '?'}")
+            printed, _ = producer.communicate()
             last = done()["last"]
             after = {k: cpu_pid(p) for k, p in procs.items() if k != "producer"}
-            after["producer"] = max(producer_cpu, 0.0)
+            after["producer"] = json.loads(printed.strip().splitlines()[-1])["cpu_s"]
             pg1, mq1 = servers()
     n = a.jobs
     print(f"steady end to end: {n} jobs, 16 callers, 2 consumers of 16, a reaper: "
@@ -135,7 +138,6 @@ def main() -> None:
     for k, v in rows.items():
         print(f"  {k:28} {v:6.3f}  {v / total:5.1%}")
     print(f"  {'all':28} {total:6.3f}")
-    print(f"(producer: CPU up to the end of sampling, {producer_cpu:.2f} s)")
     for name, pid in procs.items():
         raw = out / f"{pid}.txt"
         if not raw.exists():
