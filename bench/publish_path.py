@@ -151,7 +151,7 @@ def jobq(n: int, concurrency: int) -> dict[str, float]:
             return lambda: run_json([*producer, str(k), str(c), str(batch)], env)
 
         def reset() -> None:
-            w.db.execute("TRUNCATE jobq.job, jobq.job_event")
+            w.db.execute("TRUNCATE jobq.job, jobq.job_event CASCADE")
 
         # The producer alone: enqueue rate and its cost per job.
         for key, c, batch in (("jobq_enqueue_single", concurrency, 1),
