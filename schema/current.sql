@@ -329,9 +329,6 @@ BEGIN
         -- Wake the reapers: nobody else will publish this id. NOTIFY is
         -- delivered at commit, so a rolled-back enqueue wakes nobody.
         PERFORM pg_notify('jobq_relay', enqueue.queue);
-    ELSIF delay > 0 THEN
-        -- The relay's when due: wake a reaper sleeping longer than that.
-        PERFORM pg_notify('jobq_delayed', '');
     END IF;
     RETURN new_id;
 END;
@@ -409,10 +406,6 @@ BEGIN
         FROM (SELECT DISTINCT u.queue FROM unnest(enqueue_many.queues, enqueue_many.delays_s)
               AS u(queue, delay) WHERE coalesce(u.delay, 0) <= 0) AS d;
     END IF;
-    IF EXISTS (SELECT 1 FROM unnest(enqueue_many.delays_s) AS u(delay) WHERE u.delay > 0) THEN
-        -- The relay's when due: wake a reaper sleeping longer than that.
-        PERFORM pg_notify('jobq_delayed', '');
-    END IF;
 END;
 $$;
 
@@ -438,6 +431,20 @@ CREATE FUNCTION jobq.key_tokens(q jobq.queue, tokens double precision, at timest
         least(greatest(q.rate_per_s_per_key, 1),
               coalesce(tokens + q.rate_per_s_per_key * extract(epoch FROM now() - at),
                        greatest(q.rate_per_s_per_key, 1))) END
+$$;
+
+--
+-- Name: notify_delayed(); Type: FUNCTION; Schema: jobq; Owner: -
+--
+
+CREATE FUNCTION jobq.notify_delayed() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    PERFORM pg_notify('jobq_delayed', '');
+    RETURN NULL;
+END;
 $$;
 
 --
@@ -1977,6 +1984,12 @@ CREATE INDEX schedule_due_idx ON jobq.schedule USING btree (next_run_at) WHERE e
 CREATE TRIGGER job_admit_keyed BEFORE INSERT ON jobq.job FOR EACH ROW WHEN (((new.key IS NOT NULL) AND (new.status = 'queued'::text) AND (new.waiting_on = 0) AND (new.run_at <= now()) AND (new.relay_after < 'infinity'::timestamp with time zone))) EXECUTE FUNCTION jobq.admit_keyed();
 
 --
+-- Name: job job_delayed_notify; Type: TRIGGER; Schema: jobq; Owner: -
+--
+
+CREATE TRIGGER job_delayed_notify AFTER INSERT OR UPDATE OF run_at ON jobq.job FOR EACH ROW WHEN (((new.status = 'queued'::text) AND (new.run_at > now()) AND (new.relay_after < 'infinity'::timestamp with time zone))) EXECUTE FUNCTION jobq.notify_delayed();
+
+--
 -- Name: job job_finished_notify; Type: TRIGGER; Schema: jobq; Owner: -
 --
 
@@ -2087,6 +2100,12 @@ GRANT ALL ON FUNCTION jobq.key_allowance(q jobq.queue, active bigint, tokens dou
 
 REVOKE ALL ON FUNCTION jobq.key_tokens(q jobq.queue, tokens double precision, at timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION jobq.key_tokens(q jobq.queue, tokens double precision, at timestamp with time zone) TO jobq_reaper;
+
+--
+-- Name: FUNCTION notify_delayed(); Type: ACL; Schema: jobq; Owner: -
+--
+
+REVOKE ALL ON FUNCTION jobq.notify_delayed() FROM PUBLIC;
 
 --
 -- Name: FUNCTION notify_finished(); Type: ACL; Schema: jobq; Owner: -
