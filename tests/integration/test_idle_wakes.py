@@ -125,3 +125,18 @@ def test_a_busy_reaper_is_not_woken_by_each_delayed_enqueue(settings: Settings) 
         assert probe.idle and wakes.sleep_for(probe) == settings.reaper.max_sleep_s
 
     run(settings, check)
+
+
+def test_without_a_listen_session_there_is_no_long_sleep(settings: Settings) -> None:
+    """The NOTIFYs are what make the idle sleep safe: a reaper that could not
+    LISTEN keeps the busy pace."""
+    async def check(reaper: Reaper, wakes: Wakes, conn: asyncpg.Connection) -> None:
+        deaf = Wakes("postgresql://nobody@127.0.0.1:1/none", settings.reaper)
+        await deaf.listen()  # refused: no session
+        deaf.before_probe()
+        probe = await reaper.probe()
+        assert probe.idle
+        assert wakes.sleep_for(probe) == IDLE_S
+        assert deaf.sleep_for(probe) == settings.reaper.max_sleep_s
+
+    run(settings, check)

@@ -16,6 +16,8 @@ one probe per ``idle_sleep_s`` and little else. Three things keep that safe:
   stream of them costs a busy reaper nothing extra. ``jobq_busy`` is what
   keeps the vanished-session path fast: a consumer killed right after an
   idle spell is noticed at the busy pace, not an idle sleep later;
+- without a LISTEN session (it could not be opened) there is no long
+  sleep at all: the NOTIFYs are what makes it safe;
 - any NOTIFY since the last sleep began keeps the next sleep short:
   activity is the sign that more is coming, and a stream of delayed
   publishes then finds the reaper at the busy pace, not woken by each.
@@ -71,7 +73,8 @@ class Wakes:
 
     def sleep_for(self, probe: Probe) -> float:
         """Seconds to sleep after a sweep that ended with ``probe``."""
-        idle_s = None if self._told else self._cfg.idle_sleep_s
+        listening = self._listener is not None and not self._listener.is_closed()
+        idle_s = self._cfg.idle_sleep_s if listening and not self._told else None
         self._told = False
         sleep_s = probe.sleep_s(self._cfg.max_sleep_s, self._cfg.wake_slack_s, idle_s)
         self._long = sleep_s > self._cfg.max_sleep_s

@@ -83,7 +83,7 @@ class Consumer:
         self.tally = Tally()
         self.counters = self.tally.counters
         self.runs: dict[uuid.UUID, Run] = {}
-        self._wakes: set[asyncio.Task[None]] = set()  # worker_busy NOTIFYs in flight
+        self._notifies: set[asyncio.Task[None]] = set()  # worker_busy NOTIFYs in flight
         self._woke_at = -WAKE_EVERY_S
         self.broker = Broker(settings.amqp_url, settings.namespace, settings.amqp_heartbeat_s)
         self.ready = asyncio.Event()
@@ -135,7 +135,10 @@ class Consumer:
             self.settings.database_url, wait=True, min_size=1,
             max_size=min(20, 4 + self.concurrency // 4), app_name="jobq-consumer",
             pooled=self.settings.database_pooled,
-            init=lambda conn: warm(conn, self.worker_id, self.queues))
+            # Through PgBouncer a session's plans stay on a server session the
+            # next statement may not get: nothing to warm.
+            init=None if self.settings.database_pooled else
+            lambda conn: warm(conn, self.worker_id, self.queues))
         await self.broker.connect(wait=True)
         for q in self.queues:
             await execute(pool, Q["queue_ensure"], q)
@@ -171,8 +174,8 @@ class Consumer:
         if not self.runs and now - self._woke_at >= WAKE_EVERY_S:
             self._woke_at = now
             task = asyncio.create_task(store.wake_reapers())
-            self._wakes.add(task)
-            task.add_done_callback(self._wakes.discard)
+            self._notifies.add(task)
+            task.add_done_callback(self._notifies.discard)
 
     def _session_lost(self, at: float) -> None:
         if self._heartbeat is not None:
