@@ -10,10 +10,11 @@ one probe per ``idle_sleep_s`` and little else. Three things keep that safe:
   just after the probe cannot lapse before the next one (I3 holds from the
   last renewal, whatever the reaper was doing);
 - NOTIFYs at commit wake it: ``jobq_relay`` (a job nobody else publishes:
-  SQL enqueues, released dependants) always; ``jobq_delayed`` (a delayed
-  enqueue, schema 0020, or a schedule set) and ``jobq_busy`` (a consumer
-  that ran nothing claimed jobs) when it sleeps past ``max_sleep_s``, so a
-  stream of them costs a busy reaper nothing extra. ``jobq_busy`` is what
+  SQL enqueues, released dependants) always; ``jobq_delayed`` (a row due
+  later: a delay, a debounce, a retry, by schema 0020's trigger; a
+  schedule set) and ``jobq_busy`` (a consumer that ran nothing claimed
+  jobs) when it sleeps past ``max_sleep_s``, so a stream of them costs a
+  busy reaper nothing extra. ``jobq_busy`` is what
   keeps the vanished-session path fast: a consumer killed right after an
   idle spell is noticed at the busy pace, not an idle sleep later;
 - without a LISTEN session (it could not be opened) there is no long
