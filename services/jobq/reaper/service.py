@@ -17,7 +17,8 @@ fire, a row that breaks a statement) is logged in one line, the others run:
    and they are marked, so two reapers never publish the same row at once
    and a consumer that receives the id early waits for the lock instead of
    missing the row. Dying in between only causes a duplicate message, which
-   consumers drop.
+   consumers drop. At most ``max_sleep_s`` of it per sweep: the loop comes
+   straight back for a backlog, so requeues keep their pace (I3).
 
 :meth:`Reaper.run` is a thin loop around it: one statement (``sweep_probe``)
 says which duties have anything to do and when the next lease deadline,
@@ -198,7 +199,8 @@ class Reaper:
     async def relay(self) -> int:
         """Publish due rows nobody is known to have published; returns how many."""
         assert self.pool is not None
-        return await relay_due(self.broker, self.pool, self.cfg.batch_size)
+        return await relay_due(self.broker, self.pool, self.cfg.batch_size,
+                               budget_s=self.cfg.max_sleep_s)
 
     async def prune_expired(self) -> int:
         """Delete finished jobs past their queue's retention; returns how many."""
