@@ -65,10 +65,15 @@ class Rows:
         """Commit the rows; their ids in input order."""
         return await self._coalescer.submit(rows)
 
-    async def _commit(self, rows: list[Row]) -> list[uuid.UUID]:
-        statement, args = columns(rows, self._grace)
+    async def commit(self, rows: list[Row], grace_s: float) -> list[uuid.UUID]:
+        """Commit ``rows`` now, on their own, with ``grace_s`` (0: the
+        relay's to publish; jobq.enqueue_many NOTIFYs the reapers)."""
+        statement, args = columns(rows, grace_s)
         got = await fetch(self._pool, statement, *args)
         return [r["id"] for r in got]
+
+    async def _commit(self, rows: list[Row]) -> list[uuid.UUID]:
+        return await self.commit(rows, self._grace)
 
     async def _commit_each_on_bad_input(
             self, calls: list[list[Row]]) -> list[list[uuid.UUID] | BaseException]:

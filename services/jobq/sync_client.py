@@ -77,9 +77,11 @@ class SyncClient:
                                               priority, key, debounce_s, tuple(after))])
         return job_id
 
-    def publish_many(self, jobs: Iterable[NewJob]) -> list[uuid.UUID]:
+    def publish_many(self, jobs: Iterable[NewJob], *, relay: bool = False) -> list[uuid.UUID]:
+        """Many jobs in one transaction; ``relay=True``: bulk, the reapers
+        publish the ids (the async client's publish_many says more)."""
         jobs = list(jobs)
-        ids: list[uuid.UUID] = self._call(lambda c: c.publish_many(jobs))
+        ids: list[uuid.UUID] = self._call(lambda c: c.publish_many(jobs, relay=relay))
         return ids
 
     def publish_workflow(self, workflow: Workflow) -> uuid.UUID:

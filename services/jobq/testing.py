@@ -153,8 +153,9 @@ class InMemoryClient:
         (job_id,) = self._record([NewJob(queue, payload, **options)])
         return job_id
 
-    async def publish_many(self, jobs: Iterable[NewJob]) -> list[uuid.UUID]:
-        return self._record(jobs)
+    async def publish_many(self, jobs: Iterable[NewJob], *,
+                           relay: bool = False) -> list[uuid.UUID]:
+        return self._record(jobs)  # relay or not, recorded alike
 
     def publish_sync(self, queue: str, payload: Any = None, **options: Any) -> uuid.UUID:
         (job_id,) = self._record([NewJob(queue, payload, **options)])
@@ -188,7 +189,7 @@ class _SyncView:
     def __init__(self, memory: InMemoryClient) -> None:
         self.memory = memory
 
-    def publish_many(self, jobs: Iterable[NewJob]) -> list[uuid.UUID]:
+    def publish_many(self, jobs: Iterable[NewJob], *, relay: bool = False) -> list[uuid.UUID]:
         return self.memory._record(jobs)
 
 
