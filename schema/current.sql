@@ -108,6 +108,87 @@ CREATE FUNCTION jobq.allowance(q jobq.queue, active bigint) RETURNS bigint
 $$;
 
 --
+-- Name: check_moved_job_queue(); Type: FUNCTION; Schema: jobq; Owner: -
+--
+
+CREATE FUNCTION jobq.check_moved_job_queue() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    PERFORM 1 FROM jobq.queue q WHERE q.name = NEW.queue FOR KEY SHARE OF q;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'queue "%" does not exist', NEW.queue
+            USING ERRCODE = 'foreign_key_violation';
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+--
+-- Name: check_new_jobs_queues(); Type: FUNCTION; Schema: jobq; Owner: -
+--
+
+CREATE FUNCTION jobq.check_new_jobs_queues() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    missing text;
+BEGIN
+    PERFORM 1 FROM jobq.queue q
+    WHERE q.name IN (SELECT DISTINCT n.queue FROM new_jobs n)
+    FOR KEY SHARE OF q;
+    SELECT n.queue INTO missing
+    FROM (SELECT DISTINCT queue FROM new_jobs) n
+    WHERE NOT EXISTS (SELECT 1 FROM jobq.queue q WHERE q.name = n.queue)
+    LIMIT 1;
+    IF missing IS NOT NULL THEN
+        RAISE EXCEPTION 'queue "%" does not exist', missing
+            USING ERRCODE = 'foreign_key_violation',
+                  HINT = 'publish through jobq.enqueue, which creates a queue on first use';
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+--
+-- Name: check_queue_unused(); Type: FUNCTION; Schema: jobq; Owner: -
+--
+
+CREATE FUNCTION jobq.check_queue_unused() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM jobq.job j WHERE j.queue = OLD.name) THEN
+        RAISE EXCEPTION 'queue "%" still has jobs', OLD.name
+            USING ERRCODE = 'foreign_key_violation',
+                  HINT = 'jobq queue delete removes a queue with its finished jobs';
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+--
+-- Name: check_queues_truncated(); Type: FUNCTION; Schema: jobq; Owner: -
+--
+
+CREATE FUNCTION jobq.check_queues_truncated() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM jobq.job) THEN
+        RAISE EXCEPTION 'jobq.queue cannot be truncated while jobq.job has rows'
+            USING ERRCODE = 'foreign_key_violation',
+                  HINT = 'TRUNCATE jobq.job and jobq.queue in one command';
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+--
 -- Name: claim_or_fail(uuid, text, text[], uuid); Type: FUNCTION; Schema: jobq; Owner: -
 --
 
@@ -1996,10 +2077,40 @@ CREATE TRIGGER job_delayed_notify AFTER INSERT OR UPDATE OF run_at ON jobq.job F
 CREATE TRIGGER job_finished_notify AFTER UPDATE OF status ON jobq.job FOR EACH ROW WHEN ((new.watched AND (new.status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text])) AND (old.status IS DISTINCT FROM new.status))) EXECUTE FUNCTION jobq.notify_finished();
 
 --
+-- Name: job job_queue_exists; Type: TRIGGER; Schema: jobq; Owner: -
+--
+
+CREATE TRIGGER job_queue_exists AFTER INSERT ON jobq.job REFERENCING NEW TABLE AS new_jobs FOR EACH STATEMENT EXECUTE FUNCTION jobq.check_new_jobs_queues();
+
+--
+-- Name: job job_queue_moved; Type: TRIGGER; Schema: jobq; Owner: -
+--
+
+CREATE TRIGGER job_queue_moved AFTER UPDATE OF queue ON jobq.job FOR EACH ROW WHEN ((old.queue IS DISTINCT FROM new.queue)) EXECUTE FUNCTION jobq.check_moved_job_queue();
+
+--
 -- Name: job job_release_dependants; Type: TRIGGER; Schema: jobq; Owner: -
 --
 
 CREATE TRIGGER job_release_dependants AFTER UPDATE OF status ON jobq.job FOR EACH ROW WHEN ((new.has_dependants AND (new.status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text])) AND (old.status IS DISTINCT FROM new.status))) EXECUTE FUNCTION jobq.release_dependants();
+
+--
+-- Name: queue queue_deleted; Type: TRIGGER; Schema: jobq; Owner: -
+--
+
+CREATE TRIGGER queue_deleted AFTER DELETE ON jobq.queue FOR EACH ROW EXECUTE FUNCTION jobq.check_queue_unused();
+
+--
+-- Name: queue queue_renamed; Type: TRIGGER; Schema: jobq; Owner: -
+--
+
+CREATE TRIGGER queue_renamed AFTER UPDATE OF name ON jobq.queue FOR EACH ROW WHEN ((old.name IS DISTINCT FROM new.name)) EXECUTE FUNCTION jobq.check_queue_unused();
+
+--
+-- Name: queue queue_truncated; Type: TRIGGER; Schema: jobq; Owner: -
+--
+
+CREATE TRIGGER queue_truncated AFTER TRUNCATE ON jobq.queue FOR EACH STATEMENT EXECUTE FUNCTION jobq.check_queues_truncated();
 
 --
 -- Name: schedule schedule_payload_fits; Type: TRIGGER; Schema: jobq; Owner: -
@@ -2013,13 +2124,6 @@ CREATE TRIGGER schedule_payload_fits BEFORE INSERT OR UPDATE OF payload, queue O
 
 ALTER TABLE ONLY jobq.job_dependency
     ADD CONSTRAINT job_dependency_job_id_fkey FOREIGN KEY (job_id) REFERENCES jobq.job(id) ON DELETE CASCADE;
-
---
--- Name: job job_queue_fkey; Type: FK CONSTRAINT; Schema: jobq; Owner: -
---
-
-ALTER TABLE ONLY jobq.job
-    ADD CONSTRAINT job_queue_fkey FOREIGN KEY (queue) REFERENCES jobq.queue(name);
 
 --
 -- Name: job_step job_step_job_id_fkey; Type: FK CONSTRAINT; Schema: jobq; Owner: -
@@ -2065,6 +2169,30 @@ GRANT SELECT ON TABLE jobq.queue TO jobq_reader;
 
 REVOKE ALL ON FUNCTION jobq.allowance(q jobq.queue, active bigint) FROM PUBLIC;
 GRANT ALL ON FUNCTION jobq.allowance(q jobq.queue, active bigint) TO jobq_reaper;
+
+--
+-- Name: FUNCTION check_moved_job_queue(); Type: ACL; Schema: jobq; Owner: -
+--
+
+REVOKE ALL ON FUNCTION jobq.check_moved_job_queue() FROM PUBLIC;
+
+--
+-- Name: FUNCTION check_new_jobs_queues(); Type: ACL; Schema: jobq; Owner: -
+--
+
+REVOKE ALL ON FUNCTION jobq.check_new_jobs_queues() FROM PUBLIC;
+
+--
+-- Name: FUNCTION check_queue_unused(); Type: ACL; Schema: jobq; Owner: -
+--
+
+REVOKE ALL ON FUNCTION jobq.check_queue_unused() FROM PUBLIC;
+
+--
+-- Name: FUNCTION check_queues_truncated(); Type: ACL; Schema: jobq; Owner: -
+--
+
+REVOKE ALL ON FUNCTION jobq.check_queues_truncated() FROM PUBLIC;
 
 --
 -- Name: FUNCTION claim_or_fail(p_job uuid, p_worker text, p_queues text[], p_token uuid); Type: ACL; Schema: jobq; Owner: -

@@ -1,0 +1,94 @@
+"""A job's queue exists as long as the job does (schema 0021): the rule of
+the foreign key it replaced, checked per statement, with the key's locks.
+Every way SQL could break it is refused, and a queue delete racing an
+enqueue either waits for it and refuses, or wins and the enqueue fails."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import asyncpg
+import pytest
+
+from jobq.admin import delete_queue
+from jobq.db import open_pool
+from jobq.errors import BadInput
+
+FK = asyncpg.exceptions.ForeignKeyViolationError
+INSERT = ("INSERT INTO jobq.job (queue, payload, run_at, relay_after) "
+          "SELECT q, '{}'::jsonb, now(), now() FROM unnest($1::text[]) q")
+
+
+def run(db_url: str, check) -> None:  # type: ignore[no-untyped-def]
+    async def go() -> None:
+        a, b = await asyncpg.connect(db_url), await asyncpg.connect(db_url)
+        try:
+            await a.execute("INSERT INTO jobq.queue (name) VALUES ('kept'), ('empty')")
+            await check(a, b)
+        finally:
+            await a.close()
+            await b.close()
+
+    asyncio.run(go())
+
+
+def test_sql_cannot_leave_a_job_without_its_queue(db_url: str) -> None:
+    async def check(a: asyncpg.Connection, _b: asyncpg.Connection) -> None:
+        with pytest.raises(FK, match='queue "nowhere" does not exist'):
+            await a.execute(INSERT, ["kept", "nowhere", "kept"])
+        assert await a.fetchval("SELECT count(*) FROM jobq.job") == 0  # the statement, all of it
+        await a.execute(INSERT, ["kept"] * 3)
+        with pytest.raises(FK, match="does not exist"):
+            await a.execute("UPDATE jobq.job SET queue = 'nowhere'")
+        await a.execute("UPDATE jobq.job SET queue = 'empty' WHERE ctid = "
+                        "(SELECT min(ctid) FROM jobq.job)")  # to a queue that exists: fine
+        for statement in ("DELETE FROM jobq.queue WHERE name = 'kept'",
+                          "UPDATE jobq.queue SET name = 'renamed' WHERE name = 'kept'",
+                          "TRUNCATE jobq.queue"):
+            with pytest.raises(FK):
+                await a.execute(statement)
+        await a.execute("DELETE FROM jobq.queue WHERE name NOT IN ('kept', 'empty') "
+                        "AND NOT EXISTS (SELECT 1 FROM jobq.job j WHERE j.queue = name)")
+        assert await a.fetchval("SELECT count(*) FROM jobq.job WHERE queue IN "
+                                "(SELECT name FROM jobq.queue)") == 3
+
+    run(db_url, check)
+
+
+def test_a_queue_delete_waits_for_an_enqueue_and_refuses(db_url: str) -> None:
+    async def check(a: asyncpg.Connection, _b: asyncpg.Connection) -> None:
+        pool = await open_pool(db_url, wait=False, max_size=1)
+        try:
+            tx = a.transaction()
+            await tx.start()
+            await a.fetchval("SELECT jobq.enqueue('empty', '{}'::jsonb)")  # not committed
+            deleting = asyncio.create_task(delete_queue(pool, "empty"))
+            await asyncio.sleep(0.3)
+            assert not deleting.done(), "the delete did not wait for the enqueue's lock"
+            await tx.commit()
+            with pytest.raises(BadInput):
+                await deleting
+            assert await a.fetchval("SELECT count(*) FROM jobq.job j JOIN jobq.queue q "
+                                    "ON q.name = j.queue WHERE q.name = 'empty'") == 1
+        finally:
+            await pool.close()
+
+    run(db_url, check)
+
+
+def test_an_enqueue_racing_a_won_delete_fails_and_leaves_nothing(db_url: str) -> None:
+    async def check(a: asyncpg.Connection, b: asyncpg.Connection) -> None:
+        tx = a.transaction()
+        await tx.start()
+        await a.execute("DELETE FROM jobq.queue WHERE name = 'empty'")  # not committed
+        inserting = asyncio.create_task(b.execute(INSERT, ["empty"]))
+        await asyncio.sleep(0.3)
+        assert not inserting.done(), "the insert did not wait for the delete's lock"
+        await tx.commit()
+        with pytest.raises(FK, match="does not exist"):
+            await inserting
+        assert await a.fetchval("SELECT count(*) FROM jobq.job WHERE queue = 'empty'") == 0
+        assert uuid.UUID(str(await a.fetchval("SELECT jobq.enqueue('kept', '{}'::jsonb)")))
+
+    run(db_url, check)
