@@ -56,10 +56,14 @@ async def enqueue(n: int, batch: int) -> None:
     publish_many batches of 100 the same way)."""
     conn = await asyncpg.connect(os.environ["PEER_DATABASE_URL"])
     q = Queries(AsyncpgDriver(conn))
+    c0, t0 = os.times(), time.time()
     for i in range(0, n, batch):
         k = min(batch, n - i)
         await q.enqueue(["noop"] * k, [None] * k, [0] * k)
+    t1, c1 = time.time(), os.times()
     await conn.close()
+    if batch != 1000:  # produce: timed, for bench/bulk_enqueue.py
+        print(json.dumps({"t0": t0, "t1": t1, "cpu_s": c1.user + c1.system - c0.user - c0.system}))
 
 
 async def single(n: int, concurrency: int) -> None:

@@ -1,7 +1,8 @@
 """jobq's producer for bench/publish_path.py, in its own process:
-    python producer_jobq.py N CONCURRENCY [BATCH]
+    python producer_jobq.py N CONCURRENCY [BATCH [relay]]
 CONCURRENCY tasks publish one job per call (BATCH 1, the shape of a web app
-enqueueing one job per request) or BATCH jobs per publish_many call; prints
+enqueueing one job per request) or BATCH jobs per publish_many call (with
+"relay": publish_many(relay=True), bench/bulk_enqueue.py); prints
 {"t0", "t1", "cpu_s", "lat_p50_ms", "lat_p99_ms"} as JSON."""
 import asyncio
 import json
@@ -14,7 +15,7 @@ import uvloop
 from jobq.producer import Client, NewJob
 
 
-async def main(n: int, concurrency: int, batch: int) -> dict[str, float]:
+async def main(n: int, concurrency: int, batch: int, relay: bool = False) -> dict[str, float]:
     async with Client() as client:
         left = [n]
         lat: list[float] = []
@@ -27,7 +28,7 @@ async def main(n: int, concurrency: int, batch: int) -> dict[str, float]:
                 if batch == 1:
                     await client.publish("noop", {})
                 else:
-                    await client.publish_many([NewJob("noop", {}) for _ in range(k)])
+                    await client.publish_many([NewJob("noop", {}) for _ in range(k)], relay=relay)
                 lat.append(time.perf_counter() - t)
 
         c0, t0 = os.times(), time.time()
@@ -39,5 +40,6 @@ async def main(n: int, concurrency: int, batch: int) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    args = [int(a) for a in sys.argv[1:]] + [1]
-    print(json.dumps(uvloop.run(main(args[0], args[1], args[2]))))
+    relay = sys.argv[-1] == "relay"
+    args = [int(a) for a in sys.argv[1:] if a != "relay"] + [1]
+    print(json.dumps(uvloop.run(main(args[0], args[1], args[2], relay))))
