@@ -152,6 +152,11 @@ def _publishing(sub: Any) -> None:
     pub.add_argument("--debounce", type=float, default=0.0, metavar="SECONDS",
                      help="with --key: jobs of the same queue and key published within this "
                      "time run once, with the last payload, this long after the last publish")
+    pub.add_argument("--lines", action="store_true",
+                     help="bulk: JSON names a file (- for stdin) of payloads, one JSON value "
+                     "per line; all are checked first, then committed in batches of 1,000 "
+                     "whose ids the reapers' relay publishes (a reaper must run); prints "
+                     "one id per line as each batch commits")
 
     wait = sub.add_parser("wait", help="wait for a job to end and print its result",
                           description="Block until the job completes and print its result "

@@ -17,9 +17,12 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
+
+if TYPE_CHECKING:
+    from jobq.producer import NewJob
 
 from jobq import cli_admin, cli_read, crash, logs
 from jobq.arguments import parser
@@ -78,25 +81,69 @@ async def _publish(settings: Settings, args: argparse.Namespace) -> None:
     from jobq.producer import Client, NewJob, validate
     from jobq.sql import Q
 
-    text = sys.stdin.read() if args.payload == "-" else args.payload
-    try:
-        payload = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise BadInput(f"payload is not valid JSON ({exc}); e.g. '{{\"to\": \"a@b.c\"}}'") from None
-    except (RecursionError, ValueError) as exc:  # nested too deep, a 5,000-digit number
-        raise BadInput(f"payload cannot be decoded: {type(exc).__name__}: {str(exc)[:120]}") \
-            from None
-    job = NewJob(args.queue, payload, args.delay, args.idempotency_key, args.priority, args.key,
-                 args.debounce, after=tuple(parse_id(a) for a in args.after))
-    validate(job)  # before connecting
+    if args.lines:
+        jobs = bulk_jobs(args)  # checked line by line before connecting
+    else:
+        text = sys.stdin.read() if args.payload == "-" else args.payload
+        jobs = [NewJob(args.queue, decode(text), args.delay, args.idempotency_key, args.priority,
+                       args.key, args.debounce, after=tuple(parse_id(a) for a in args.after))]
+        validate(jobs[0])  # before connecting
     async with Client(settings) as client:
         assert client.pool is not None
         known = await fetch(client.pool, Q["queue_limits"], [args.queue])
-        (job_id,) = await client.publish_many([job])
-    print(job_id)
+        for i in range(0, len(jobs), BULK_BATCH):
+            try:
+                ids = await client.publish_many(jobs[i:i + BULK_BATCH], relay=args.lines)
+            except BadInput as exc:
+                raise BadInput(f"{exc} (jobs {i + 1} to {i + BULK_BATCH}; the {i} before "
+                               "them were published: their ids are above)" if i else exc) from None
+            print("\n".join(map(str, ids)), flush=True)  # committed: what got in, as it does
     if not known:  # a typo would otherwise make a durable queue in silence
         print(f"jobq: created queue {args.queue!r} (a new name; `jobq queue delete "
               f"{args.queue}` removes it once empty)", file=sys.stderr)
+
+
+BULK_BATCH = 1000  # jobq publish --lines: rows per transaction
+
+
+def decode(text: str, where: str = "payload") -> object:
+    """A payload from JSON text; BadInput that says what is wrong."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BadInput(f"{where} is not valid JSON ({exc}); e.g. '{{\"to\": \"a@b.c\"}}'") \
+            from None
+    except (RecursionError, ValueError) as exc:  # nested too deep, a 5,000-digit number
+        raise BadInput(f"{where} cannot be decoded: {type(exc).__name__}: {str(exc)[:120]}") \
+            from None
+
+
+def bulk_jobs(args: argparse.Namespace) -> list[NewJob]:
+    """jobq publish --lines: one job per non-blank line of the file or stdin."""
+    from jobq.producer import NewJob, validate
+
+    if args.idempotency_key or args.after or args.debounce:
+        raise BadInput("--lines publishes many jobs: --idempotency-key, --after and --debounce "
+                       "name one job; leave them out")
+    try:
+        f = sys.stdin if args.payload == "-" else open(args.payload, encoding="utf-8")  # noqa: SIM115
+    except OSError as exc:
+        raise BadInput(f"cannot read {args.payload}: {exc.strerror}; give a file of one JSON "
+                       "payload per line, or - for stdin") from None
+    jobs = []
+    with f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                job = NewJob(args.queue, decode(line, f"line {n}"), args.delay, None,
+                             args.priority, args.key)
+                try:
+                    validate(job)
+                except BadInput as exc:
+                    raise BadInput(f"line {n}: {exc}") from None
+                jobs.append(job)
+    if not jobs:
+        raise BadInput(f"no payload in {args.payload}: give one JSON value per line")
+    return jobs
 
 
 async def _schedule(settings: Settings, args: argparse.Namespace) -> None:

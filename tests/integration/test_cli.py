@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import uuid
 from typing import Any
@@ -46,6 +47,31 @@ def test_invalid_json_is_refused_and_nothing_is_written(env: dict[str, str], db:
     big = '{"x": "' + "a" * 1_100_000 + '"}'
     one_line_error(run_cli(env, "publish", "emails", "-", stdin=big), 1, "byte limit")
     assert db.val("SELECT count(*) FROM jobq.job") == 0
+
+
+def test_publish_lines_hands_a_file_of_payloads_to_the_relay(env: dict[str, str], db: SyncDB,
+                                                            tmp_path: Any) -> None:
+    payloads = [{"n": i} for i in range(2500)]
+    out = run_cli(env, "publish", "imports", "-", "--lines", "--priority", "3",
+                  stdin="\n".join(json.dumps(p) for p in payloads) + "\n\n")
+    assert out.returncode == 0, out.stderr
+    ids = [uuid.UUID(line) for line in out.stdout.split()]
+    rows = db.fetch("SELECT id, payload->>'n' AS n, priority, published_at IS NULL "
+                    "AND relay_after <= now() AS relays FROM jobq.job WHERE queue = 'imports'")
+    assert {r["id"] for r in rows} == set(ids) and len(ids) == 2500  # in 3 transactions
+    assert all(r["relays"] and r["priority"] == 3 for r in rows), "not the relay's"
+    by_id = {r["id"]: int(r["n"]) for r in rows}
+    assert [by_id[i] for i in ids] == list(range(2500))  # printed in the file's order
+    # A bad line anywhere: nothing is written, and the line is named.
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"ok": 1}\n{"ok": 2}\n{nope\n')
+    one_line_error(run_cli(env, "publish", "imports", str(bad), "--lines"), 1, "line 3",
+                   "not valid JSON")
+    one_line_error(run_cli(env, "publish", "imports", str(tmp_path / "none"), "--lines"), 1,
+                   "cannot read")
+    one_line_error(run_cli(env, "publish", "imports", "-", "--lines", "--after", str(ids[0]),
+                           stdin="{}"), 1, "--after")
+    assert db.val("SELECT count(*) FROM jobq.job") == 2500
 
 
 def test_unreachable_services_and_bad_urls_fail_fast_with_one_line(env: dict[str, str]) -> None:
