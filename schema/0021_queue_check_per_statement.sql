@@ -18,8 +18,9 @@ CREATE FUNCTION jobq.check_new_jobs_queues() RETURNS trigger
 DECLARE
     missing text;
 BEGIN
-    PERFORM 1 FROM jobq.queue q
+    PERFORM 1 FROM jobq.queue q  -- in name order: one lock order for every writer
     WHERE q.name IN (SELECT DISTINCT n.queue FROM new_jobs n)
+    ORDER BY q.name
     FOR KEY SHARE OF q;
     SELECT n.queue INTO missing
     FROM (SELECT DISTINCT queue FROM new_jobs) n
