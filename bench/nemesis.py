@@ -6,7 +6,8 @@ consumers and reapers, terminations of jobq's PostgreSQL backends, a network
 cut of one consumer (its own network namespace, both links down for up to
 twice the lease; as root), and with --restarts a RabbitMQ or PostgreSQL
 restart (at most once a minute each), while a producer publishes single
-jobs, batches, delayed jobs, keyed jobs (a per-key cap), jobs of a queue
+jobs, batches (half of them bulk, ``relay=True``: the reapers publish their
+ids), delayed jobs, keyed jobs (a per-key cap), jobs of a queue
 with a fleet-wide cap (max_running 2) and dependants (a job published
 ``after`` another), and a schedule fires every second. Every handler run is a row of test_run (job,
 worker, token, start, end, how it ended). Then the faults stop and the
@@ -73,18 +74,21 @@ def restart(fault: str) -> None:
 
 def producer(settings: Settings, stop: threading.Event, rng: random.Random,
              published: list[Any]) -> None:
-    """Single jobs, batches of 10, delayed jobs and keyed jobs, until stopped."""
+    """Single jobs, batches of 10 (half of them with relay=True), delayed jobs,
+    keyed and limited jobs, dependants, until stopped."""
     async def go() -> None:
         async with Client(settings) as client:
             n = 0
             while not stop.is_set():
                 kind = rng.random()
                 sleep = round(rng.uniform(0.05, 0.5), 2)
+                relay = False
                 try:
                     if kind < 0.4:
                         jobs = [NewJob("work", {"sleep": sleep})]
-                    elif kind < 0.55:
+                    elif kind < 0.55:  # half of them bulk: the reapers' relay publishes them
                         jobs = [NewJob("work", {"sleep": sleep}) for _ in range(10)]
+                        relay = kind >= 0.475
                     elif kind < 0.7:
                         jobs = [NewJob("work", {"sleep": sleep}, delay_s=rng.uniform(0.5, 3))]
                     elif kind < 0.8:
@@ -95,7 +99,7 @@ def producer(settings: Settings, stop: threading.Event, rng: random.Random,
                         (parent,) = await client.publish_many([NewJob("work", {"sleep": sleep})])
                         published.append(parent)
                         jobs = [NewJob("other", {"sleep": sleep}, after=[parent])]
-                    published.extend(await client.publish_many(jobs))
+                    published.extend(await client.publish_many(jobs, relay=relay))
                 except Exception as exc:  # a backend killed under the publish: raised to us
                     print(f"  publish refused ({type(exc).__name__}); publishing on", flush=True)
                 n += 1
