@@ -51,6 +51,11 @@ class Wakes:
     def set(self) -> None:
         self.event.set()
 
+    @property
+    def told(self) -> bool:
+        """A NOTIFY arrived since the last sleep began."""
+        return self._told
+
     async def listen(self) -> None:
         """(Re)open the LISTEN session if it is gone; never raises."""
         if self._listener is not None and not self._listener.is_closed():
