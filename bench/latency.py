@@ -11,7 +11,10 @@ started. First its capacity: --callers callers publishing single jobs as
 fast as they can for 8 s (completions a second). Then at 20 %, 50 % and 80 %
 of that capacity, an open-loop schedule (each caller publishes on a fixed
 beat, so a slow publish does not lower the offered load) for --seconds:
-p50, p99 and max over every job of the window.
+p50, p99 and max over every job of the window; for jobq also the publish
+call's own p50 and p99 (call_p50, call_p99: the row's commit and the
+broker's confirm, timed in the producer), the part of the start no consumer
+can shorten.
 """
 
 from __future__ import annotations
@@ -81,13 +84,18 @@ def jobq(seconds: float, callers: int) -> dict[str, Any]:
             out = subprocess.run([sys.executable, __file__, "produce", str(rate), str(secs),
                                   str(callers)], env=env, check=True, capture_output=True,
                                  text=True)
-            sent: int = json.loads(out.stdout.strip().splitlines()[-1])["sent"]
-            return sent
+            got = json.loads(out.stdout.strip().splitlines()[-1])
+            calls.append((got["call_p50"], got["call_p99"]))
+            return int(got["sent"])
 
+        calls: list[tuple[float, float]] = []
         try:
-            return _levels(lat, offer, seconds)
+            out = _levels(lat, offer, seconds)
         finally:
             procs.close()
+        for f, (p50, p99) in zip(FRACTIONS, calls[2:]):  # after the warm-up and the flood
+            out[f"at_{int(f * 100)}pct"].update(call_p50=p50, call_p99=p99)
+        return out
 
 
 def peer(name: str, seconds: float, callers: int) -> dict[str, Any]:
@@ -146,12 +154,22 @@ def _levels(lat: Latencies, offer: Any, seconds: float) -> dict[str, Any]:
 
 def produce(rate: float, secs: float, callers: int) -> None:
     """CALLERS tasks on one Client publishing single "lat" jobs, RATE a second
-    in all, on a fixed beat; prints {"sent": n}."""
+    in all, on a fixed beat; prints {"sent": n, "call_p50", "call_p99"}: the
+    publish call's own time (the row's commit and the broker's confirm), ms."""
+    calls: list[float] = []
+
+    async def one(client: Client) -> None:
+        t = time.perf_counter()
+        await client.publish_many([NewJob("lat", {"t": time.time()})])
+        calls.append((time.perf_counter() - t) * 1000)
+
     async def go() -> int:
         async with Client(Settings()) as client:
-            return await pace.paced(rate, secs, callers, lambda _: client.publish_many(
-                [NewJob("lat", {"t": time.time()})]))
-    print(json.dumps({"sent": asyncio.run(go())}), flush=True)
+            return await pace.paced(rate, secs, callers, lambda _: one(client))
+
+    sent = asyncio.run(go())
+    print(json.dumps({"sent": sent, "call_p50": round(statistics.median(calls), 2),
+                      "call_p99": round(_pct(calls, 0.99), 2)}), flush=True)
 
 
 def main() -> None:
