@@ -91,17 +91,23 @@ def test_the_sync_client_hands_a_bulk_enqueue_to_the_relay(settings: Settings) -
     with SyncClient(settings) as client:
         ids = client.publish_many([NewJob("bulk_sync", i) for i in range(10)], relay=True)
         plain = client.publish_many([NewJob("bulk_sync", "now")])
+        # A dependant in a bulk: it waits for its parent, published by nobody yet.
+        (child,) = client.publish_many([NewJob("bulk_sync", "child", after=(ids[0],))],
+                                       relay=True)
 
     async def check() -> None:
         conn = await asyncpg.connect(settings.database_url)
         try:
             rows = await conn.fetch("SELECT id, published_at IS NULL AND relay_after <= now() "
-                                    "AS relays FROM jobq.job WHERE queue = 'bulk_sync'")
+                                    "AS relays, waiting_on = 1 AND relay_after = 'infinity' "
+                                    "AS waiting FROM jobq.job WHERE queue = 'bulk_sync'")
         finally:
             await conn.close()
         relays = {r["id"] for r in rows if r["relays"]}
         assert relays == set(ids), "the bulk rows are the relay's, the plain one is not"
         assert set(plain).isdisjoint(relays)
+        waiting = {r["id"] for r in rows if r["waiting"]}
+        assert waiting == {child}, "the dependant is not waiting for its parent"
         assert await depth(settings, "bulk_sync") == 1  # the plain publish only
 
     asyncio.run(check())
