@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-if TYPE_CHECKING:
-    from jobq.producer import NewJob
-
 from jobq import cli_admin, cli_read, crash, logs
 from jobq.arguments import parser
 from jobq.cli_read import parse_id, table
 from jobq.errors import BadInput, ConfigError, JobqError
 from jobq.settings import Settings
+
+if TYPE_CHECKING:
+    from jobq.producer import NewJob
 
 log = logging.getLogger("jobq.cli")
 
@@ -95,8 +95,9 @@ async def _publish(settings: Settings, args: argparse.Namespace) -> None:
             try:
                 ids = await client.publish_many(jobs[i:i + BULK_BATCH], relay=args.lines)
             except BadInput as exc:
-                raise BadInput(f"{exc} (jobs {i + 1} to {i + BULK_BATCH}; the {i} before "
-                               "them were published: their ids are above)" if i else exc) from None
+                last = min(len(jobs), i + BULK_BATCH)
+                raise BadInput(f"{exc} (jobs {i + 1} to {last}; the {i} before them were "
+                               "published: their ids are above)" if i else exc) from None
             print("\n".join(map(str, ids)), flush=True)  # committed: what got in, as it does
     if not known:  # a typo would otherwise make a durable queue in silence
         print(f"jobq: created queue {args.queue!r} (a new name; `jobq queue delete "

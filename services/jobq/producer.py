@@ -7,6 +7,8 @@ the reaper's relay publishes it once ``relay_after`` (a short grace) passes.
 Inside a caller's own transaction, :meth:`Client.enqueue` only inserts: the
 id is published by the relay when (and only if) the caller commits, because
 ``jobq.enqueue`` NOTIFYs the reapers and NOTIFY is delivered at commit.
+``publish_many(..., relay=True)`` (bulk) hands its ids to the relay the
+same way, and returns at the commit.
 """
 
 from __future__ import annotations

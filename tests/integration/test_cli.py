@@ -72,6 +72,14 @@ def test_publish_lines_hands_a_file_of_payloads_to_the_relay(env: dict[str, str]
     one_line_error(run_cli(env, "publish", "imports", "-", "--lines", "--after", str(ids[0]),
                            stdin="{}"), 1, "--after")
     assert db.val("SELECT count(*) FROM jobq.job") == 2500
+    # A batch the database refuses after others committed: said, with what got in.
+    db.execute("INSERT INTO jobq.queue (name, max_payload_bytes) VALUES ('tight', 100)")
+    lines = ['{"n": 1}'] * 1200 + ['{"pad": "' + "x" * 200 + '"}'] + ['{"n": 1}'] * 10
+    out = run_cli(env, "publish", "tight", "-", "--lines", stdin="\n".join(lines))
+    one_line_error(out, 1, "byte limit", "jobs 1001 to 1211", "the 1000 before them")
+    got = {uuid.UUID(line) for line in out.stdout.split()}
+    assert len(got) == 1000 and got == {r["id"] for r in db.fetch(
+        "SELECT id FROM jobq.job WHERE queue = 'tight'")}
 
 
 def test_unreachable_services_and_bad_urls_fail_fast_with_one_line(env: dict[str, str]) -> None:
