@@ -12,9 +12,9 @@ fast as they can for 8 s (completions a second). Then at 20 %, 50 % and 80 %
 of that capacity, an open-loop schedule (each caller publishes on a fixed
 beat, so a slow publish does not lower the offered load) for --seconds:
 p50, p99 and max over every job of the window; for jobq also the publish
-call's own p50 and p99 (call_p50, call_p99: the row's commit and the
-broker's confirm, timed in the producer), the part of the start no consumer
-can shorten.
+call's own p50 and p99 (call_*: timed in the producer), and its two durable
+writes apart (commit_*: the row's group commit; confirm_*: the broker's
+confirm of the id), the part of the start no consumer can shorten.
 """
 
 from __future__ import annotations
@@ -85,16 +85,16 @@ def jobq(seconds: float, callers: int) -> dict[str, Any]:
                                   str(callers)], env=env, check=True, capture_output=True,
                                  text=True)
             got = json.loads(out.stdout.strip().splitlines()[-1])
-            calls.append((got["call_p50"], got["call_p99"]))
+            calls.append({k: v for k, v in got.items() if k != "sent"})
             return int(got["sent"])
 
-        calls: list[tuple[float, float]] = []
+        calls: list[dict[str, float]] = []
         try:
             out = _levels(lat, offer, seconds)
         finally:
             procs.close()
-        for f, (p50, p99) in zip(FRACTIONS, calls[2:]):  # after the warm-up and the flood
-            out[f"at_{int(f * 100)}pct"].update(call_p50=p50, call_p99=p99)
+        for f, split in zip(FRACTIONS, calls[2:]):  # after the warm-up and the flood
+            out[f"at_{int(f * 100)}pct"].update(split)
         return out
 
 
@@ -154,9 +154,21 @@ def _levels(lat: Latencies, offer: Any, seconds: float) -> dict[str, Any]:
 
 def produce(rate: float, secs: float, callers: int) -> None:
     """CALLERS tasks on one Client publishing single "lat" jobs, RATE a second
-    in all, on a fixed beat; prints {"sent": n, "call_p50", "call_p99"}: the
-    publish call's own time (the row's commit and the broker's confirm), ms."""
+    in all, on a fixed beat; prints {"sent": n, "call_p50", "call_p99",
+    "commit_p50", ..., "confirm_p99"}: the publish call's own time and its
+    two writes', ms."""
     calls: list[float] = []
+    commits: list[float] = []
+    confirms: list[float] = []
+
+    def timed(fn: Any, into: list[float]) -> Any:
+        async def wrapper(*args: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return await fn(*args)
+            finally:
+                into.append((time.perf_counter() - t) * 1000)
+        return wrapper
 
     async def one(client: Client) -> None:
         t = time.perf_counter()
@@ -165,11 +177,18 @@ def produce(rate: float, secs: float, callers: int) -> None:
 
     async def go() -> int:
         async with Client(Settings()) as client:
+            # The call's two durable writes, timed apart: the (group) commit
+            # of the row and the broker's confirm of the id.
+            assert client._rows is not None
+            client._rows.insert = timed(client._rows.insert, commits)  # type: ignore[method-assign]
+            client.broker.publish = timed(client.broker.publish, confirms)  # type: ignore[method-assign]
             return await pace.paced(rate, secs, callers, lambda _: one(client))
 
     sent = asyncio.run(go())
-    print(json.dumps({"sent": sent, "call_p50": round(statistics.median(calls), 2),
-                      "call_p99": round(_pct(calls, 0.99), 2)}), flush=True)
+    print(json.dumps({"sent": sent, **{f"{name}_{q}": round(
+        statistics.median(xs) if q == "p50" else _pct(xs, 0.99), 2)
+        for name, xs in (("call", calls), ("commit", commits), ("confirm", confirms))
+        for q in ("p50", "p99")}}), flush=True)
 
 
 def main() -> None:
