@@ -16,6 +16,10 @@ the other (the issue's shape):
 - the broker's own limit: raw confirmed persistent messages to a quorum
   queue, 100 in flight (``publish_path.broker_limit``).
 
+``--backfill N`` instead: N jobs in batches of 1,000 with 2 consumers and a
+reaper running, direct and with ``relay=True``: when the producer is done
+and when the last job completed.
+
 PostgreSQL and RabbitMQ CPU per job over each producer's window (/proc).
 Ratios within each run, then their median. No consumers: this is the
 enqueue side; the relay's publishes land in the queue.
@@ -24,6 +28,7 @@ enqueue side; the relay's publishes land in the queue.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import statistics
 import sys
@@ -39,6 +44,7 @@ from peers import PY, VENV, ensure_venv
 from publish_path import broker_limit, measure, run_json
 
 from harness.helpers import wait_until
+from jobq.producer import Client, NewJob
 
 
 def pgqueuer(n: int) -> dict[str, float]:
@@ -79,6 +85,39 @@ def jobq(n: int) -> dict[str, float]:
     return res
 
 
+def backfill(n: int) -> dict[str, float]:
+    """A backfill end to end: n jobs in batches of 1,000 from one producer
+    while 2 consumers (concurrency 32) and a reaper run; seconds until the
+    producer is done, and until every job completed (database clock)."""
+    res: dict[str, float] = {}
+    for key, relay in (("direct", False), ("relay", True)):
+        with world(("noop",), f"backfill-{key}", JOBQ_LOG_LEVEL="WARNING",
+                   PYTHONPATH=f"{HERE}{os.pathsep}{HERE.parent}") as w:
+            w.db.execute("INSERT INTO jobq.queue (name, lease_s) VALUES ('noop', 30)")
+            w.procs.reaper()
+            for _ in range(2):
+                w.procs.start("consume", "noop_app:app", "--concurrency", "32")
+            wait_until(lambda: w.db.val("SELECT count(*) FROM jobq.worker") == 2, 60,
+                       "2 consumers up", interval=0.1)
+
+            async def fill() -> None:
+                async with Client(w.settings) as c:
+                    for i in range(0, n, 1000):
+                        await c.publish_many([NewJob("noop", {})
+                                              for _ in range(min(1000, n - i))], relay=relay)
+
+            t0 = float(w.db.val("SELECT extract(epoch FROM now())"))
+            asyncio.run(fill())
+            t1 = float(w.db.val("SELECT extract(epoch FROM now())"))
+            wait_until(lambda: w.db.val("SELECT count(*) FROM jobq.job "
+                                        "WHERE status = 'completed'") == n,
+                       600, "every job completed", interval=0.2)
+            last = float(w.db.val("SELECT extract(epoch FROM max(finished_at)) FROM jobq.job"))
+            res[f"backfill_{key}_enqueue_s"] = t1 - t0
+            res[f"backfill_{key}_done_s"] = last - t0
+    return res
+
+
 def one_run(n: int) -> dict[str, float]:
     r: dict[str, float] = {}
     r.update(pgqueuer(n))
@@ -95,7 +134,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=20_000)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--backfill", type=int, default=0, metavar="N",
+                    help="instead: N jobs end to end with consumers running, direct and relay")
     args = ap.parse_args()
+    if args.backfill:
+        for k, v in sorted(backfill(args.backfill).items()):
+            print(f"  {k:32s} {v:10.2f}", flush=True)
+        return
     ensure_venv()
     print(f"bulk enqueue, batches of 100, {args.jobs} jobs, {args.runs} runs, "
           f"{time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores", flush=True)
