@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from jobq import cli_admin, cli_read, crash, logs
 from jobq.arguments import parser
-from jobq.cli_read import parse_id, table
+from jobq.cli_read import decode, parse_id, table
 from jobq.errors import BadInput, ConfigError, JobqError
 from jobq.settings import Settings
 
@@ -105,18 +105,6 @@ async def _publish(settings: Settings, args: argparse.Namespace) -> None:
 
 
 BULK_BATCH = 1000  # jobq publish --lines: rows per transaction
-
-
-def decode(text: str, where: str = "payload") -> object:
-    """A payload from JSON text; BadInput that says what is wrong."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise BadInput(f"{where} is not valid JSON ({exc}); e.g. '{{\"to\": \"a@b.c\"}}'") \
-            from None
-    except (RecursionError, ValueError) as exc:  # nested too deep, a 5,000-digit number
-        raise BadInput(f"{where} cannot be decoded: {type(exc).__name__}: {str(exc)[:120]}") \
-            from None
 
 
 def bulk_jobs(args: argparse.Namespace) -> list[NewJob]:

@@ -6,6 +6,7 @@ action on a short-lived pool, job ids from the command line, tables.
 from __future__ import annotations
 
 import argparse
+import json
 import uuid
 from typing import Any
 
@@ -19,6 +20,19 @@ def parse_id(text: str) -> uuid.UUID:
         return uuid.UUID(text)
     except ValueError:
         raise BadInput(f"{text!r} is not a job id (expected a UUID)") from None
+
+
+def decode(text: str, where: str = "payload") -> Any:
+    """A payload from JSON text (jobq publish, jobq schedule set); BadInput
+    that says what is wrong, also for what json cannot take (too deep)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BadInput(f"{where} is not valid JSON ({exc}); e.g. '{{\"to\": \"a@b.c\"}}'") \
+            from None
+    except (RecursionError, ValueError) as exc:  # nested too deep, a 5,000-digit number
+        raise BadInput(f"{where} cannot be decoded: {type(exc).__name__}: {str(exc)[:120]}") \
+            from None
 
 
 async def pool(settings: Settings) -> Any:

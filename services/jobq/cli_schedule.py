@@ -5,9 +5,9 @@ they run as the schema owner, like ``queue set``."""
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
+from jobq.cli_read import decode
 from jobq.db import connection, fetch, open_pool
 from jobq.errors import BadInput
 from jobq.schedules import Schedule, set_schedule
@@ -44,10 +44,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _schedule(args: argparse.Namespace) -> Schedule:
-    try:
-        payload = json.loads(args.payload)
-    except json.JSONDecodeError as exc:
-        raise BadInput(f"--payload is not valid JSON ({exc})") from None
+    payload = decode(args.payload, "--payload")
     queue = args.queue or args.queue_opt
     if not queue or (args.queue and args.queue_opt and args.queue != args.queue_opt):
         raise BadInput("give the schedule's queue once: jobq schedule set NAME QUEUE ...")

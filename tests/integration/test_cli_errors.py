@@ -105,6 +105,9 @@ def test_prune_wants_a_unit_a_force_under_a_minute_and_can_dry_run(env: dict[str
 def test_publish_refuses_json_it_cannot_decode_with_one_line(env: dict[str, str],
                                                              payload: str) -> None:
     one_line_error(run_cli(env, "publish", "q", payload), 1, "payload cannot be decoded")
+    # The schedule verb reads a payload the same way (it raised a traceback, exit 0).
+    one_line_error(run_cli(env, "schedule", "set", "s", "q", "--every", "5", "--payload",
+                           payload), 1, "--payload cannot be decoded")
 
 
 def test_auto_created_queues_can_be_switched_off_and_are_capped(env: dict[str, str],
