@@ -14,7 +14,6 @@ Knows nothing of leases or job rows. The wire format is the contract:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
@@ -25,12 +24,11 @@ import aiormq
 from aio_pika.abc import (
     AbstractChannel,
     AbstractExchange,
-    AbstractIncomingMessage,
-    AbstractQueue,
     AbstractRobustConnection,
 )
 
 from jobq.broker_connect import QUEUE_REFUSED, TRANSIENT, open_connection
+from jobq.deliveries import Delivery, consume
 from jobq.endpoints import redact, split_amqp, with_heartbeat
 from jobq.errors import BrokerUnavailable, ConfigError
 
@@ -264,33 +262,10 @@ class Broker:
     async def consume(
         self,
         queues: Iterable[str],
-        on_message: Callable[[AbstractIncomingMessage], Any],
+        on_message: Callable[[Delivery], Any],
         prefetch: int,
     ) -> Callable[[], Awaitable[None]]:
         """Start consuming; returns a coroutine function that stops intake."""
         assert self._conn is not None
-        ch = await self._conn.channel()
-        tags: list[tuple[AbstractQueue, str]] = []
-        try:
-            await ch.set_qos(prefetch_count=prefetch)
-            for queue in queues:
-                args = await self.ensure_queue(queue)
-                q = (await ch.get_queue(self.queue_name(queue)) if args is None else
-                     await ch.declare_queue(self.queue_name(queue), durable=True,
-                                            arguments=args))
-                tags.append((q, await q.consume(on_message)))
-        except BaseException:
-            # A robust channel would come back with the consumers it had, beside
-            # the next attempt's (start_when_possible): none may outlive this one.
-            with contextlib.suppress(Exception):
-                await ch.close()
-            raise
-
-        async def stop() -> None:
-            for q, tag in tags:
-                try:
-                    await q.cancel(tag)
-                except Exception as exc:  # broker gone: nothing more will arrive anyway
-                    log.debug("cancel consumer %s: %r", tag, exc)
-
-        return stop
+        declared = [(self.queue_name(q), await self.ensure_queue(q)) for q in queues]
+        return await consume(self._conn, declared, on_message, prefetch)

@@ -105,7 +105,7 @@ class World:
         for b in bodies:
             self._tag += 1
             msg = Message(self.channel, self._tag, b if isinstance(b, bytes) else str(b).encode())
-            self.intake.on_message(msg)  # type: ignore[arg-type]  # a stand-in for aio-pika's
+            self.intake.on_message(msg)  # a Settleable, as a Delivery is
             out.append(msg)
         return out
 

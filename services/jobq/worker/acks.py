@@ -19,14 +19,15 @@ from collections.abc import Iterable
 from typing import Any
 
 import aiormq
-from aio_pika.abc import AbstractIncomingMessage
+
+from jobq.deliveries import Settleable
 
 log = logging.getLogger("jobq.consumer")
 
 SETTLE_TIMEOUT_S = 5.0
 
 
-def _channel_of(msg: AbstractIncomingMessage) -> Any:
+def _channel_of(msg: Settleable) -> Any:
     """The channel a delivery came on, or None once that channel is closed."""
     try:
         return msg.channel
@@ -45,16 +46,16 @@ async def settle_one(op: Any) -> None:
 
 
 class Acks:
-    def __init__(self, inbox: collections.deque[AbstractIncomingMessage]) -> None:
+    def __init__(self, inbox: collections.deque[Settleable]) -> None:
         self._inbox = inbox  # deliveries not taken yet
-        self._unsettled: set[AbstractIncomingMessage] = set()  # taken, not yet settled
+        self._unsettled: set[Settleable] = set()  # taken, not yet settled
 
-    def taken(self, msgs: Iterable[AbstractIncomingMessage]) -> None:
+    def taken(self, msgs: Iterable[Settleable]) -> None:
         self._unsettled.update(msgs)
 
-    async def settle(self, msgs: list[AbstractIncomingMessage], ack: bool) -> None:
+    async def settle(self, msgs: list[Settleable], ack: bool) -> None:
         self._unsettled.difference_update(msgs)
-        by_channel: dict[Any, list[AbstractIncomingMessage]] = {}
+        by_channel: dict[Any, list[Settleable]] = {}
         for m in msgs:
             ch = _channel_of(m)
             if ch is not None:

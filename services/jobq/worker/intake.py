@@ -42,11 +42,10 @@ import logging
 import uuid
 from collections.abc import Callable
 
-from aio_pika.abc import AbstractIncomingMessage
-
 from jobq import crash
 from jobq.backoff import Backoff
 from jobq.db import is_data_error, is_transient
+from jobq.deliveries import Settleable
 from jobq.errors import ConfigError
 from jobq.logs import fields
 from jobq.rows import Claim, Spell
@@ -60,7 +59,7 @@ log = logging.getLogger("jobq.consumer")
 CLAIM_BATCH_MAX = 256  # deliveries claimed by one statement at most
 CLAIM_TRIES = 6  # a failed batch is tried again this often (50 ms .. 1.6 s apart)
 
-Batch = list[tuple[uuid.UUID, AbstractIncomingMessage]]
+Batch = list[tuple[uuid.UUID, Settleable]]
 
 
 class Intake:
@@ -75,14 +74,14 @@ class Intake:
         self.tally = tally
         self._start_job = start_job  # the executor's: runs a claimed row
         self._on_claimed = on_claimed  # before a batch with a claim starts (consumer.py)
-        self._inbox: collections.deque[AbstractIncomingMessage] = collections.deque()
+        self._inbox: collections.deque[Settleable] = collections.deque()
         self._ready = asyncio.Event()
         self._acks = Acks(self._inbox)
         self.retries: set[asyncio.Task[None]] = set()  # batches whose claim is retried
         self.fatal: ConfigError | None = None  # a claim error that cannot heal
 
-    def on_message(self, msg: AbstractIncomingMessage) -> None:
-        # A plain function, so aio-pika calls it without a task per delivery.
+    def on_message(self, msg: Settleable) -> None:
+        # A plain function: called in aiormq's delivery task (deliveries.py).
         self._inbox.append(msg)
         self._ready.set()
 
