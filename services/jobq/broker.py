@@ -42,6 +42,15 @@ def queue_arguments(namespace: str) -> dict[str, str]:
     return {"x-queue-type": "quorum", "x-dead-letter-exchange": f"{namespace}.dlx"}
 
 
+async def _outcome(send: Awaitable[None]) -> BaseException | None:
+    """One send's result as gather(return_exceptions=True) gives it."""
+    try:
+        await send
+    except Exception as exc:
+        return exc
+    return None
+
+
 class Broker:
     def __init__(self, url: str, namespace: str, heartbeat_s: int = 5) -> None:
         self.urls = [with_heartbeat(u, heartbeat_s) for u in split_amqp(url)]
@@ -170,8 +179,11 @@ class Broker:
         if not items:
             return set()
         channel = await self._underlay()
-        results = await asyncio.gather(*(self._send(channel, exchange, i, q) for i, q in items),
-                                       return_exceptions=True)
+        sends = [self._send(channel, exchange, i, q) for i, q in items]
+        # One id (a single publish, the common call) is awaited in this task:
+        # gather would start a task for it.
+        results = ([await _outcome(sends[0])] if len(sends) == 1 else
+                   await asyncio.gather(*sends, return_exceptions=True))
         confirmed = set()
         errors = []
         for (job_id, _), res in zip(items, results):
@@ -217,6 +229,9 @@ class Broker:
             if pub.is_closed:
                 raise aiormq.exceptions.ChannelInvalidStateError(f"{pub!r} closed")
             # the concrete channel: the abstract one does not declare ``wait``
+            if self._conn is not None and self._conn.connected.is_set():
+                # returns at once: no wait_for (a task per publish) needed
+                return cast(aiormq.Channel, await pub.get_underlay_channel())
             return cast(aiormq.Channel, await asyncio.wait_for(
                 pub.get_underlay_channel(), PUBLISH_TIMEOUT_S))
         except TRANSIENT as exc:  # TimeoutError among them
