@@ -3,9 +3,9 @@ means to settle it, and nothing else.
 
 aio-pika turns every delivery into an ``IncomingMessage`` (each property
 decoded, timestamps and expiry converted) and runs the callback in a task of
-its own, after aiormq's. A job's message carries only its id, so that was
-most of the consumer's per-delivery Python (bench/README.md, issue #37:
-~45 µs of CPU a message on this machine, a third of it). :class:`LeanQueue`
+its own, after aiormq's. A job's message carries only its id, so most of
+that was waste (bench/delivery_cost.py: 143 against 106 µs of the consumer
+process's CPU a message on this machine, a quarter of it). :class:`LeanQueue`
 is aio-pika's robust queue with one change: its consumers get a
 :class:`Delivery` straight from aiormq's delivery task (:func:`consume`
 starts them, for ``Broker.consume``). Everything robust
