@@ -69,5 +69,9 @@ def test_deliveries_are_lean_and_come_back_the_same_after_a_cut(settings: Settin
         finally:
             await consumer.close()
             await publisher.close()
+            # No jobq.queue row names it, so the namespace fixture would leave it.
+            conn = await aiormq.connect(settings.amqp_url)
+            await (await conn.channel()).queue_delete(f"{settings.namespace}.lean")
+            await conn.close()
 
     asyncio.run(go())
