@@ -20,6 +20,17 @@ INSERT = ("INSERT INTO jobq.job (queue, payload, run_at, relay_after) "
           "SELECT q, '{}'::jsonb, now(), now() FROM unnest($1::text[]) q")
 
 
+async def blocked_on_a_lock(conn: asyncpg.Connection) -> None:
+    """Until another session of this database waits for a lock (not a sleep
+    that a slow machine would outrun)."""
+    for _ in range(500):
+        if await conn.fetchval("SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                               "current_database() AND wait_event_type = 'Lock'"):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("no session waited for a lock")
+
+
 def run(db_url: str, check) -> None:  # type: ignore[no-untyped-def]
     async def go() -> None:
         a, b = await asyncpg.connect(db_url), await asyncpg.connect(db_url)
@@ -64,8 +75,8 @@ def test_a_queue_delete_waits_for_an_enqueue_and_refuses(db_url: str) -> None:
             await tx.start()
             await a.fetchval("SELECT jobq.enqueue('empty', '{}'::jsonb)")  # not committed
             deleting = asyncio.create_task(delete_queue(pool, "empty"))
-            await asyncio.sleep(0.3)
-            assert not deleting.done(), "the delete did not wait for the enqueue's lock"
+            await blocked_on_a_lock(a)  # the delete, on the enqueue's KEY SHARE
+            assert not deleting.done()
             await tx.commit()
             with pytest.raises(BadInput):
                 await deleting
@@ -83,8 +94,8 @@ def test_an_enqueue_racing_a_won_delete_fails_and_leaves_nothing(db_url: str) ->
         await tx.start()
         await a.execute("DELETE FROM jobq.queue WHERE name = 'empty'")  # not committed
         inserting = asyncio.create_task(b.execute(INSERT, ["empty"]))
-        await asyncio.sleep(0.3)
-        assert not inserting.done(), "the insert did not wait for the delete's lock"
+        await blocked_on_a_lock(a)  # the insert's check, on the delete's row lock
+        assert not inserting.done()
         await tx.commit()
         with pytest.raises(FK, match="does not exist"):
             await inserting
