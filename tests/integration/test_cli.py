@@ -58,7 +58,9 @@ def test_publish_lines_hands_a_file_of_payloads_to_the_relay(env: dict[str, str]
     ids = [uuid.UUID(line) for line in out.stdout.split()]
     rows = db.fetch("SELECT id, payload->>'n' AS n, priority, published_at IS NULL "
                     "AND relay_after <= now() AS relays FROM jobq.job WHERE queue = 'imports'")
-    assert {r["id"] for r in rows} == set(ids) and len(ids) == 2500  # in 3 transactions
+    assert {r["id"] for r in rows} == set(ids) and len(ids) == 2500
+    assert db.val("SELECT count(DISTINCT xmin::text) FROM jobq.job "
+                  "WHERE queue = 'imports'") == 3, "not 3 transactions of at most 1,000"
     assert all(r["relays"] and r["priority"] == 3 for r in rows), "not the relay's"
     by_id = {r["id"]: int(r["n"]) for r in rows}
     assert [by_id[i] for i in ids] == list(range(2500))  # printed in the file's order
