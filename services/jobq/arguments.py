@@ -131,11 +131,13 @@ def _services(sub: Any) -> None:
 def _publishing(sub: Any) -> None:
     pub = sub.add_parser(
         "publish", help="enqueue a job and print its id",
-        description="Insert one job into QUEUE and publish its id; prints the id. A queue name "
-        "not seen before is created with default settings (said on stderr).")
+        description="Insert one job into QUEUE and publish its id; prints the id (--lines: "
+        "a job per line of a file, their ids). A queue name not seen before is created with "
+        "default settings (said on stderr).")
     pub.add_argument("queue", metavar="QUEUE")
     pub.add_argument("payload", metavar="JSON", nargs="?", default="{}",
-                     help="the job's payload as JSON (default {}; - reads it from stdin)")
+                     help="the job's payload as JSON (default {}; - reads it from stdin); "
+                     "with --lines, the file of payloads")
     pub.add_argument("--delay", type=float, default=0.0, metavar="SECONDS",
                      help="run no earlier than this many seconds from now")
     pub.add_argument("--idempotency-key", default=None, metavar="KEY",
