@@ -162,6 +162,12 @@ CREATE FUNCTION jobq.check_queue_unused() RETURNS trigger
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'queue "%" can be deleted or renamed only in READ COMMITTED', OLD.name
+            USING ERRCODE = 'serialization_failure',
+                  HINT = 'a transaction of this isolation level cannot see jobs committed '
+                         'since it began; run it in READ COMMITTED (the default)';
+    END IF;
     IF EXISTS (SELECT 1 FROM jobq.job j WHERE j.queue = OLD.name) THEN
         RAISE EXCEPTION 'queue "%" still has jobs', OLD.name
             USING ERRCODE = 'foreign_key_violation',
@@ -180,6 +186,12 @@ CREATE FUNCTION jobq.check_queues_truncated() RETURNS trigger
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'jobq.queue can be truncated only in READ COMMITTED'
+            USING ERRCODE = 'serialization_failure',
+                  HINT = 'a transaction of this isolation level cannot see jobs committed '
+                         'since it began; run it in READ COMMITTED (the default)';
+    END IF;
     IF EXISTS (SELECT 1 FROM jobq.job) THEN
         RAISE EXCEPTION 'jobq.queue cannot be truncated while jobq.job has rows'
             USING ERRCODE = 'foreign_key_violation',

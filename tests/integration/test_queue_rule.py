@@ -103,3 +103,28 @@ def test_an_enqueue_racing_a_won_delete_fails_and_leaves_nothing(db_url: str) ->
         assert uuid.UUID(str(await a.fetchval("SELECT jobq.enqueue('kept', '{}'::jsonb)")))
 
     run(db_url, check)
+
+
+def test_a_repeatable_read_delete_cannot_miss_a_job_committed_since_its_snapshot(
+        db_url: str) -> None:
+    async def check(a: asyncpg.Connection, b: asyncpg.Connection) -> None:
+        for isolation in ("repeatable_read", "serializable"):
+            late = b.transaction(isolation=isolation)
+            await late.start()
+            await b.fetchval("SELECT 1")  # its snapshot: before the job below
+            tx = a.transaction()
+            await tx.start()
+            await a.execute(INSERT, ["empty"])
+            deleting = asyncio.create_task(
+                b.execute("DELETE FROM jobq.queue WHERE name = 'empty'"))
+            await blocked_on_a_lock(a)  # on the insert's KEY SHARE
+            await tx.commit()
+            with pytest.raises(asyncpg.exceptions.SerializationError,
+                               match="only in READ COMMITTED"):
+                await deleting
+            await late.rollback()
+            assert await a.fetchval("SELECT count(*) FROM jobq.job j WHERE NOT EXISTS "
+                                    "(SELECT 1 FROM jobq.queue q WHERE q.name = j.queue)") == 0
+            await a.execute("DELETE FROM jobq.job")
+
+    run(db_url, check)
