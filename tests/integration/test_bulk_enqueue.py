@@ -19,6 +19,7 @@ from tests.integration.test_idle_wakes import run
 from tests.integration.test_publish import broker_ids
 
 N = 2_000
+LONG_SLEEP_S = 20.0
 
 
 def test_a_bulk_enqueue_returns_at_the_commit_and_the_relay_publishes_it(
@@ -27,14 +28,19 @@ def test_a_bulk_enqueue_returns_at_the_commit_and_the_relay_publishes_it(
         async with Client(settings) as client:
             # An idle reaper is woken by the commit (jobq_relay).
             wakes.before_probe()
-            sleep_s = wakes.sleep_for(await reaper.probe())
-            assert sleep_s == settings.reaper.idle_sleep_s
-            sleeping = asyncio.create_task(wakes.sleep(sleep_s))
+            assert wakes.sleep_for(await reaper.probe()) == settings.reaper.idle_sleep_s
+            # A sleep far longer than the idle one, so that only a wake ends it
+            # early, however long the 2,000-row insert takes on a busy machine.
+            sleeping = asyncio.create_task(wakes.sleep(LONG_SLEEP_S))
             started = time.monotonic()
             ids = await client.publish_many(
                 [NewJob("bulk", {"n": i}) for i in range(N)], relay=True)
+            committed = time.monotonic()
             await sleeping
-            assert time.monotonic() - started < 1.0, "the bulk commit woke no reaper"
+            woke = time.monotonic()
+            assert wakes.told and woke - started < LONG_SLEEP_S / 2, (
+                f"the bulk commit woke no reaper (slept {woke - started:.2f}s)")
+            assert woke - committed < 1.0, f"woken {woke - committed:.2f}s after the commit"
         row = await conn.fetchrow(
             "SELECT count(*) AS n, count(*) FILTER (WHERE published_at IS NULL "
             "AND relay_after <= now()) AS relays FROM jobq.job WHERE id = ANY($1)", ids)
