@@ -50,7 +50,7 @@ async def paced(rate: float, seconds: float, concurrency: int) -> None:
     print(json.dumps({"sent": sent}), flush=True)
 
 
-async def enqueue(n: int, batch: int) -> None:
+async def enqueue(n: int, batch: int, timed: bool) -> None:
     """fill: a backlog in batches of 1000; produce: the steady-state producer,
     batches of 100 as fast as enqueue goes (jobq's steady figure uses
     publish_many batches of 100 the same way)."""
@@ -62,7 +62,7 @@ async def enqueue(n: int, batch: int) -> None:
         await q.enqueue(["noop"] * k, [None] * k, [0] * k)
     t1, c1 = time.time(), os.times()
     await conn.close()
-    if batch != 1000:  # produce: timed, for bench/bulk_enqueue.py
+    if timed:  # produce: for bench/bulk_enqueue.py
         print(json.dumps({"t0": t0, "t1": t1, "cpu_s": c1.user + c1.system - c0.user - c0.system}))
 
 
@@ -100,6 +100,7 @@ if __name__ == "__main__":
     elif sys.argv[1] == "single":
         asyncio.run(single(int(sys.argv[2]), int(sys.argv[3])))
     elif sys.argv[1] in ("fill", "produce"):
-        asyncio.run(enqueue(int(sys.argv[2]), 1000 if sys.argv[1] == "fill" else 100))
+        produce = sys.argv[1] == "produce"
+        asyncio.run(enqueue(int(sys.argv[2]), 100 if produce else 1000, timed=produce))
     else:
         asyncio.run(worker())
