@@ -68,8 +68,24 @@ def fresh_db(pg_admin_url: str, amqp_url: str, namespace: str) -> Iterator[str]:
     """An empty database: the previous release's migrate makes its schema."""
     name = f"jobq_up_{uuid.uuid4().hex[:8]}"
     asyncio.run(admin(pg_admin_url, f"CREATE DATABASE {name}"))
-    yield with_db(pg_admin_url, name)
-    asyncio.run(delete_namespace(amqp_url, namespace, ["echo", "sleep"]))
+    url = with_db(pg_admin_url, name)
+    yield url
+
+    async def queues() -> list[str]:
+        # Every queue the demo app declared (echo, sleep, flaky, crash), from
+        # this database: the namespace fixture reads the suite's own, which
+        # names none of them, and a list here left two behind on each run.
+        conn = await asyncpg.connect(url)
+        try:
+            return [r["name"] for r in await conn.fetch("SELECT name FROM jobq.queue")]
+        finally:
+            await conn.close()
+
+    try:
+        names = asyncio.run(queues())
+    except Exception:
+        names = ["echo", "sleep", "flaky", "crash"]
+    asyncio.run(delete_namespace(amqp_url, namespace, names))
     asyncio.run(admin(pg_admin_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
 
 
@@ -85,7 +101,9 @@ def _producer(procs: Procs, env: dict[str, str], name: str, n: int, tag: str,
 
 
 def test_a_rolling_upgrade_under_load_loses_nothing(
-        env: dict[str, str], procs: Procs, fresh_db: str, old_release: Path) -> None:
+        env: dict[str, str], fresh_db: str, old_release: Path, procs: Procs) -> None:
+    # procs after fresh_db: its processes stop before fresh_db deletes the
+    # broker queues, or a robust consumer declares its queue again.
     # Every process on the fresh database as its owner (the test's per-role
     # logins belong to the suite's own database).
     env = {k: v for k, v in env.items() if not k.startswith("JOBQ_TEST_LOGIN_")}
