@@ -106,9 +106,14 @@ async def enqueue_linked(pool: asyncpg.Pool, jobs: Sequence[NewJob], payloads: S
     async with connection(pool) as conn, conn.transaction():
         for job, text in zip(jobs, payloads):
             after = [ids[a.index] if isinstance(a, _Ref) else a for a in job.after]
+            # A job that waits is never published by this client: whoever
+            # releases it hands it to the relay. If its parents all completed
+            # already, that is now (grace 0: relayed at once, a reaper woken
+            # by NOTIFY), not after the grace a client-published job gets.
+            grace = 0.0 if after else relay_grace_s
             job_id = await fetchval(conn,
                 Q["enqueue_linked"], job.queue, text, max(0.0, float(job.delay_s)),
-                job.idempotency_key, relay_grace_s, job.priority, job.key,
+                job.idempotency_key, grace, job.priority, job.key,
                 float(job.debounce_s), after or None, job.workflow_id)
             ids.append(job_id)
     return ids

@@ -169,3 +169,35 @@ def test_a_workflow_is_one_transaction_inspected_and_cancelled(
                                           wid)} == {"cancelled"}
     with pytest.raises(BadInput, match="declared before"):
         Workflow().step("x", after=[resize])
+
+
+def test_a_job_whose_parents_already_completed_is_relayed_at_once(
+        settings: Settings, db: SyncDB) -> None:
+    """Found by hand: `jobq publish work '{}' --after P` with P completed a
+    second earlier started 6 s later. The client never publishes a job that
+    waits (its parents' end releases it), so such a job was left to the
+    relay's grace (5 s by default): it must be handed to the relay at once,
+    with the NOTIFY that wakes a reaper, as a released dependant is."""
+    parent = enqueue(db)
+    end(db, parent, "completed")
+    pending = enqueue(db)
+    slow = settings.model_copy(update={"producer": settings.producer.model_copy(
+        update={"relay_grace_s": 60.0})})
+
+    async def go() -> tuple[list[Any], list[str]]:
+        heard: list[str] = []
+        listener = await asyncpg.connect(db.url)
+        await listener.add_listener("jobq_relay", lambda *a: heard.append(a[3]))
+        try:
+            async with Client(slow) as client:
+                ids = [await client.publish_many([NewJob("ready", {}, after=[parent])]),
+                       await client.publish_many([NewJob("waits", {}, after=[pending])])]
+            await listener.execute("SELECT 1")  # a round trip: notifications sent are in
+            return ids, heard
+        finally:
+            await listener.close()
+
+    ([ready], [waits]), heard = asyncio.run(go())
+    assert db.val("SELECT relay_after <= now() FROM jobq.job WHERE id = $1", ready)
+    assert heard == ["ready"]  # the one still waiting wakes nobody
+    assert row(db, waits)["held"]
