@@ -173,11 +173,13 @@ class Client:
 
     async def publish(self, queue: str, payload: Any = None, *, delay_s: float = 0.0,
                       idempotency_key: str | None = None, priority: int = 0,
-                      key: str | None = None, debounce_s: float = 0.0) -> uuid.UUID:
+                      key: str | None = None, debounce_s: float = 0.0,
+                      after: Iterable[uuid.UUID] = ()) -> uuid.UUID:
         """Enqueue one job and publish its id; returns the job id (with
-        ``debounce_s``, the id of the pending job it joined, if any)."""
+        ``debounce_s``, the id of the pending job it joined, if any). With
+        ``after``, it runs once each of those jobs completed."""
         (job_id,) = await self.publish_many([NewJob(queue, payload, delay_s, idempotency_key,
-                                                    priority, key, debounce_s)])
+                                                    priority, key, debounce_s, tuple(after))])
         return job_id
 
     async def publish_many(self, jobs: Iterable[NewJob], *,

@@ -190,14 +190,14 @@ def test_a_job_whose_parents_already_completed_is_relayed_at_once(
         await listener.add_listener("jobq_relay", lambda *a: heard.append(a[3]))
         try:
             async with Client(slow) as client:
-                ids = [await client.publish_many([NewJob("ready", {}, after=[parent])]),
-                       await client.publish_many([NewJob("waits", {}, after=[pending])])]
+                ids = [await client.publish("ready", {}, after=[parent]),
+                       *await client.publish_many([NewJob("waits", {}, after=[pending])])]
             await listener.execute("SELECT 1")  # a round trip: notifications sent are in
             return ids, heard
         finally:
             await listener.close()
 
-    ([ready], [waits]), heard = asyncio.run(go())
+    (ready, waits), heard = asyncio.run(go())
     assert db.val("SELECT relay_after <= now() FROM jobq.job WHERE id = $1", ready)
     assert heard == ["ready"]  # the one still waiting wakes nobody
     assert row(db, waits)["held"]

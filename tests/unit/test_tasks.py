@@ -90,3 +90,20 @@ def test_a_queue_has_one_handler_whichever_decorator_registered_it() -> None:
     app, _, _ = make_app()
     with pytest.raises(ConfigError, match="already has a handler"):
         app.task("invoices")(lambda job: None)
+
+
+def test_every_single_publish_takes_the_options_a_newjob_has() -> None:
+    """Client.publish had no ``after`` (the docs and the contract name
+    ``client.publish(queue, payload, after=[...])``) while SyncClient.publish
+    and the task handles had it: a user's call failed with a TypeError. Each
+    single publish must take every option of NewJob but the workflow's own."""
+    import dataclasses
+    import inspect
+
+    options = {f.name for f in dataclasses.fields(jobq.NewJob)} - {"queue", "payload",
+                                                                  "workflow_id"}
+    publishes: list[Any] = [jobq.Client.publish, jobq.SyncClient.publish, jobq.Task.publish,
+                            jobq.Task.publish_sync]
+    for publish in publishes:
+        params = inspect.signature(publish).parameters
+        assert options <= set(params), (publish.__qualname__, options - set(params))
