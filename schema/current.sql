@@ -1426,7 +1426,8 @@ BEGIN
             WITH released AS (
                 UPDATE jobq.job d
                 SET waiting_on = d.waiting_on - 1,
-                    relay_after = CASE WHEN d.waiting_on = 1 THEN now() ELSE d.relay_after END,
+                    relay_after = CASE WHEN d.waiting_on = 1 THEN greatest(now(), d.run_at)
+                                       ELSE d.relay_after END,
                     published_at = CASE WHEN d.waiting_on = 1 THEN NULL ELSE d.published_at END
                 FROM jobq.job_dependency dep
                 WHERE dep.parent_id = NEW.id AND d.id = dep.job_id
@@ -1434,7 +1435,7 @@ BEGIN
                 RETURNING d.queue, d.waiting_on)
             SELECT DISTINCT r.queue FROM released r WHERE r.waiting_on = 0
         LOOP
-            PERFORM pg_notify('jobq_relay', q);  -- at commit: the reapers publish it
+            PERFORM pg_notify('jobq_relay', q);  -- at commit: the reapers publish it (when due)
         END LOOP;
     ELSE
         UPDATE jobq.job d

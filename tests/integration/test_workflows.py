@@ -201,3 +201,18 @@ def test_a_job_whose_parents_already_completed_is_relayed_at_once(
     assert db.val("SELECT relay_after <= now() FROM jobq.job WHERE id = $1", ready)
     assert heard == ["ready"]  # the one still waiting wakes nobody
     assert row(db, waits)["held"]
+
+
+def test_a_released_dependant_still_waits_for_its_own_delay(db: SyncDB) -> None:
+    """Found by hand: a job published with after => and a delay of 8 s,
+    whose parent took 1 s, was published at the parent's end, dropped by the
+    consumer as not due, and ran only when the lost-message check published
+    it again (27 s). Released, it must wait for its run_at like any delayed
+    job; a dependant without a delay is relayed at once."""
+    parent = enqueue(db)
+    later = db.val("SELECT jobq.enqueue('q', delay_s => 60, after => $1::uuid[])", [parent])
+    now = enqueue(db, after=[parent])
+    end(db, parent, "completed")
+    assert db.val("SELECT relay_after = run_at AND run_at > now() + interval '50 seconds' "
+                  "FROM jobq.job WHERE id = $1", later)
+    assert db.val("SELECT relay_after <= now() FROM jobq.job WHERE id = $1", now)
