@@ -16,8 +16,9 @@ after a crash would), ``job.parents()`` returns what you give, and
 ``InMemoryClient`` records what code under test publishes (the async
 client's ``publish`` / ``publish_many`` and the ``SyncClient``'s, without
 ``await``; ``client.bind(app)`` also takes what ``app``'s task handles
-publish) and can run it: ``await client.run_all(app)`` runs every recorded
-job whose handler ``app`` has, in publish order, and returns their results.
+publish; ``publish_workflow`` too) and can run it: ``await client.run_all(app)``
+runs every recorded job whose handler ``app`` has and that has not run yet,
+in publish order, then what those published, and returns their results.
 The pytest fixture ``jobq_client`` (``pytest -p jobq.testing``, or import it
 in a conftest) gives one per test.
 """
@@ -25,6 +26,7 @@ in a conftest) gives one per test.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 import uuid
@@ -38,6 +40,7 @@ from jobq.job import Job
 from jobq.producer import NewJob, validate
 from jobq.task import Task
 from jobq.worker.steps import fn_name
+from jobq.workflow import Workflow, _Ref
 
 
 @dataclass
@@ -137,12 +140,17 @@ class InMemoryClient:
 
     def __init__(self) -> None:
         self.published: list[tuple[uuid.UUID, NewJob]] = []
+        self.results: dict[uuid.UUID, Any] = {}  # of every job run_all ran
+        self._ran: set[uuid.UUID] = set()
         self._lock = threading.Lock()
 
     def _record(self, jobs: Iterable[NewJob]) -> list[uuid.UUID]:
-        out = []
+        out: list[uuid.UUID] = []
         for j in jobs:
             validate(j)  # the same refusals as the real client's
+            if any(isinstance(a, _Ref) for a in j.after):  # a workflow's earlier step
+                j = dataclasses.replace(j, after=tuple(
+                    out[a.index] if isinstance(a, _Ref) else a for a in j.after))
             job_id = uuid.uuid4()
             with self._lock:
                 self.published.append((job_id, j))
@@ -161,6 +169,14 @@ class InMemoryClient:
         (job_id,) = self._record([NewJob(queue, payload, **options)])
         return job_id
 
+    async def publish_workflow(self, workflow: Workflow) -> uuid.UUID:
+        return self.publish_workflow_sync(workflow)
+
+    def publish_workflow_sync(self, workflow: Workflow) -> uuid.UUID:
+        """``SyncClient.publish_workflow``: the steps recorded, their ids bound."""
+        workflow.bind(self._record(workflow.jobs()))
+        return workflow.id
+
     def bind(self, app: App) -> InMemoryClient:
         """Make ``app``'s task handles (``@app.task``) publish here, from
         ``publish`` and ``publish_sync`` alike."""
@@ -173,14 +189,21 @@ class InMemoryClient:
         return [j for _, j in self.published if queue is None or j.queue == queue]
 
     async def run_all(self, app: App) -> dict[uuid.UUID, Any]:
-        """Run every recorded job that ``app`` handles, in publish order."""
+        """Run every recorded job that ``app`` handles and that has not run
+        yet, in publish order, and what those publish in turn, as the
+        consumers would; their results. A job's ``job.parents()`` gets the
+        results of the jobs it waits for."""
         results: dict[uuid.UUID, Any] = {}
-        for job_id, j in list(self.published):
-            if j.queue in app.handlers:
+        while True:
+            todo = [(i, j) for i, j in list(self.published)
+                    if i not in self._ran and j.queue in app.handlers]
+            if not todo:
+                return results
+            for job_id, j in todo:
+                self._ran.add(job_id)
                 tj = MemoryJob(j.queue, j.payload, id=job_id,
-                             parents={p: results.get(p) for p in j.after})
-                results[job_id] = await run_job(app, tj)
-        return results
+                               parents={p: self.results.get(p) for p in j.after})
+                results[job_id] = self.results[job_id] = await run_job(app, tj)
 
 
 class _SyncView:
@@ -191,6 +214,9 @@ class _SyncView:
 
     def publish_many(self, jobs: Iterable[NewJob], *, relay: bool = False) -> list[uuid.UUID]:
         return self.memory._record(jobs)
+
+    def publish_workflow(self, workflow: Workflow) -> uuid.UUID:
+        return self.memory.publish_workflow_sync(workflow)
 
 
 try:  # the pytest fixture, when pytest is there

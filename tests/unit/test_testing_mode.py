@@ -100,5 +100,41 @@ def test_the_in_memory_client_records_and_runs_what_was_published() -> None:
         client.publish_sync("q", {"x": float("nan")})
 
 
+@app.handler("fan")
+async def fan(job: jobq.Job) -> int:
+    """Publishes follow-up jobs, as a handler of a pipeline does."""
+    for n in range(int(job.payload["n"])):
+        await FAN_CLIENT.publish("sync", {"n": n})
+    return int(job.payload["n"])
+
+
+FAN_CLIENT = InMemoryClient()
+
+
+def test_a_workflow_and_what_handlers_publish_run_in_memory() -> None:
+    """Found by hand: the in-memory client had no publish_workflow (a
+    workflow's code could not be tested without services), and run_all ran
+    only what was published before it was called, each time it was called."""
+    client = FAN_CLIENT
+    wf = jobq.Workflow()
+    first = wf.step("sync", {"n": 5})
+    second = wf.step("sync", {"n": 6})
+    wf.step("after", {}, after=[first, second])
+    wid = asyncio.run(client.publish_workflow(wf))
+    assert wid == wf.id and len({first.id, second.id}) == 2
+    assert client.jobs("after")[0].after == (first.id, second.id)
+    results = asyncio.run(client.run_all(app))
+    assert [results[first.id], results[second.id]] == [10, 12]
+    assert list(results.values())[-1] == 2  # the step saw both parents' results
+    asyncio.run(client.publish("fan", {"n": 3}))
+    again = asyncio.run(client.run_all(app))  # only what had not run, and what it published
+    assert sorted(again.values()) == [0, 2, 3, 4]
+    assert asyncio.run(client.run_all(app)) == {}
+    sync_wf = jobq.Workflow()  # as SyncClient.publish_workflow, from sync code
+    sync_wf.step("sync", {"n": 1})
+    assert client.publish_workflow_sync(sync_wf) == sync_wf.id
+    assert asyncio.run(client.run_all(app)) == {sync_wf.steps[0].id: 2}
+
+
 def test_the_fixture_gives_a_client(jobq_client: InMemoryClient) -> None:
     assert jobq_client.jobs() == []
