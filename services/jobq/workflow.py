@@ -17,6 +17,7 @@ of them fails or is cancelled. No coordinator process, no polling job.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -72,6 +73,16 @@ class Workflow:
         self.steps.append(s)
         return s
 
+    def add(self, job: NewJob, *, after: Sequence[Step | uuid.UUID] = ()) -> Step:
+        """Declare a step from a :class:`jobq.NewJob`, e.g. a typed task's
+        ``task.job(payload, priority=5)``: its queue, payload and options,
+        waiting for ``after`` (steps of this workflow) and the job's own."""
+        from jobq.producer import NewJob
+
+        options = {f.name: getattr(job, f.name) for f in dataclasses.fields(NewJob)
+                   if f.name in _STEP_OPTIONS and getattr(job, f.name) != f.default}
+        return self.step(job.queue, job.payload, after=[*job.after, *after], **options)
+
     def jobs(self) -> list[NewJob]:
         """The steps as jobs; ``bind`` maps each to its id afterwards. A step
         waiting for an earlier step refers to it by its position, resolved
@@ -86,6 +97,9 @@ class Workflow:
 
     def bind(self, ids: list[uuid.UUID]) -> None:
         self.ids = list(ids)
+
+
+_STEP_OPTIONS = ("delay_s", "idempotency_key", "priority", "key", "debounce_s")  # of NewJob
 
 
 class _Ref(uuid.UUID):

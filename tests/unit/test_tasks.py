@@ -107,3 +107,22 @@ def test_every_single_publish_takes_the_options_a_newjob_has() -> None:
     for publish in publishes:
         params = inspect.signature(publish).parameters
         assert options <= set(params), (publish.__qualname__, options - set(params))
+
+
+def test_a_typed_tasks_jobs_are_steps_of_a_workflow() -> None:
+    """Task.job's docstring sent users to ``workflow.add(task.job(...))``,
+    which did not exist. Now it does, keeping the job's options."""
+    app, send_invoice, plain = make_app()
+    client = InMemoryClient().bind(app)
+    wf = jobq.Workflow()
+    first = wf.add(send_invoice.job(Invoice(number=1, total=5), priority=7))
+    last = wf.add(plain.job({"x": 1}, key="k"), after=[first])
+    assert [(j.priority, j.key) for j in wf.jobs()] == [(7, None), (0, "k")]
+
+    async def go() -> dict[uuid.UUID, Any]:
+        await client.publish_workflow(wf)
+        return await client.run_all(app)
+
+    results = asyncio.run(go())
+    assert client.jobs("plain")[0].after == (first.id,)
+    assert results == {first.id: {"n": 1, "total": 5.0}, last.id: {"x": 1}}
