@@ -23,7 +23,7 @@ from typing_extensions import TypeVar
 
 from jobq import lease  # the one writer of lease columns (job.complete_in)
 from jobq.db import PooledConnection
-from jobq.errors import LeaseLost
+from jobq.errors import Fail, LeaseLost
 from jobq.status import Status as Status  # its home is status.py; re-exported
 
 # The payload's type: a handler registered with ``payload=Model`` may annotate
@@ -64,9 +64,9 @@ class Job(Generic[P]):
         self._link = link
 
     def _linked(self) -> Any:
-        if self._link is None:
-            raise RuntimeError("steps and parents need a job run by a consumer (--pool thread "
-                               "or an async handler); jobq.testing runs them in memory")
+        if self._link is None:  # a child process (--pool process): no retry can help
+            raise Fail("steps and parents need a job run by a consumer (--pool thread "
+                       "or an async handler); jobq.testing runs them in memory")
         return self._link
 
     async def step(self, name: str, fn: Any, *args: Any) -> Any:

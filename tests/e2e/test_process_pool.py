@@ -146,10 +146,16 @@ def test_large_payloads_and_results_cross_the_child_channel(db: SyncDB, procs: P
     procs.reaper()
     procs.consumer("--queue", "big", "--pool", "process", "--concurrency", "2",
                    JOBQ_EVENT_LOOP=loop).worker_id()
-    payload, result, over = publish(settings, "big", [
-        {"blob": "x" * 900_000}, {"result_bytes": 5_000_000}, {"result_bytes": 7_000_000}])
+    payload, result, over, step = publish(settings, "big", [
+        {"blob": "x" * 900_000}, {"result_bytes": 5_000_000}, {"result_bytes": 7_000_000},
+        {"step": True}])
     wait_until(lambda: all(job(db, j)["status"] in ("completed", "failed")
-                           for j in (payload, result, over)), 30, "all three ended")
+                           for j in (payload, result, over, step)), 30, "all four ended")
+    # A step in a child process can never run: failed at once, not retried
+    # max_attempts times with backoff (found by hand: 5 attempts over 20 s).
+    row = job(db, step)
+    assert (row["status"], row["attempts"]) == ("failed", 1), row["last_error"]
+    assert "--pool thread" in row["last_error"]
     got = db.fetchrow("SELECT status, stalls, result->>'got' AS got, "
                       "result->'secrets' AS secrets FROM jobq.job WHERE id = $1", payload)
     assert (got["status"], got["stalls"], got["got"]) == ("completed", 0, "900000")
