@@ -68,10 +68,16 @@ async def _work(job: Job) -> Any:
             raise Retry("come back later", delay_s=float(p["retry_in"]))
         if p.get("fail_now"):
             raise Fail("cannot ever work")
+        if p.get("bad_step"):  # a step result that is not JSON: refused on every run
+            await job.step("bad", _not_json)
     except asyncio.CancelledError:
         await asyncio.shield(end(job, "cancelled"))
         raise
     await end(job, "returned")
+
+
+def _not_json() -> object:
+    return {1, 2}
 
 
 @app.handler("work")

@@ -58,6 +58,12 @@ class InvalidPayload(BadInput):
     pass
 
 
+class StepRefused(BadInput):
+    """A durable step the database or the rules refuse (a name reused with
+    another function, a result that cannot be stored, a bad name): the same
+    on every run, so the job fails at once with it rather than retrying."""
+
+
 class InvalidQueue(BadInput):
     pass
 

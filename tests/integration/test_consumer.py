@@ -119,6 +119,9 @@ def test_retry_and_fail_signals(settings: Settings) -> None:
         retry, fail = await w.publish("work", {"retry_in": 0.3}, {"fail_now": True})
         row = await w.wait_status(fail, "failed")
         assert row["attempts"] == 1 and row["last_error"] == "Fail: cannot ever work"
+        (step,) = await w.publish("work", {"bad_step": True})  # refused: the same every run
+        row = await w.wait_status(step, "failed")
+        assert row["attempts"] == 1 and row["last_error"].startswith("step refused: step 'bad'")
         row = await w.wait_status(retry, "completed")
         assert row["attempts"] == 2 and row["last_error"] == "Retry: come back later"
         assert (row["started_at"] - row["created_at"]).total_seconds() >= 0.3

@@ -16,7 +16,7 @@ import pytest
 
 from harness.helpers import SyncDB, run_cli, with_pool
 from jobq import lease
-from jobq.errors import BadInput, LeaseLost
+from jobq.errors import BadInput, LeaseLost, StepRefused
 from jobq.lease import Lease
 from jobq.producer import Client, NewJob
 from jobq.settings import Settings
@@ -124,9 +124,9 @@ def test_a_step_runs_once_per_job_and_a_zombie_cannot_record_one(db_url: str) ->
         run2 = JobLink(pool, jid, second.lock, 65536)
         assert await run2.step("charge", charge, 5) == {"charged": 5}
         assert calls == ["charge"]  # not called again
-        with pytest.raises(BadInput, match="recorded by"):
+        with pytest.raises(StepRefused, match="recorded by"):  # fails the job at once
             await run2.step("charge", other)
-        with pytest.raises(BadInput, match="not JSON"):
+        with pytest.raises(StepRefused, match="not JSON"):
             await run2.step("bad", lambda: {1, 2})
         assert await pool.fetchval("SELECT count(*) FROM jobq.job_step WHERE name = 'bad'") == 0
         # the first run, a zombie now, can neither record nor read

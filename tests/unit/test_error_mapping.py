@@ -20,6 +20,7 @@ from jobq.errors import (
     InvalidQueue,
     LeaseLost,
     Retry,
+    StepRefused,
 )
 from jobq.job import Job
 from jobq.lease import Lease
@@ -96,6 +97,8 @@ def test_a_handlers_exception_decides_retry_or_failure() -> None:
     v = failure_for(run, info.value)
     assert v is not None and not v.retry and "at to" in v.error
     assert failure_for(run, LeaseLost("gone")) is None
+    s = failure_for(run, StepRefused("step 'charge' was recorded by a.f, not a.g"))
+    assert s is not None and not s.retry and s.error.startswith("step refused: step 'charge'")
     e = failure_for(run, RuntimeError("boom\ncompleted job=FORGED"))
     assert e is not None and e.retry and e.error == "RuntimeError: boom\\ncompleted job=FORGED"
     assert failure_for(run, KeyError()).error == "KeyError"  # type: ignore[union-attr]

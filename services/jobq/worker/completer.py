@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from jobq.backoff import Backoff
 from jobq.batch import Coalescer
 from jobq.db import is_transient
-from jobq.errors import ConfigError, Fail, LeaseLost, Retry
+from jobq.errors import ConfigError, Fail, LeaseLost, Retry, StepRefused
 from jobq.lease import Failure, Lease
 from jobq.logs import fields, printable
 from jobq.results import ResultInvalid, encode
@@ -60,6 +60,8 @@ def failure_for(run: Run, exc: BaseException) -> Failure | None:
         return Failure(le, f"Retry: {printable(str(exc))}", True, exc.delay_s)
     if isinstance(exc, Fail):
         return Failure(le, f"Fail: {printable(str(exc))}", False)
+    if isinstance(exc, StepRefused):  # the same on every run: retrying cannot help
+        return Failure(le, f"step refused: {printable(str(exc))}", False)
     if isinstance(exc, ResultInvalid):
         return Failure(le, f"result not stored: {printable(str(exc))}", False)
     if isinstance(exc, PayloadUndecodable):

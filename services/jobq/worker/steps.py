@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jobq.db import fetch, fetchval
-from jobq.errors import BadInput, LeaseLost
+from jobq.errors import LeaseLost, StepRefused
 from jobq.results import ResultInvalid, encode
 from jobq.sql import Q
 
@@ -57,7 +57,7 @@ class JobLink:
 
     async def step(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
         if not isinstance(name, str) or not 1 <= len(name.encode()) <= 200:
-            raise BadInput("a step name is 1 to 200 bytes of text")
+            raise StepRefused("a step name is 1 to 200 bytes of text")
         who = fn_name(fn)
         done = await self._recorded(name, who)
         if done is not None:
@@ -72,7 +72,7 @@ class JobLink:
         """From a sync handler's thread: the step, on the consumer's loop
         (``fn`` itself runs in this thread)."""
         if asyncio.iscoroutinefunction(fn):
-            raise BadInput("job.step_sync takes a plain function; await job.step for a "
+            raise StepRefused("job.step_sync takes a plain function; await job.step for a "
                            "coroutine function")
         who = fn_name(fn)
         done = asyncio.run_coroutine_threadsafe(self._recorded(name, who), self.loop).result()
@@ -86,7 +86,7 @@ class JobLink:
         try:
             text = encode(value, self.max_result_bytes)
         except ResultInvalid as exc:
-            raise BadInput(f"step {name!r}: {exc}") from None
+            raise StepRefused(f"step {name!r}: {exc}") from None
         if await fetchval(self.pool, Q["step_record"], self.job_id, self.lock, name, who, text):
             return json.loads(text) if text is not None else None
         again = await self._recorded(name, who)  # a retried record whose reply was lost
@@ -101,6 +101,6 @@ class JobLink:
         if row is None:
             return None
         if row["fn"] != who:
-            raise BadInput(f"step {name!r} was recorded by {row['fn']}, not {who}: a step name "
+            raise StepRefused(f"step {name!r} was recorded by {row['fn']}, not {who}: a step name "
                            "names one function")
         return (json.loads(row["result"]) if row["result"] is not None else None,)
