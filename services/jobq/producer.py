@@ -33,7 +33,7 @@ from jobq.queues import BY_COLUMN, check_queue_name
 from jobq.relay import publish_and_mark
 from jobq.settings import Settings
 from jobq.sql import Q
-from jobq.workflow import Workflow, enqueue_linked
+from jobq.workflow import Workflow, enqueue_linked, enqueue_one
 
 log = logging.getLogger("jobq.producer")
 
@@ -277,14 +277,19 @@ class Client:
     async def enqueue(self, conn: asyncpg.Connection, queue: str, payload: Any = None, *,
                       delay_s: float = 0.0, idempotency_key: str | None = None,
                       priority: int = 0, key: str | None = None,
-                      debounce_s: float = 0.0) -> uuid.UUID:
+                      debounce_s: float = 0.0, after: Iterable[uuid.UUID] = ()) -> uuid.UUID:
         """Insert a job inside the caller's open transaction (``conn``).
 
         Nothing is published now: the reapers publish the id right after the
-        caller commits (woken by NOTIFY), and never if it rolls back.
+        caller commits (woken by NOTIFY), and never if it rolls back. With
+        ``after``, once each of those jobs completed.
         """
-        job = NewJob(queue, payload, delay_s, idempotency_key, priority, key, debounce_s)
+        job = NewJob(queue, payload, delay_s, idempotency_key, priority, key, debounce_s,
+                     tuple(after))
         payload_json = validate(job)
+        if job.after:
+            with translated():
+                return await enqueue_one(conn, job, payload_json, job.after, 0.0)
         statement, args = columns([job.row(payload_json, tracing.carrier())], 0.0)
         with translated():
             row = await fetchrow(conn, statement, *args)

@@ -165,6 +165,12 @@ class InMemoryClient:
                            relay: bool = False) -> list[uuid.UUID]:
         return self._record(jobs)  # relay or not, recorded alike
 
+    async def enqueue(self, conn: Any, queue: str, payload: Any = None,
+                      **options: Any) -> uuid.UUID:
+        """``Client.enqueue`` in the caller's transaction: recorded (``conn``
+        is not used: there is no database here)."""
+        return await self.publish(queue, payload, **options)
+
     def publish_sync(self, queue: str, payload: Any = None, **options: Any) -> uuid.UUID:
         (job_id,) = self._record([NewJob(queue, payload, **options)])
         return job_id

@@ -120,14 +120,21 @@ async def enqueue_linked(pool: asyncpg.Pool, jobs: Sequence[NewJob], payloads: S
     async with connection(pool) as conn, conn.transaction():
         for job, text in zip(jobs, payloads):
             after = [ids[a.index] if isinstance(a, _Ref) else a for a in job.after]
-            # A job that waits is never published by this client: whoever
-            # releases it hands it to the relay. If its parents all completed
-            # already, that is now (grace 0: relayed at once, a reaper woken
-            # by NOTIFY), not after the grace a client-published job gets.
-            grace = 0.0 if after else relay_grace_s
-            job_id = await fetchval(conn,
-                Q["enqueue_linked"], job.queue, text, max(0.0, float(job.delay_s)),
-                job.idempotency_key, grace, job.priority, job.key,
-                float(job.debounce_s), after or None, job.workflow_id)
-            ids.append(job_id)
+            ids.append(await enqueue_one(conn, job, text, after, relay_grace_s))
     return ids
+
+
+async def enqueue_one(conn: Any, job: NewJob, text: str, after: Sequence[uuid.UUID],
+                      relay_grace_s: float) -> uuid.UUID:
+    """One job through jobq.enqueue, in the caller's transaction (it locks
+    and counts the parents there)."""
+    # A job that waits is never published by a client: whoever releases it
+    # hands it to the relay. If its parents all completed already, that is
+    # now (grace 0: relayed at once, a reaper woken by NOTIFY), not after
+    # the grace a client-published job gets.
+    grace = 0.0 if after else relay_grace_s
+    job_id: uuid.UUID = await fetchval(
+        conn, Q["enqueue_linked"], job.queue, text, max(0.0, float(job.delay_s)),
+        job.idempotency_key, grace, job.priority, job.key, float(job.debounce_s),
+        list(after) or None, job.workflow_id)
+    return job_id

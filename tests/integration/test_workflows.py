@@ -216,3 +216,32 @@ def test_a_released_dependant_still_waits_for_its_own_delay(db: SyncDB) -> None:
     assert db.val("SELECT relay_after = run_at AND run_at > now() + interval '50 seconds' "
                   "FROM jobq.job WHERE id = $1", later)
     assert db.val("SELECT relay_after <= now() FROM jobq.job WHERE id = $1", now)
+
+
+def test_a_job_enqueued_in_the_callers_transaction_can_wait(settings: Settings,
+                                                            db: SyncDB) -> None:
+    """Client.enqueue (inside the caller's transaction) took every option of
+    Client.publish but ``after``."""
+    parent = enqueue(db)
+
+    async def go() -> list[Any]:
+        conn = await asyncpg.connect(db.url)
+        try:
+            async with Client(settings) as client:
+                async with conn.transaction():
+                    kept = await client.enqueue(conn, "q", {}, after=[parent], priority=2)
+                try:
+                    async with conn.transaction():
+                        await client.enqueue(conn, "gone", {}, after=[parent])
+                        raise RuntimeError("the caller rolls back")
+                except RuntimeError:
+                    pass
+            return [kept]
+        finally:
+            await conn.close()
+
+    (kept,) = asyncio.run(go())
+    assert (row(db, kept)["waiting_on"], row(db, kept)["held"]) == (1, True)
+    assert db.val("SELECT count(*) FROM jobq.job WHERE queue = 'gone'") == 0
+    end(db, parent, "completed")
+    assert (row(db, kept)["waiting_on"], row(db, kept)["held"]) == (0, False)

@@ -126,7 +126,7 @@ def test_a_workflow_and_what_handlers_publish_run_in_memory() -> None:
     results = asyncio.run(client.run_all(app))
     assert [results[first.id], results[second.id]] == [10, 12]
     assert list(results.values())[-1] == 2  # the step saw both parents' results
-    asyncio.run(client.publish("fan", {"n": 3}))
+    asyncio.run(client.enqueue(None, "fan", {"n": 3}))  # as in the caller's transaction
     again = asyncio.run(client.run_all(app))  # only what had not run, and what it published
     assert sorted(again.values()) == [0, 2, 3, 4]
     assert asyncio.run(client.run_all(app)) == {}
