@@ -102,8 +102,8 @@ def test_every_single_publish_takes_the_options_a_newjob_has() -> None:
 
     options = {f.name for f in dataclasses.fields(jobq.NewJob)} - {"queue", "payload",
                                                                   "workflow_id"}
-    publishes: list[Any] = [jobq.Client.publish, jobq.SyncClient.publish, jobq.Task.publish,
-                            jobq.Task.publish_sync]
+    publishes: list[Any] = [jobq.Client.publish, jobq.Client.enqueue, jobq.SyncClient.publish,
+                            jobq.Task.publish, jobq.Task.publish_sync]
     for publish in publishes:
         params = inspect.signature(publish).parameters
         assert options <= set(params), (publish.__qualname__, options - set(params))
