@@ -96,9 +96,17 @@ SELECT carrier::text FROM jobq.job_trace WHERE job_id = $1;
 -- name: enqueue_linked
 -- One job that waits for others or belongs to a workflow (issue #31):
 -- jobq.enqueue with every option; workflow.py runs a batch of these in one
--- transaction, parents before the jobs that wait for them.
-SELECT jobq.enqueue($1::text, $2::jsonb, $3::float8, $4::text, $5::float8, $6::int, $7::text,
-                    $8::float8, $9::uuid[], $10::uuid) AS id;
+-- transaction, parents before the jobs that wait for them. The publisher's
+-- trace context ($11: JSON or NULL) is stored beside it, as enqueue_many_traced does.
+WITH made AS (
+    SELECT jobq.enqueue($1::text, $2::jsonb, $3::float8, $4::text, $5::float8, $6::int,
+                        $7::text, $8::float8, $9::uuid[], $10::uuid) AS id
+), stored AS (
+    INSERT INTO jobq.job_trace (job_id, carrier)
+    SELECT made.id, $11::jsonb FROM made WHERE $11::text IS NOT NULL
+    ON CONFLICT (job_id) DO NOTHING
+)
+SELECT id FROM made;
 
 -- name: held_back
 -- grant: jobq_producer

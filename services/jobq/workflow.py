@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
+from jobq import tracing
 from jobq.db import connection, fetchval
 from jobq.errors import BadInput
 from jobq.sql import Q
@@ -136,5 +137,5 @@ async def enqueue_one(conn: Any, job: NewJob, text: str, after: Sequence[uuid.UU
     job_id: uuid.UUID = await fetchval(
         conn, Q["enqueue_linked"], job.queue, text, max(0.0, float(job.delay_s)),
         job.idempotency_key, grace, job.priority, job.key, float(job.debounce_s),
-        list(after) or None, job.workflow_id)
+        list(after) or None, job.workflow_id, tracing.carrier())
     return job_id

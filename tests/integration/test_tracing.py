@@ -74,6 +74,31 @@ def test_runs_are_children_of_the_publishing_span_and_retries_share_its_trace(
     scenario(settings, body)
 
 
+def test_a_workflows_steps_and_dependants_are_children_of_the_publishing_span(
+        settings: Settings) -> None:
+    """Found by hand: a job published with after= (or as a workflow's step)
+    went through jobq.enqueue, which stored no trace context, so its run
+    started a trace of its own though it was published inside a span."""
+    from jobq.producer import NewJob
+    from jobq.workflow import Workflow
+
+    async def body(w: World) -> None:
+        with trace.get_tracer("test").start_as_current_span("POST /order") as request:
+            (first,) = await w.publish("work", {})
+            (then,) = await w.client.publish_many([NewJob("work", {}, after=[first])])
+            wf = Workflow()
+            step = wf.step("work", {})
+            await w.client.publish_workflow(wf)
+        ctx = request.get_span_context()
+        for jid in (then, step.id):
+            await w.wait_status(jid, "completed")
+            (run,) = await _runs(jid)
+            assert run.context.trace_id == ctx.trace_id
+            assert run.parent is not None and run.parent.span_id == ctx.span_id
+
+    scenario(settings, body)
+
+
 def test_a_job_enqueued_from_sql_starts_a_trace_of_its_own(settings: Settings) -> None:
     async def body(w: World) -> None:
         with trace.get_tracer("test").start_as_current_span("unrelated") as other:
