@@ -48,8 +48,13 @@ def test_lapsed_leases_are_requeued_in_time_while_the_relay_has_a_backlog(
         finally:
             reaper.request_stop()
             await loop
+        # Two budgets (a sweep's relay, then the next sweep's probe and
+        # requeue) and slack for a loaded machine: 0.80 s was seen once beside
+        # two other test workers with 2 * budget + 0.3 (0.70). A relay that
+        # held up the requeue shows here as seconds, and below as no backlog
+        # left when the first lease came back.
         budget = settings.reaper.max_sleep_s
-        assert max(late) < 2 * budget + 0.3, (
+        assert max(late) < 2 * budget + 0.8, (
             f"requeued {max(late):.2f}s after its lease lapsed (all: "
             f"{', '.join(f'{x:.2f}' for x in late)}), with {left} rows still to relay when "
             "the first came back: the relay held up the requeue")
