@@ -136,5 +136,22 @@ def test_a_workflow_and_what_handlers_publish_run_in_memory() -> None:
     assert asyncio.run(client.run_all(app)) == {sync_wf.steps[0].id: 2}
 
 
+@app.handler("forever")
+async def forever(job: jobq.Job) -> None:
+    await FOREVER_CLIENT.publish("forever", {})
+
+
+FOREVER_CLIENT = InMemoryClient()
+
+
+def test_run_all_says_so_when_handlers_keep_publishing(monkeypatch: Any) -> None:
+    import jobq.testing
+
+    monkeypatch.setattr(jobq.testing, "RUN_ALL_MAX", 50)
+    asyncio.run(FOREVER_CLIENT.publish("forever", {}))
+    with pytest.raises(BadInput, match=r"more keep coming.*\(forever\)"):
+        asyncio.run(FOREVER_CLIENT.run_all(app))
+
+
 def test_the_fixture_gives_a_client(jobq_client: InMemoryClient) -> None:
     assert jobq_client.jobs() == []
