@@ -40,7 +40,7 @@ from jobq.job import Job
 from jobq.producer import NewJob, validate
 from jobq.task import Task
 from jobq.worker.steps import fn_name
-from jobq.workflow import Workflow, _Ref
+from jobq.workflow import Workflow, resolved
 
 
 @dataclass
@@ -151,9 +151,8 @@ class InMemoryClient:
         out: list[uuid.UUID] = []
         for j in jobs:
             validate(j)  # the same refusals as the real client's
-            if any(isinstance(a, _Ref) for a in j.after):  # a workflow's earlier step
-                j = dataclasses.replace(j, after=tuple(
-                    out[a.index] if isinstance(a, _Ref) else a for a in j.after))
+            if j.after:  # a workflow's step may wait for an earlier one of the batch
+                j = dataclasses.replace(j, after=tuple(resolved(j.after, out)))
             job_id = uuid.uuid4()
             with self._lock:
                 self.published.append((job_id, j))

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 
 from jobq import tracing
-from jobq.db import connection, fetchval
+from jobq.db import PooledConnection, connection, fetchval
 from jobq.errors import BadInput
 from jobq.sql import Q
 
@@ -81,7 +81,7 @@ class Workflow:
         from jobq.producer import NewJob
 
         options = {f.name: getattr(job, f.name) for f in dataclasses.fields(NewJob)
-                   if f.name in _STEP_OPTIONS and getattr(job, f.name) != f.default}
+                   if f.name not in _NOT_OPTIONS and getattr(job, f.name) != f.default}
         return self.step(job.queue, job.payload, after=[*job.after, *after], **options)
 
     def jobs(self) -> list[NewJob]:
@@ -100,7 +100,7 @@ class Workflow:
         self.ids = list(ids)
 
 
-_STEP_OPTIONS = ("delay_s", "idempotency_key", "priority", "key", "debounce_s")  # of NewJob
+_NOT_OPTIONS = {"queue", "payload", "after", "workflow_id"}  # NewJob's fields a step sets itself
 
 
 class _Ref(uuid.UUID):
@@ -120,13 +120,19 @@ async def enqueue_linked(pool: asyncpg.Pool, jobs: Sequence[NewJob], payloads: S
     ids: list[uuid.UUID] = []
     async with connection(pool) as conn, conn.transaction():
         for job, text in zip(jobs, payloads):
-            after = [ids[a.index] if isinstance(a, _Ref) else a for a in job.after]
-            ids.append(await enqueue_one(conn, job, text, after, relay_grace_s))
+            ids.append(await enqueue_one(conn, job, text, resolved(job.after, ids),
+                                         relay_grace_s))
     return ids
 
 
-async def enqueue_one(conn: Any, job: NewJob, text: str, after: Sequence[uuid.UUID],
-                      relay_grace_s: float) -> uuid.UUID:
+def resolved(after: Sequence[uuid.UUID], ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
+    """``after`` with each reference to an earlier job of the batch (a
+    workflow's step, by position) replaced by that job's id in ``ids``."""
+    return [ids[a.index] if isinstance(a, _Ref) else a for a in after]
+
+
+async def enqueue_one(conn: asyncpg.Connection | PooledConnection, job: NewJob, text: str,
+                      after: Sequence[uuid.UUID], relay_grace_s: float) -> uuid.UUID:
     """One job through jobq.enqueue, in the caller's transaction (it locks
     and counts the parents there)."""
     # A job that waits is never published by a client: whoever releases it
