@@ -67,6 +67,23 @@ async def delete_namespace(amqp_url: str, namespace: str, queues: list[str]) -> 
         await conn.close()
 
 
+async def delete_namespace_of(db_url: str, amqp_url: str, namespace: str,
+                              fallback: list[str]) -> None:
+    """Delete the broker queues of every queue ``jobq.queue`` of ``db_url``
+    names (``fallback`` if it cannot be read), and the namespace's
+    exchanges. Stop the namespace's consumers first: a robust consumer
+    declares its queue again."""
+    try:
+        conn = await asyncpg.connect(db_url)
+        try:
+            names = [r["name"] for r in await conn.fetch("SELECT name FROM jobq.queue")]
+        finally:
+            await conn.close()
+    except Exception:
+        names = fallback
+    await delete_namespace(amqp_url, namespace, names)
+
+
 def login_url(url: str, user: str, password: str) -> str:
     """``url`` with another user and password."""
     from urllib.parse import quote

@@ -30,7 +30,7 @@ from harness.scratch import (
     BrokerLogins,
     Logins,
     admin,
-    delete_namespace,
+    delete_namespace_of,
     reachable,
     with_db,
 )
@@ -180,19 +180,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 def namespace(amqp_url: str, db_url: str) -> Iterator[str]:
     ns = f"jqt{RUN}{next(_counter)}"
     yield ns
-
-    async def queues() -> list[str]:
-        conn = await asyncpg.connect(db_url)
-        try:
-            return [r["name"] for r in await conn.fetch("SELECT name FROM jobq.queue")]
-        finally:
-            await conn.close()
-
-    try:
-        names = asyncio.run(queues())
-    except Exception:
-        names = []
-    asyncio.run(delete_namespace(amqp_url, ns, names))
+    asyncio.run(delete_namespace_of(db_url, amqp_url, ns, []))
 
 
 @pytest.fixture

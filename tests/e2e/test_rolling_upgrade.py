@@ -27,7 +27,7 @@ import asyncpg
 import pytest
 
 from harness.helpers import Proc, Procs, wait_until
-from harness.scratch import admin, delete_namespace, with_db
+from harness.scratch import admin, delete_namespace_of, with_db
 
 ROOT = Path(__file__).resolve().parents[2]
 UPGRADE_FROM = os.environ.get("JOBQ_TEST_UPGRADE_FROM", "cc01651")  # the release before this one
@@ -70,22 +70,11 @@ def fresh_db(pg_admin_url: str, amqp_url: str, namespace: str) -> Iterator[str]:
     asyncio.run(admin(pg_admin_url, f"CREATE DATABASE {name}"))
     url = with_db(pg_admin_url, name)
     yield url
-
-    async def queues() -> list[str]:
-        # Every queue the demo app declared (echo, sleep, flaky, crash), from
-        # this database: the namespace fixture reads the suite's own, which
-        # names none of them, and a list here left two behind on each run.
-        conn = await asyncpg.connect(url)
-        try:
-            return [r["name"] for r in await conn.fetch("SELECT name FROM jobq.queue")]
-        finally:
-            await conn.close()
-
-    try:
-        names = asyncio.run(queues())
-    except Exception:
-        names = ["echo", "sleep", "flaky", "crash"]
-    asyncio.run(delete_namespace(amqp_url, namespace, names))
+    # Every queue the demo app declared, from this database: the namespace
+    # fixture reads the suite's own, which names none of them (a list of two
+    # here left the other two behind on each run).
+    asyncio.run(delete_namespace_of(url, amqp_url, namespace,
+                                    ["echo", "sleep", "flaky", "crash"]))
     asyncio.run(admin(pg_admin_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
 
 
