@@ -16,7 +16,7 @@ after a crash would), ``job.parents()`` returns what you give, and
 ``InMemoryClient`` records what code under test publishes (the async
 client's ``publish`` / ``publish_many`` and the ``SyncClient``'s, without
 ``await``; ``client.bind(app)`` also takes what ``app``'s task handles
-publish; ``publish_workflow`` too) and can run it: ``await client.run_all(app)``
+publish; ``publish_workflow`` and ``enqueue`` too) and can run it: ``await client.run_all(app)``
 runs every recorded job whose handler ``app`` has and that has not run yet,
 in publish order, then what those published, and returns their results.
 The pytest fixture ``jobq_client`` (``pytest -p jobq.testing``, or import it

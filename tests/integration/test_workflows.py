@@ -242,6 +242,7 @@ def test_a_job_enqueued_in_the_callers_transaction_can_wait(settings: Settings,
 
     (kept,) = asyncio.run(go())
     assert (row(db, kept)["waiting_on"], row(db, kept)["held"]) == (1, True)
+    assert db.val("SELECT priority FROM jobq.job WHERE id = $1", kept) == 2
     assert db.val("SELECT count(*) FROM jobq.job WHERE queue = 'gone'") == 0
     end(db, parent, "completed")
     assert (row(db, kept)["waiting_on"], row(db, kept)["held"]) == (0, False)
