@@ -205,6 +205,13 @@ def big(job: Job) -> Any:
             "secrets": sorted(k for k in os.environ if k.startswith("JOBQ_") and "URL" in k)}
 
 
+@app.task("proc_typed", payload=Email)
+def proc_typed(job: Job[Email]) -> Any:
+    """A typed sync task, for --pool process: the child checks the payload."""
+    assert isinstance(job.payload, Email)
+    return {"to": job.payload.to, "pid": os.getpid()}
+
+
 @app.handler("wf")
 async def wf(job: Job) -> Any:
     """Workflows: a step that records its run, sleeps, may kill its process

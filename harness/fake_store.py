@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from jobq.errors import DatabaseUnavailable
-from jobq.lease import Failure, Lease
+from jobq.lease import Failure, Lease, Renewal
 from jobq.rows import ChildDeath, Claim, Failed, Miss, Spell
 from jobq.worker.steps import JobLink
 
@@ -50,6 +50,7 @@ class FakeRow:
     error: str | None = None
     progress: str | None = None
     poison: bool = False  # its claim raises a data error (SQLSTATE 22)
+    locked: bool = False  # another transaction holds the row: renewals skip it (busy)
 
 
 def now() -> float:
@@ -148,16 +149,18 @@ class FakeStore:
         row.status, row.error = "failed", "cannot be claimed: value out of range"
         return True
 
-    async def renew(self, leases: Sequence[Lease], within_s: float) -> set[uuid.UUID]:
+    async def renew(self, leases: Sequence[Lease], within_s: float) -> Renewal:
         self._enter("renew", [le.job_id for le in leases])
-        held = set()
+        held, busy = set(), set()
         for le in leases:
             row = self._held(le.job_id, le.lock)
-            if row is not None:
+            if row is not None and row.locked:
+                busy.add(le.job_id)
+            elif row is not None:
                 row.expires = now() + row.lease_s
                 held.add(le.job_id)
         self._leave("renew")
-        return held
+        return Renewal(frozenset(held), frozenset(busy))
 
     async def complete(self, leases: Sequence[Lease],
                        results: Sequence[str | None]) -> list[bool]:

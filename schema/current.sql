@@ -257,10 +257,12 @@ DECLARE
     delay double precision := greatest(coalesce(enqueue.delay_s, 0), 0);
     debounce double precision := coalesce(enqueue.debounce_s, 0);
     slot_key boolean := enqueue.idempotency_key LIKE 'schedule:%';
+    who text := CASE WHEN enqueue.idempotency_key LIKE 'schedule:%' THEN 'jobq:schedule'
+                     ELSE session_user::text END;
     new_id uuid;
-    owner_login text;
     parents uuid[] := ARRAY(SELECT DISTINCT p FROM unnest(enqueue.after) AS p WHERE p IS NOT NULL);
-    found_n integer := 0;
+    p_id uuid[];
+    p_status text[];
     waiting integer := 0;
     dead_parent uuid;
     dead_status text;
@@ -309,6 +311,12 @@ BEGIN
                         'periodic jobs' USING ERRCODE = '23514',
                   HINT = 'choose another key';
     END IF;
+    IF enqueue.workflow_id IS NOT NULL AND EXISTS (
+           SELECT 1 FROM jobq.job w
+           WHERE w.workflow_id = enqueue.workflow_id AND w.enqueued_by IS DISTINCT FROM who) THEN
+        RAISE EXCEPTION 'jobq: workflow % belongs to another login', enqueue.workflow_id
+            USING ERRCODE = '42501', HINT = 'publish the steps of a workflow from one login';
+    END IF;
     SELECT * INTO q FROM jobq.queue AS qq WHERE qq.name = enqueue.queue;
     IF NOT FOUND THEN
         -- A new queue: created with defaults, unless auto-creation is off or
@@ -341,16 +349,22 @@ BEGIN
             USING ERRCODE = '22023', HINT = 'use a short key, e.g. a hash of what makes it unique';
     END IF;
     IF debounce > 0 THEN
-        PERFORM pg_advisory_xact_lock(hashtext(enqueue.queue), hashtext(enqueue.key));
+        -- One login's publishes of one key, one at a time: an advisory lock
+        -- in a space of its own (no claim, and no other login's publish,
+        -- waits on it). Only a job this login published with debounce and
+        -- not yet due is merged into.
+        PERFORM pg_advisory_xact_lock(hashtext('jobq.debounce:' || who || ':' || enqueue.queue),
+                                      hashtext(enqueue.key));
         UPDATE jobq.job AS j
         SET payload = doc, run_at = now() + make_interval(secs => debounce),
             relay_after = now() + make_interval(secs => debounce), priority = enqueue.priority
         WHERE j.id = (SELECT jj.id FROM jobq.job AS jj
                       WHERE jj.queue = enqueue.queue AND jj.key = enqueue.key
+                        AND jj.debounced AND jj.enqueued_by = who
                         AND jj.status = 'queued' AND jj.run_at > now()
                         AND jj.published_at IS NULL AND jj.relay_after < 'infinity'
                       ORDER BY jj.run_at DESC LIMIT 1
-                      FOR UPDATE)
+                      FOR NO KEY UPDATE)
         RETURNING j.id INTO new_id;
         IF new_id IS NOT NULL THEN
             RETURN new_id;
@@ -358,62 +372,66 @@ BEGIN
         delay := greatest(delay, debounce);
     END IF;
     IF cardinality(parents) > 0 THEN
-        -- The jobs it waits for, locked (in id order, as every multi-row
-        -- lock) so that none ends between this count and this commit: an
-        -- end waits for the lock, then its trigger sees this job.
-        SELECT count(*), count(*) FILTER (WHERE p.status IN ('queued', 'active')),
-               (array_agg(p.id ORDER BY p.id) FILTER (WHERE p.status IN ('failed', 'cancelled')))[1],
-               (array_agg(p.status ORDER BY p.id) FILTER (WHERE p.status IN ('failed', 'cancelled')))[1]
-        INTO found_n, waiting, dead_parent, dead_status
-        FROM (SELECT pp.id, pp.status FROM jobq.job pp WHERE pp.id = ANY(parents)
-              ORDER BY pp.id FOR NO KEY UPDATE) p;
-        IF found_n < cardinality(parents) THEN
+        -- The jobs it waits for, read once, without a lock: their ends must
+        -- never wait for this transaction (I11). A parent that ends before
+        -- this commits is seen by the reapers' settler, which looks at every
+        -- new edge after its commit (jobq.settle_dependants).
+        SELECT array_agg(pp.id ORDER BY pp.id), array_agg(pp.status ORDER BY pp.id)
+        INTO p_id, p_status
+        FROM jobq.job pp WHERE pp.id = ANY(parents);
+        IF coalesce(cardinality(p_id), 0) < cardinality(parents) THEN
             RAISE EXCEPTION 'jobq: % of the jobs this job waits for do not exist',
-                cardinality(parents) - found_n USING ERRCODE = '23503',
+                cardinality(parents) - coalesce(cardinality(p_id), 0) USING ERRCODE = '23503',
                 HINT = 'after => the ids jobq returned for jobs that are still kept';
         END IF;
+        SELECT count(*) FILTER (WHERE s IN ('queued', 'active')),
+               (array_agg(i ORDER BY i) FILTER (WHERE s IN ('failed', 'cancelled')))[1],
+               (array_agg(s ORDER BY i) FILTER (WHERE s IN ('failed', 'cancelled')))[1]
+        INTO waiting, dead_parent, dead_status
+        FROM unnest(p_id, p_status) AS u(i, s);
     END IF;
     INSERT INTO jobq.job AS j (queue, payload, idempotency_key, run_at, relay_after, enqueued_by,
                                priority, key, waiting_on, workflow_id, status, finished_at,
-                               last_error)
+                               last_error, debounced)
     VALUES (enqueue.queue, doc, enqueue.idempotency_key,
             now() + make_interval(secs => delay),
             -- A delayed job is published by the relay when due; otherwise the
             -- caller may promise to publish it itself within relay_grace_s. A
-            -- job that waits for others is released by the last one's end.
+            -- job that waits for others is released by the reapers' settler.
             CASE WHEN waiting > 0 OR dead_parent IS NOT NULL THEN 'infinity'::timestamptz
                  ELSE now() + make_interval(secs => CASE WHEN delay > 0 THEN delay
                      ELSE least(greatest(coalesce(enqueue.relay_grace_s, 0), 0), 3600) END) END,
-            CASE WHEN enqueue.idempotency_key IS NOT NULL THEN session_user::text END,
-            enqueue.priority, enqueue.key,
+            who, enqueue.priority, enqueue.key,
             CASE WHEN dead_parent IS NULL THEN waiting ELSE 0 END, enqueue.workflow_id,
             CASE WHEN dead_parent IS NULL THEN 'queued' ELSE 'cancelled' END,
             CASE WHEN dead_parent IS NULL THEN NULL ELSE now() END,
             CASE WHEN dead_parent IS NULL THEN NULL
-                 ELSE format('cancelled: job %s it waits for was %s', dead_parent, dead_status) END)
-    ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+                 ELSE format('cancelled: job %s it waits for was %s', dead_parent, dead_status) END,
+            debounce > 0)
+    ON CONFLICT (queue, idempotency_key, enqueued_by) WHERE idempotency_key IS NOT NULL
+    DO NOTHING
     RETURNING j.id INTO new_id;
-    IF new_id IS NOT NULL AND cardinality(parents) > 0 THEN
-        INSERT INTO jobq.job_dependency (parent_id, job_id)
-        SELECT p, new_id FROM unnest(parents) AS p;
-        UPDATE jobq.job pp SET has_dependants = true
-        WHERE pp.id = ANY(parents) AND NOT pp.has_dependants;
+    IF new_id IS NULL THEN  -- this login used the key before: that job
+        SELECT jj.id INTO new_id FROM jobq.job AS jj
+        WHERE jj.queue = enqueue.queue AND jj.idempotency_key = enqueue.idempotency_key
+          AND jj.enqueued_by = who;
+        RETURN new_id;
+    END IF;
+    IF cardinality(parents) > 0 THEN
+        -- Edges of the statuses read above: a completed parent's is settled
+        -- already, every other one is the settler's (a dead parent's too, so
+        -- that nothing settles this cancelled job again).
+        INSERT INTO jobq.job_dependency (parent_id, job_id, state)
+        SELECT u.i, new_id,
+               CASE WHEN dead_parent IS NULL AND u.s IN ('queued', 'active') THEN 'new'
+                    ELSE 'released' END
+        FROM unnest(p_id, p_status) AS u(i, s);
+        IF waiting > 0 THEN
+            PERFORM pg_notify('jobq_relay', enqueue.queue);  -- the settler arms the edges
+        END IF;
         IF waiting > 0 OR dead_parent IS NOT NULL THEN
             RETURN new_id;  -- nothing to publish now
         END IF;
-    END IF;
-    IF new_id IS NULL THEN
-        SELECT jj.id, jj.enqueued_by INTO new_id, owner_login FROM jobq.job AS jj
-        WHERE jj.queue = enqueue.queue AND jj.idempotency_key = enqueue.idempotency_key;
-        -- Another login's key: say so, but not which job it is (its id
-        -- would let this login read that job's result).
-        IF NOT slot_key AND owner_login IS DISTINCT FROM session_user::text
-           AND owner_login IS NOT NULL THEN
-            RAISE EXCEPTION 'jobq: idempotency key already used in queue % by another login',
-                enqueue.queue USING ERRCODE = '23505',
-                HINT = 'idempotency keys are per producer login: choose another key';
-        END IF;
-        RETURN new_id;
     END IF;
     IF q.history AND delay > 0 THEN  -- the row keeps created_at, not the delay asked for
         INSERT INTO jobq.job_event (job_id, event, detail)
@@ -546,11 +564,14 @@ $$;
 --
 
 CREATE FUNCTION jobq.notify_finished() RETURNS trigger
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_custom_plan'
     AS $$
 BEGIN
-    PERFORM pg_notify('jobq_finished', NEW.id::text);
+    IF EXISTS (SELECT 1 FROM jobq.job_watch w WHERE w.job_id = NEW.id) THEN
+        PERFORM pg_notify('jobq_finished', NEW.id::text);
+    END IF;
     RETURN NULL;
 END $$;
 
@@ -657,16 +678,29 @@ PERFORM 1 FROM (SELECT name FROM jobq.queue
 WHERE name = ANY($3::text[]) AND (max_running IS NOT NULL OR rate_per_s IS NOT NULL OR paused)
 ORDER BY name
 FOR NO KEY UPDATE) AS _effect;
-PERFORM 1 FROM (SELECT pg_advisory_xact_lock(hashtext(k.queue), hashtext(k.key))
-FROM (SELECT DISTINCT j.queue, j.key
-      FROM jobq.job j JOIN jobq.queue q ON q.name = j.queue
-      WHERE j.id = ANY($1::uuid[]) AND j.key IS NOT NULL
-        AND (q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL)
-        AND EXISTS (SELECT 1 FROM jobq.queue pq  -- none of these queues has a per-key
-                    WHERE pq.name = ANY($3::text[])  -- limit: no job row is read
-                      AND (pq.max_running_per_key IS NOT NULL
-                           OR pq.rate_per_s_per_key IS NOT NULL))
-      ORDER BY 1, 2) k) AS _effect;
+INSERT INTO jobq.key_lock (queue, key)
+SELECT DISTINCT j.queue, j.key
+FROM jobq.job j JOIN jobq.queue q ON q.name = j.queue
+WHERE j.id = ANY($1::uuid[]) AND j.key IS NOT NULL
+  AND (q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL)
+  AND EXISTS (SELECT 1 FROM jobq.queue pq  -- none of these queues has a per-key
+              WHERE pq.name = ANY($3::text[])  -- limit: no job row is read
+                AND (pq.max_running_per_key IS NOT NULL OR pq.rate_per_s_per_key IS NOT NULL))
+ORDER BY 1, 2
+ON CONFLICT (queue, key) DO NOTHING;
+PERFORM 1 FROM (SELECT 1
+FROM jobq.key_lock l
+WHERE (l.queue, l.key) IN (
+    SELECT j.queue, j.key
+    FROM jobq.job j JOIN jobq.queue q ON q.name = j.queue
+    WHERE j.id = ANY($1::uuid[]) AND j.key IS NOT NULL
+      AND (q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL)
+      AND EXISTS (SELECT 1 FROM jobq.queue pq
+                  WHERE pq.name = ANY($3::text[])
+                    AND (pq.max_running_per_key IS NOT NULL
+                         OR pq.rate_per_s_per_key IS NOT NULL)))
+ORDER BY l.queue, l.key
+FOR NO KEY UPDATE OF l) AS _effect;
 RETURN QUERY WITH better AS (  -- waiting jobs of a priority above 0: an empty index when none is used
     SELECT b.id, b.queue, b.priority,
            row_number() OVER (PARTITION BY b.queue ORDER BY b.priority DESC, b.id) AS rk
@@ -867,6 +901,54 @@ END
 $_$;
 
 --
+-- Name: q_enqueue_linked(text, jsonb, double precision, text, double precision, integer, text, double precision, uuid[], uuid, jsonb); Type: FUNCTION; Schema: jobq; Owner: -
+--
+
+CREATE FUNCTION jobq.q_enqueue_linked(text, jsonb, double precision, text, double precision, integer, text, double precision, uuid[], uuid, jsonb) RETURNS TABLE(id uuid)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_custom_plan'
+    AS $_$
+#variable_conflict use_column
+BEGIN
+RETURN QUERY WITH made AS (
+    SELECT jobq.enqueue($1::text, $2::jsonb, $3::float8, $4::text, $5::float8, $6::int,
+                        $7::text, $8::float8, $9::uuid[], $10::uuid) AS id
+), stored AS (
+    INSERT INTO jobq.job_trace (job_id, carrier)
+    SELECT made.id, $11::jsonb FROM made WHERE $11::text IS NOT NULL
+    ON CONFLICT (job_id) DO NOTHING
+)
+SELECT id FROM made;
+END
+$_$;
+
+--
+-- Name: q_enqueue_many_traced(text[], jsonb[], double precision[], text[], double precision, integer[], text[], double precision[], text[]); Type: FUNCTION; Schema: jobq; Owner: -
+--
+
+CREATE FUNCTION jobq.q_enqueue_many_traced(text[], jsonb[], double precision[], text[], double precision, integer[], text[], double precision[], text[]) RETURNS TABLE(id uuid)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_custom_plan'
+    AS $_$
+#variable_conflict use_column
+BEGIN
+RETURN QUERY WITH made AS (
+    SELECT id, n FROM jobq.enqueue_many($1::text[], $2::jsonb[], $3::float8[], $4::text[],
+                                        $5::float8, $6::int[], $7::text[], $8::float8[])
+), stored AS (
+    INSERT INTO jobq.job_trace (job_id, carrier)
+    SELECT made.id, t.carrier::jsonb
+    FROM made JOIN unnest($9::text[]) WITH ORDINALITY AS t(carrier, n) ON t.n = made.n
+    WHERE t.carrier IS NOT NULL
+    ON CONFLICT (job_id) DO NOTHING
+)
+SELECT id FROM made ORDER BY n;
+END
+$_$;
+
+--
 -- Name: q_fail(uuid[], uuid[], text[], boolean[], double precision[]); Type: FUNCTION; Schema: jobq; Owner: -
 --
 
@@ -947,7 +1029,7 @@ CREATE FUNCTION jobq.q_held_back(uuid[]) RETURNS TABLE(id uuid)
 BEGIN
 RETURN QUERY SELECT id FROM jobq.job
 WHERE id = ANY($1::uuid[]) AND status = 'queued' AND relay_after = 'infinity'
-  AND waiting_on = 0;
+  AND waiting_on = 0 AND enqueued_by = session_user::text;  -- its own jobs only;
 END
 $_$;
 
@@ -1027,10 +1109,12 @@ WITH target AS (
       AND j.status COLLATE "C" = 'queued'
       AND j.published_at IS NULL
       AND j.waiting_on = 0  -- a waiting job's publish is its release's
+      AND (t.lock IS NOT NULL OR j.enqueued_by = session_user::text)
       AND j.run_at <= now()
     FOR UPDATE OF j SKIP LOCKED
 )
 UPDATE jobq.job j
+SET published_at = now()
 FROM target
 WHERE j.id = target.id;
 END
@@ -1059,6 +1143,7 @@ WITH target AS (
     FOR UPDATE OF j SKIP LOCKED
 )
 UPDATE jobq.job j
+SET published_at = now()
 FROM target
 WHERE j.id = target.id;
 END
@@ -1095,6 +1180,7 @@ CREATE FUNCTION jobq.q_progress(uuid, uuid, jsonb) RETURNS TABLE(id uuid)
 #variable_conflict use_column
 BEGIN
 RETURN QUERY UPDATE jobq.job j
+SET progress = $3::jsonb, progress_at = now()
 WHERE j.id = $1
   AND j.lock = $2
   AND j.status COLLATE "C" = 'active'
@@ -1173,7 +1259,7 @@ $_$;
 -- Name: q_renew(uuid[], uuid[], double precision[], text); Type: FUNCTION; Schema: jobq; Owner: -
 --
 
-CREATE FUNCTION jobq.q_renew(uuid[], uuid[], double precision[], text) RETURNS TABLE(id uuid)
+CREATE FUNCTION jobq.q_renew(uuid[], uuid[], double precision[], text) RETURNS TABLE(id uuid, renewed boolean)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET plan_cache_mode TO 'force_generic_plan'
@@ -1181,20 +1267,35 @@ CREATE FUNCTION jobq.q_renew(uuid[], uuid[], double precision[], text) RETURNS T
     AS $_$
 #variable_conflict use_column
 BEGIN
-RETURN QUERY WITH renewed AS (
-    UPDATE jobq.job j
-    SET lease_expires_at = now() + make_interval(secs => t.lease_s)
-    FROM unnest($1::uuid[], $2::uuid[], $3::float8[]) AS t(id, lock, lease_s)
-    WHERE j.id = t.id
+RETURN QUERY WITH mine AS (
+    SELECT j.id, t.lease_s
+    FROM jobq.job j
+    JOIN unnest($1::uuid[], $2::uuid[], $3::float8[]) AS t(id, lock, lease_s) ON j.id = t.id
+    WHERE j.id = ANY($1::uuid[])
       AND j.lock = t.lock
       AND j.status COLLATE "C" = 'active'
       AND j.lease_expires_at > now()
+    FOR NO KEY UPDATE OF j SKIP LOCKED
+), renewed AS (
+    UPDATE jobq.job j
+    SET lease_expires_at = now() + make_interval(secs => mine.lease_s)
+    FROM mine
+    WHERE j.id = ANY($1::uuid[]) AND j.id = mine.id
     RETURNING j.id
 ), seen AS (
     UPDATE jobq.worker SET last_seen_at = now()
     WHERE worker_id = $4 AND backend_pid = pg_backend_pid()
 )
-SELECT id FROM renewed;
+SELECT r.id, true AS renewed FROM renewed r
+UNION ALL
+SELECT j.id, false AS renewed
+FROM jobq.job j
+JOIN unnest($1::uuid[], $2::uuid[]) AS t(id, lock) ON j.id = t.id
+WHERE j.id = ANY($1::uuid[])
+  AND j.lock = t.lock
+  AND j.status COLLATE "C" = 'active'
+  AND j.lease_expires_at > now()
+  AND NOT EXISTS (SELECT 1 FROM mine m WHERE m.id = j.id);
 END
 $_$;
 
@@ -1211,18 +1312,18 @@ CREATE FUNCTION jobq.q_schedule_upsert(text, text, jsonb, text, text, double pre
 BEGIN
 RETURN QUERY WITH stored AS (
     INSERT INTO jobq.schedule AS s (name, queue, payload, cron, timezone, interval_s, next_run_at,
-                                    enabled, source)
-    SELECT $1, $2, $3::jsonb, $4, $5, $6, $7, $8, 'app'
+                                    enabled, source, owner)
+    SELECT $1, $2, $3::jsonb, $4, $5, $6, $7, $8, 'app', session_user
     WHERE pg_has_role(session_user, 'jobq_producer', 'MEMBER')
     ON CONFLICT (name) DO UPDATE
     SET queue = excluded.queue, payload = excluded.payload, cron = excluded.cron,
         timezone = excluded.timezone, interval_s = excluded.interval_s, enabled = excluded.enabled,
-        last_error = NULL,
+        last_error = NULL, owner = session_user,
         next_run_at = CASE WHEN (s.cron, s.timezone, s.interval_s)
                                 IS NOT DISTINCT FROM (excluded.cron, excluded.timezone,
                                                       excluded.interval_s)
                            THEN s.next_run_at ELSE excluded.next_run_at END
-    WHERE s.source = 'app'
+    WHERE s.source = 'app' AND (s.owner IS NULL OR s.owner = session_user::text)
     RETURNING name
 )
 SELECT stored.name FROM stored CROSS JOIN LATERAL (SELECT pg_notify('jobq_delayed', '')) AS woke;
@@ -1318,9 +1419,14 @@ CREATE FUNCTION jobq.q_watch(uuid) RETURNS TABLE(id uuid, status text, result js
     AS $_$
 #variable_conflict use_column
 BEGIN
-RETURN QUERY UPDATE jobq.job
-WHERE id = $1
-RETURNING id, status, result, last_error;
+RETURN QUERY WITH watched AS (
+    INSERT INTO jobq.job_watch (job_id)
+    SELECT j.id FROM jobq.job j WHERE j.id = $1
+    ON CONFLICT (job_id) DO NOTHING
+)
+SELECT j.id, j.status, j.result, j.last_error
+FROM jobq.job j
+WHERE j.id = $1;
 END
 $_$;
 
@@ -1377,6 +1483,7 @@ WHERE EXISTS (
       AND l.objid = ($4::bigint & 4294967295)::bigint::oid
       AND l.objsubid = 1)
 ON CONFLICT (worker_id) DO UPDATE
+SET lock_key = excluded.lock_key, backend_pid = excluded.backend_pid,
     last_seen_at = now(), vanished_at = NULL
 WHERE w.backend_pid = pg_backend_pid()
    OR NOT EXISTS (
@@ -1411,40 +1518,71 @@ CREATE FUNCTION jobq.release_dependants() RETURNS trigger
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET plan_cache_mode TO 'force_custom_plan'
     AS $$
-DECLARE
-    q text;
 BEGIN
-    -- The dependants' rows, locked in id order first: two parents of the
-    -- same jobs ending at once then queue behind each other instead of
-    -- locking those rows in two orders (a deadlock).
-    PERFORM 1 FROM jobq.job d
-    WHERE d.id IN (SELECT dep.job_id FROM jobq.job_dependency dep WHERE dep.parent_id = NEW.id)
-    ORDER BY d.id
-    FOR NO KEY UPDATE;
-    IF NEW.status = 'completed' THEN
-        FOR q IN
-            WITH released AS (
-                UPDATE jobq.job d
-                SET waiting_on = d.waiting_on - 1,
-                    relay_after = CASE WHEN d.waiting_on = 1 THEN greatest(now(), d.run_at)
-                                       ELSE d.relay_after END,
-                    published_at = CASE WHEN d.waiting_on = 1 THEN NULL ELSE d.published_at END
-                FROM jobq.job_dependency dep
-                WHERE dep.parent_id = NEW.id AND d.id = dep.job_id
-                  AND d.status = 'queued' AND d.waiting_on > 0
-                RETURNING d.queue, d.waiting_on)
-            SELECT DISTINCT r.queue FROM released r WHERE r.waiting_on = 0
-        LOOP
-            PERFORM pg_notify('jobq_relay', q);  -- at commit: the reapers publish it (when due)
-        END LOOP;
-    ELSE
-        UPDATE jobq.job d
-        SET status = 'cancelled', finished_at = now(), lease_expires_at = NULL, waiting_on = 0,
-            last_error = format('cancelled: job %s it waits for was %s', NEW.id, NEW.status)
-        FROM jobq.job_dependency dep
-        WHERE dep.parent_id = NEW.id AND d.id = dep.job_id AND d.status = 'queued';
-    END IF;
+    PERFORM pg_notify('jobq_relay', NEW.queue);  -- at commit
     RETURN NULL;
+END $$;
+
+--
+-- Name: retry_job(uuid, text); Type: FUNCTION; Schema: jobq; Owner: -
+--
+
+CREATE FUNCTION jobq.retry_job(job uuid, why text) RETURNS TABLE(id uuid, queue text, lock uuid, refused text)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_custom_plan'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    dead record;
+    waits integer;
+BEGIN
+    PERFORM 1 FROM jobq.job j WHERE j.id = retry_job.job
+        AND j.status IN ('failed', 'cancelled') FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    SELECT d.parent_id, coalesce(p.status, 'gone') AS status INTO dead
+    FROM jobq.job_dependency d LEFT JOIN jobq.job p ON p.id = d.parent_id
+    WHERE d.job_id = retry_job.job AND (p.id IS NULL OR p.status IN ('failed', 'cancelled'))
+    ORDER BY d.parent_id LIMIT 1;
+    IF FOUND THEN
+        RETURN QUERY SELECT retry_job.job, NULL::text, NULL::uuid,
+            format('it waits for job %s, which is %s: retry that one first', dead.parent_id,
+                   CASE WHEN dead.status = 'gone' THEN 'no longer kept' ELSE dead.status END);
+        RETURN;
+    END IF;
+    WITH rearmed AS (
+        UPDATE jobq.job_dependency d SET state = 'new'
+        FROM jobq.job p
+        WHERE d.job_id = retry_job.job AND p.id = d.parent_id
+          AND p.status IN ('queued', 'active')
+        RETURNING d.parent_id
+    )
+    SELECT count(*) INTO waits FROM rearmed;
+    IF waits > 0 THEN
+        PERFORM pg_notify('jobq_relay', '');  -- the settler arms the edges again
+    END IF;
+    RETURN QUERY
+    WITH again AS (
+        UPDATE jobq.job j
+        SET status = 'queued', errors = 0, stalls = 0, run_at = now(),
+            relay_after = CASE WHEN waits > 0 THEN 'infinity'::timestamptz ELSE now() END,
+            waiting_on = waits,
+            published_at = NULL, finished_at = NULL, lease_expires_at = NULL,
+            lock = gen_random_uuid()  -- a new spell (hand_back)
+        FROM jobq.queue q
+        WHERE j.id = retry_job.job AND q.name = j.queue
+        RETURNING j.id, j.queue, j.lock, q.history
+    ), logged AS (
+        INSERT INTO jobq.job_event (job_id, event, detail)
+        SELECT a.id, 'retried', coalesce(retry_job.why, 'by an operator')
+               || CASE WHEN waits > 0 THEN format('; waits for %s job(s) again', waits)
+                       ELSE '' END
+        FROM again a WHERE a.history
+    )
+    SELECT a.id, a.queue, CASE WHEN waits > 0 THEN NULL ELSE a.lock END, NULL::text
+    FROM again a;
 END $$;
 
 --
@@ -1466,6 +1604,179 @@ BEGIN
                   HINT = 'use a smaller payload, or raise the queue''s max_payload_bytes';
     END IF;
     RETURN NEW;
+END $$;
+
+--
+-- Name: settle_dependants(integer, integer); Type: FUNCTION; Schema: jobq; Owner: -
+--
+
+CREATE FUNCTION jobq.settle_dependants(budget integer, rounds integer DEFAULT 100) RETURNS TABLE(released integer, cancelled integer, more boolean)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_custom_plan'
+    AS $$
+DECLARE
+    left_n integer := greatest(coalesce(settle_dependants.budget, 0), 1);
+    rounds_left integer := greatest(coalesce(settle_dependants.rounds, 0), 1);
+    n_released integer := 0;
+    n_cancelled integer := 0;
+    e_parent uuid[];
+    e_job uuid[];
+    e_end text[];
+    took integer;
+    r record;
+    s record;
+    batch uuid[];
+BEGIN
+    PERFORM 1 FROM jobq.settler FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN  -- another reaper is settling right now
+        RETURN QUERY SELECT 0, 0, false;
+        RETURN;
+    END IF;
+    LOOP
+        took := 0;
+        -- New edges: the parent's status now decides. Parents are locked
+        -- without waiting (one being finished or renewed right now is looked
+        -- at next round), so no end can slip between this look and the arming.
+        WITH e AS (
+            SELECT d.parent_id, d.job_id FROM jobq.job_dependency d
+            WHERE d.state = 'new'
+            ORDER BY d.parent_id, d.job_id
+            LIMIT left_n
+        ), p AS (
+            SELECT j.id, j.status FROM jobq.job j
+            WHERE j.id IN (SELECT e.parent_id FROM e)
+            ORDER BY j.id
+            FOR NO KEY UPDATE OF j SKIP LOCKED
+        )
+        SELECT array_agg(e.parent_id), array_agg(e.job_id),
+               array_agg(CASE WHEN p.status IS NOT NULL THEN p.status
+                              WHEN NOT EXISTS (SELECT 1 FROM jobq.job x WHERE x.id = e.parent_id)
+                              THEN 'gone' END)
+        INTO e_parent, e_job, e_end
+        FROM e LEFT JOIN p ON p.id = e.parent_id;
+        IF e_job IS NOT NULL THEN
+            took := cardinality(array_remove(e_end, NULL));  -- armed or settled now
+            WITH o AS (
+                SELECT * FROM unnest(e_parent, e_job, e_end) AS o(parent_id, job_id, what)
+            ), armed AS (
+                UPDATE jobq.job_dependency d SET state = 'armed'
+                FROM o
+                WHERE o.what IN ('queued', 'active') AND d.parent_id = o.parent_id
+                  AND d.job_id = o.job_id AND d.state = 'new'
+                RETURNING d.parent_id
+            )
+            UPDATE jobq.job j SET has_dependants = true
+            WHERE j.id IN (SELECT parent_id FROM armed) AND NOT j.has_dependants;
+            SELECT array_agg(o.parent_id), array_agg(o.job_id), array_agg(o.what)
+            INTO e_parent, e_job, e_end
+            FROM unnest(e_parent, e_job, e_end) AS o(parent_id, job_id, what)
+            WHERE o.what IN ('completed', 'failed', 'cancelled', 'gone');
+            IF e_job IS NOT NULL THEN
+                SELECT * INTO s FROM jobq.settle_edges(e_parent, e_job, e_end);
+                n_released := n_released + s.released;
+                n_cancelled := n_cancelled + s.cancelled;
+            END IF;
+        END IF;
+        -- Ended parents with armed edges: a batch of their dependants each.
+        FOR r IN
+            SELECT j.id, j.status FROM jobq.job j
+            WHERE j.has_dependants AND j.status IN ('completed', 'failed', 'cancelled')
+            ORDER BY j.finished_at
+            LIMIT 100
+            FOR NO KEY UPDATE OF j SKIP LOCKED
+        LOOP
+            EXIT WHEN left_n - took <= 0;
+            batch := ARRAY(SELECT d.job_id FROM jobq.job_dependency d
+                           WHERE d.parent_id = r.id AND d.state = 'armed'
+                           ORDER BY d.job_id LIMIT left_n - took);
+            IF cardinality(batch) = 0 THEN
+                UPDATE jobq.job SET has_dependants = false WHERE id = r.id;  -- all settled
+                CONTINUE;
+            END IF;
+            SELECT * INTO s FROM jobq.settle_edges(array_fill(r.id, ARRAY[cardinality(batch)]),
+                                                   batch,
+                                                   array_fill(r.status, ARRAY[cardinality(batch)]));
+            n_released := n_released + s.released;
+            n_cancelled := n_cancelled + s.cancelled;
+            took := took + cardinality(batch);
+        END LOOP;
+        left_n := left_n - took;
+        rounds_left := rounds_left - 1;
+        EXIT WHEN took = 0 OR left_n <= 0 OR rounds_left <= 0;
+    END LOOP;
+    RETURN QUERY SELECT n_released, n_cancelled, (took > 0 AND (left_n <= 0 OR rounds_left <= 0));
+END $$;
+
+--
+-- Name: settle_edges(uuid[], uuid[], text[]); Type: FUNCTION; Schema: jobq; Owner: -
+--
+
+CREATE FUNCTION jobq.settle_edges(parents uuid[], jobs uuid[], ends text[]) RETURNS TABLE(released integer, cancelled integer)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_custom_plan'
+    AS $$
+DECLARE
+    e_parent uuid[];
+    e_job uuid[];
+    e_end text[];
+BEGIN
+    WITH given AS (
+        SELECT * FROM unnest(settle_edges.parents, settle_edges.jobs, settle_edges.ends)
+                      AS g(parent_id, job_id, what)
+    ), moved AS (
+        UPDATE jobq.job_dependency d SET state = 'released'
+        FROM given g
+        WHERE d.parent_id = g.parent_id AND d.job_id = g.job_id AND d.state <> 'released'
+        RETURNING d.parent_id, d.job_id, g.what
+    )
+    SELECT array_agg(m.parent_id), array_agg(m.job_id), array_agg(m.what)
+    INTO e_parent, e_job, e_end FROM moved m;
+    IF e_job IS NULL THEN
+        RETURN QUERY SELECT 0, 0;
+        RETURN;
+    END IF;
+    PERFORM 1 FROM jobq.job d WHERE d.id = ANY(e_job) ORDER BY d.id FOR NO KEY UPDATE;
+    RETURN QUERY
+    WITH per_job AS (
+        SELECT e.job_id,
+               count(*) FILTER (WHERE e.what = 'completed') AS done,
+               (array_agg(e.parent_id ORDER BY e.parent_id)
+                    FILTER (WHERE e.what <> 'completed'))[1] AS dead_parent,
+               (array_agg(e.what ORDER BY e.parent_id)
+                    FILTER (WHERE e.what <> 'completed'))[1] AS dead_end
+        FROM unnest(e_parent, e_job, e_end) AS e(parent_id, job_id, what)
+        GROUP BY e.job_id
+    ), changed AS (
+        UPDATE jobq.job d
+        SET waiting_on = CASE WHEN p.dead_parent IS NULL
+                              THEN greatest(d.waiting_on - p.done, 0)::integer ELSE 0 END,
+            status = CASE WHEN p.dead_parent IS NULL THEN d.status ELSE 'cancelled' END,
+            finished_at = CASE WHEN p.dead_parent IS NULL THEN d.finished_at ELSE now() END,
+            last_error = CASE WHEN p.dead_parent IS NULL THEN d.last_error
+                              WHEN p.dead_end = 'gone'
+                              THEN format('cancelled: job %s it waits for no longer exists',
+                                          p.dead_parent)
+                              ELSE format('cancelled: job %s it waits for was %s',
+                                          p.dead_parent, p.dead_end) END,
+            -- released: published by the relay when due (its own delay kept)
+            relay_after = CASE WHEN p.dead_parent IS NULL AND d.waiting_on - p.done <= 0
+                               THEN greatest(now(), d.run_at) ELSE d.relay_after END,
+            published_at = CASE WHEN p.dead_parent IS NULL AND d.waiting_on - p.done <= 0
+                                THEN NULL ELSE d.published_at END
+        FROM per_job p
+        WHERE d.id = p.job_id AND d.status = 'queued' AND d.waiting_on > 0
+        RETURNING d.id, d.status, d.waiting_on, d.last_error, d.queue
+    ), logged AS (
+        INSERT INTO jobq.job_event (job_id, event, detail)
+        SELECT c.id, 'cancelled', c.last_error
+        FROM changed c JOIN jobq.queue q ON q.name = c.queue
+        WHERE c.status = 'cancelled' AND q.history
+    )
+    SELECT (count(*) FILTER (WHERE c.status = 'queued' AND c.waiting_on = 0))::integer,
+           (count(*) FILTER (WHERE c.status = 'cancelled'))::integer
+    FROM changed c;
 END $$;
 
 --
@@ -1499,12 +1810,13 @@ CREATE TABLE jobq.job (
     progress jsonb,
     progress_at timestamp with time zone,
     watched boolean DEFAULT false NOT NULL,
-    enqueued_by text,
+    enqueued_by text DEFAULT SESSION_USER,
     priority smallint DEFAULT 0 NOT NULL,
     key text,
     waiting_on integer DEFAULT 0 NOT NULL,
     has_dependants boolean DEFAULT false NOT NULL,
     workflow_id uuid,
+    debounced boolean DEFAULT false NOT NULL,
     CONSTRAINT job_status_check CHECK ((status = ANY (ARRAY['queued'::text, 'active'::text, 'completed'::text, 'failed'::text, 'cancelled'::text])))
 )
 WITH (fillfactor='80');
@@ -1589,7 +1901,9 @@ UNION ALL
 
 CREATE TABLE jobq.job_dependency (
     parent_id uuid NOT NULL,
-    job_id uuid NOT NULL
+    job_id uuid NOT NULL,
+    state text DEFAULT 'new'::text NOT NULL,
+    CONSTRAINT job_dependency_state_check CHECK ((state = ANY (ARRAY['new'::text, 'armed'::text, 'released'::text])))
 );
 
 --
@@ -1626,7 +1940,26 @@ CREATE TABLE jobq.job_step (
 CREATE TABLE jobq.job_trace (
     job_id uuid NOT NULL,
     carrier jsonb NOT NULL,
-    CONSTRAINT job_trace_carrier_check CHECK (((jsonb_typeof(carrier) = 'object'::text) AND (octet_length((carrier)::text) <= 4096)))
+    CONSTRAINT job_trace_carrier_check CHECK (((jsonb_typeof(carrier) = 'object'::text) AND (octet_length((carrier)::text) <= 4096))),
+    CONSTRAINT job_trace_headers CHECK ((NOT jsonb_path_exists(carrier, '$.*?(@.type() != "string")'::jsonpath)))
+);
+
+--
+-- Name: job_watch; Type: TABLE; Schema: jobq; Owner: -
+--
+
+CREATE TABLE jobq.job_watch (
+    job_id uuid NOT NULL,
+    at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
+-- Name: key_lock; Type: TABLE; Schema: jobq; Owner: -
+--
+
+CREATE TABLE jobq.key_lock (
+    queue text NOT NULL,
+    key text NOT NULL
 );
 
 --
@@ -1765,6 +2098,7 @@ CREATE TABLE jobq.schedule (
     source text DEFAULT 'operator'::text NOT NULL,
     last_error text,
     last_error_at timestamp with time zone,
+    owner text,
     CONSTRAINT schedule_check CHECK (((cron IS NULL) <> (interval_s IS NULL))),
     CONSTRAINT schedule_cron_check CHECK ((length(cron) <= 200)),
     CONSTRAINT schedule_interval_s_check CHECK (((interval_s >= (1)::double precision) AND (interval_s < (31536000)::double precision))),
@@ -1792,6 +2126,15 @@ CREATE TABLE jobq.schema_migration (
 CREATE TABLE jobq.schema_routine (
     name text NOT NULL,
     checksum text NOT NULL
+);
+
+--
+-- Name: settler; Type: TABLE; Schema: jobq; Owner: -
+--
+
+CREATE TABLE jobq.settler (
+    one boolean DEFAULT true NOT NULL,
+    CONSTRAINT settler_one_check CHECK (one)
 );
 
 --
@@ -1913,6 +2256,20 @@ ALTER TABLE ONLY jobq.job_trace
     ADD CONSTRAINT job_trace_pkey PRIMARY KEY (job_id);
 
 --
+-- Name: job_watch job_watch_pkey; Type: CONSTRAINT; Schema: jobq; Owner: -
+--
+
+ALTER TABLE ONLY jobq.job_watch
+    ADD CONSTRAINT job_watch_pkey PRIMARY KEY (job_id);
+
+--
+-- Name: key_lock key_lock_pkey; Type: CONSTRAINT; Schema: jobq; Owner: -
+--
+
+ALTER TABLE ONLY jobq.key_lock
+    ADD CONSTRAINT key_lock_pkey PRIMARY KEY (queue, key);
+
+--
 -- Name: key_rate key_rate_pkey; Type: CONSTRAINT; Schema: jobq; Owner: -
 --
 
@@ -1976,6 +2333,13 @@ ALTER TABLE ONLY jobq.schema_routine
     ADD CONSTRAINT schema_routine_pkey PRIMARY KEY (name);
 
 --
+-- Name: settler settler_pkey; Type: CONSTRAINT; Schema: jobq; Owner: -
+--
+
+ALTER TABLE ONLY jobq.settler
+    ADD CONSTRAINT settler_pkey PRIMARY KEY (one);
+
+--
 -- Name: worker worker_pkey; Type: CONSTRAINT; Schema: jobq; Owner: -
 --
 
@@ -2001,6 +2365,18 @@ CREATE INDEX job_active_key_idx ON jobq.job USING btree (queue, key) WHERE ((sta
 CREATE INDEX job_dependency_job_idx ON jobq.job_dependency USING btree (job_id);
 
 --
+-- Name: job_dependency_new_idx; Type: INDEX; Schema: jobq; Owner: -
+--
+
+CREATE INDEX job_dependency_new_idx ON jobq.job_dependency USING btree (parent_id, job_id) WHERE (state = 'new'::text);
+
+--
+-- Name: job_ended_parent_idx; Type: INDEX; Schema: jobq; Owner: -
+--
+
+CREATE INDEX job_ended_parent_idx ON jobq.job USING btree (finished_at) WHERE (has_dependants AND (status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text])));
+
+--
 -- Name: job_event_job_idx; Type: INDEX; Schema: jobq; Owner: -
 --
 
@@ -2019,10 +2395,10 @@ CREATE INDEX job_failed_idx ON jobq.job USING btree (queue, finished_at) WHERE (
 CREATE INDEX job_finished_idx ON jobq.job USING btree (finished_at) WHERE (status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text]));
 
 --
--- Name: job_idempotency_key_idx; Type: INDEX; Schema: jobq; Owner: -
+-- Name: job_idempotency_login_idx; Type: INDEX; Schema: jobq; Owner: -
 --
 
-CREATE UNIQUE INDEX job_idempotency_key_idx ON jobq.job USING btree (queue, idempotency_key) WHERE (idempotency_key IS NOT NULL);
+CREATE UNIQUE INDEX job_idempotency_login_idx ON jobq.job USING btree (queue, idempotency_key, enqueued_by) WHERE (idempotency_key IS NOT NULL);
 
 --
 -- Name: job_in_line_key_idx; Type: INDEX; Schema: jobq; Owner: -
@@ -2088,7 +2464,7 @@ CREATE TRIGGER job_delayed_notify AFTER INSERT OR UPDATE OF run_at ON jobq.job F
 -- Name: job job_finished_notify; Type: TRIGGER; Schema: jobq; Owner: -
 --
 
-CREATE TRIGGER job_finished_notify AFTER UPDATE OF status ON jobq.job FOR EACH ROW WHEN ((new.watched AND (new.status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text])) AND (old.status IS DISTINCT FROM new.status))) EXECUTE FUNCTION jobq.notify_finished();
+CREATE TRIGGER job_finished_notify AFTER UPDATE OF status ON jobq.job FOR EACH ROW WHEN (((new.status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text])) AND (old.status IS DISTINCT FROM new.status))) EXECUTE FUNCTION jobq.notify_finished();
 
 --
 -- Name: job job_queue_exists; Type: TRIGGER; Schema: jobq; Owner: -
@@ -2152,6 +2528,13 @@ ALTER TABLE ONLY jobq.job_step
 
 ALTER TABLE ONLY jobq.job_trace
     ADD CONSTRAINT job_trace_job_id_fkey FOREIGN KEY (job_id) REFERENCES jobq.job(id) ON DELETE CASCADE;
+
+--
+-- Name: job_watch job_watch_job_id_fkey; Type: FK CONSTRAINT; Schema: jobq; Owner: -
+--
+
+ALTER TABLE ONLY jobq.job_watch
+    ADD CONSTRAINT job_watch_job_id_fkey FOREIGN KEY (job_id) REFERENCES jobq.job(id) ON DELETE CASCADE;
 
 --
 -- Name: SCHEMA jobq; Type: ACL; Schema: -; Owner: -
@@ -2289,6 +2672,20 @@ GRANT ALL ON FUNCTION jobq.q_claim_recover(uuid[], uuid[], text) TO jobq_consume
 
 REVOKE ALL ON FUNCTION jobq.q_complete(uuid[], uuid[], jsonb[]) FROM PUBLIC;
 GRANT ALL ON FUNCTION jobq.q_complete(uuid[], uuid[], jsonb[]) TO jobq_consumer;
+
+--
+-- Name: FUNCTION q_enqueue_linked(text, jsonb, double precision, text, double precision, integer, text, double precision, uuid[], uuid, jsonb); Type: ACL; Schema: jobq; Owner: -
+--
+
+REVOKE ALL ON FUNCTION jobq.q_enqueue_linked(text, jsonb, double precision, text, double precision, integer, text, double precision, uuid[], uuid, jsonb) FROM PUBLIC;
+GRANT ALL ON FUNCTION jobq.q_enqueue_linked(text, jsonb, double precision, text, double precision, integer, text, double precision, uuid[], uuid, jsonb) TO jobq_producer;
+
+--
+-- Name: FUNCTION q_enqueue_many_traced(text[], jsonb[], double precision[], text[], double precision, integer[], text[], double precision[], text[]); Type: ACL; Schema: jobq; Owner: -
+--
+
+REVOKE ALL ON FUNCTION jobq.q_enqueue_many_traced(text[], jsonb[], double precision[], text[], double precision, integer[], text[], double precision[], text[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION jobq.q_enqueue_many_traced(text[], jsonb[], double precision[], text[], double precision, integer[], text[], double precision[], text[]) TO jobq_producer;
 
 --
 -- Name: FUNCTION q_fail(uuid[], uuid[], text[], boolean[], double precision[]); Type: ACL; Schema: jobq; Owner: -
@@ -2451,17 +2848,108 @@ GRANT ALL ON FUNCTION jobq.rate_tokens(q jobq.queue) TO jobq_reaper;
 REVOKE ALL ON FUNCTION jobq.release_dependants() FROM PUBLIC;
 
 --
+-- Name: FUNCTION retry_job(job uuid, why text); Type: ACL; Schema: jobq; Owner: -
+--
+
+REVOKE ALL ON FUNCTION jobq.retry_job(job uuid, why text) FROM PUBLIC;
+
+--
 -- Name: FUNCTION schedule_payload_fits(); Type: ACL; Schema: jobq; Owner: -
 --
 
 REVOKE ALL ON FUNCTION jobq.schedule_payload_fits() FROM PUBLIC;
 
 --
+-- Name: FUNCTION settle_dependants(budget integer, rounds integer); Type: ACL; Schema: jobq; Owner: -
+--
+
+REVOKE ALL ON FUNCTION jobq.settle_dependants(budget integer, rounds integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION jobq.settle_dependants(budget integer, rounds integer) TO jobq_reaper;
+
+--
+-- Name: FUNCTION settle_edges(parents uuid[], jobs uuid[], ends text[]); Type: ACL; Schema: jobq; Owner: -
+--
+
+REVOKE ALL ON FUNCTION jobq.settle_edges(parents uuid[], jobs uuid[], ends text[]) FROM PUBLIC;
+
+--
 -- Name: TABLE job; Type: ACL; Schema: jobq; Owner: -
 --
 
-GRANT SELECT,DELETE,UPDATE ON TABLE jobq.job TO jobq_reaper;
+GRANT SELECT,DELETE ON TABLE jobq.job TO jobq_reaper;
 GRANT SELECT ON TABLE jobq.job TO jobq_reader;
+
+--
+-- Name: COLUMN job.status; Type: ACL; Schema: jobq; Owner: -
+--
+
+GRANT UPDATE(status) ON TABLE jobq.job TO jobq_reaper;
+
+--
+-- Name: COLUMN job.lock; Type: ACL; Schema: jobq; Owner: -
+--
+
+GRANT UPDATE(lock) ON TABLE jobq.job TO jobq_reaper;
+
+--
+-- Name: COLUMN job.lease_expires_at; Type: ACL; Schema: jobq; Owner: -
+--
+
+GRANT UPDATE(lease_expires_at) ON TABLE jobq.job TO jobq_reaper;
+
+--
+-- Name: COLUMN job.stalls; Type: ACL; Schema: jobq; Owner: -
+--
+
+GRANT UPDATE(stalls) ON TABLE jobq.job TO jobq_reaper;
+
+--
+-- Name: COLUMN job.suspect; Type: ACL; Schema: jobq; Owner: -
+--
+
+GRANT UPDATE(suspect) ON TABLE jobq.job TO jobq_reaper;
+
+--
+-- Name: COLUMN job.suspect_stalls; Type: ACL; Schema: jobq; Owner: -
+--
+
+GRANT UPDATE(suspect_stalls) ON TABLE jobq.job TO jobq_reaper;
+
+--
+-- Name: COLUMN job.last_error; Type: ACL; Schema: jobq; Owner: -
+--
+
+GRANT UPDATE(last_error) ON TABLE jobq.job TO jobq_reaper;
+
+--
+-- Name: COLUMN job.run_at; Type: ACL; Schema: jobq; Owner: -
+--
+
+GRANT UPDATE(run_at) ON TABLE jobq.job TO jobq_reaper;
+
+--
+-- Name: COLUMN job.published_at; Type: ACL; Schema: jobq; Owner: -
+--
+
+GRANT UPDATE(published_at) ON TABLE jobq.job TO jobq_reaper;
+
+--
+-- Name: COLUMN job.relay_after; Type: ACL; Schema: jobq; Owner: -
+--
+
+GRANT UPDATE(relay_after) ON TABLE jobq.job TO jobq_reaper;
+
+--
+-- Name: COLUMN job.finished_at; Type: ACL; Schema: jobq; Owner: -
+--
+
+GRANT UPDATE(finished_at) ON TABLE jobq.job TO jobq_reaper;
+
+--
+-- Name: COLUMN job.isolated; Type: ACL; Schema: jobq; Owner: -
+--
+
+GRANT UPDATE(isolated) ON TABLE jobq.job TO jobq_reaper;
 
 --
 -- Name: TABLE failed; Type: ACL; Schema: jobq; Owner: -
@@ -2487,6 +2975,7 @@ GRANT SELECT ON TABLE jobq.history TO jobq_reader;
 --
 
 GRANT SELECT ON TABLE jobq.job_dependency TO jobq_reader;
+GRANT SELECT ON TABLE jobq.job_dependency TO jobq_reaper;
 
 --
 -- Name: TABLE job_step; Type: ACL; Schema: jobq; Owner: -
@@ -2499,8 +2988,20 @@ GRANT SELECT ON TABLE jobq.job_step TO jobq_reader;
 --
 
 GRANT SELECT ON TABLE jobq.job_trace TO jobq_reader;
-GRANT INSERT ON TABLE jobq.job_trace TO jobq_producer;
 GRANT SELECT ON TABLE jobq.job_trace TO jobq_consumer;
+
+--
+-- Name: TABLE job_watch; Type: ACL; Schema: jobq; Owner: -
+--
+
+GRANT SELECT ON TABLE jobq.job_watch TO jobq_reader;
+
+--
+-- Name: TABLE key_lock; Type: ACL; Schema: jobq; Owner: -
+--
+
+GRANT SELECT ON TABLE jobq.key_lock TO jobq_reader;
+GRANT SELECT,DELETE ON TABLE jobq.key_lock TO jobq_reaper;
 
 --
 -- Name: TABLE key_rate; Type: ACL; Schema: jobq; Owner: -
@@ -2571,6 +3072,12 @@ GRANT SELECT ON TABLE jobq.schema_migration TO jobq_reader;
 --
 
 GRANT SELECT ON TABLE jobq.schema_routine TO jobq_reader;
+
+--
+-- Name: TABLE settler; Type: ACL; Schema: jobq; Owner: -
+--
+
+GRANT SELECT ON TABLE jobq.settler TO jobq_reader;
 
 --
 -- Name: TABLE stalled; Type: ACL; Schema: jobq; Owner: -

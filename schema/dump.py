@@ -31,10 +31,13 @@ HEADER = ("-- The jobq schema as the migrations in this folder leave it (generat
 def normalise(text: str) -> str:
     """pg_dump's output without what differs between runs and servers."""
     keep = []
+    header = True  # pg_dump's session settings come before the first object
     for line in text.splitlines():
-        if line.startswith(("-- Dumped from", "-- Dumped by", "SET ",
-                            "SELECT pg_catalog.set_config", "\\restrict", "\\unrestrict")):
-            continue
+        header = header and not line.startswith("CREATE ")
+        if line.startswith(("-- Dumped from", "-- Dumped by", "SELECT pg_catalog.set_config",
+                            "\\restrict", "\\unrestrict", "SET default_")) \
+                or (header and line.startswith("SET ")):
+            continue  # (a line of a function's body may start with SET: kept)
         keep.append(line)
     return HEADER + re.sub(r"\n{3,}", "\n\n", "\n".join(keep)).strip() + "\n"
 

@@ -103,6 +103,8 @@ async def retry(pool: asyncpg.Pool, job_id: uuid.UUID, who: str | None = None) -
     if row is None:
         status = await _status(pool, job_id)
         raise BadInput(f"job {job_id} is {status}: only failed or cancelled jobs can be retried")
+    if isinstance(row, str):
+        raise BadInput(f"job {job_id} not retried: {row}")
     return row
 
 
@@ -158,10 +160,12 @@ async def retry_queue(pool: asyncpg.Pool, queue: str, statuses: list[str]) -> li
     """Put every failed (or cancelled) job of the queue back in line, in
     batches; their spells for the caller to publish."""
     out: list[Spell] = []
+    refused: list[uuid.UUID] = []  # wait for a job that failed: left as they are
     while True:
         rows = await fetch(pool, Q["retry_queue_batch"], check_queue_name(queue), statuses,
-                           BULK_BATCH)
-        out += [of(Spell, r) for r in rows]
+                           BULK_BATCH, refused)
+        refused += [r["id"] for r in rows if r["refused"] is not None]
+        out += [of(Spell, r) for r in rows if r["refused"] is None]
         if len(rows) < BULK_BATCH:
             return out
 

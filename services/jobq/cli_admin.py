@@ -88,9 +88,15 @@ async def retry(settings: Settings, args: argparse.Namespace) -> None:
             rows = [await admin.retry(client.pool, parse_id(args.id))]
         else:
             rows = await admin.retry_queue(client.pool, args.queue, statuses)
-        await client.republish(rows)
-    print(f"{args.id} queued again" if args.queue is None else
-          f"queued {len(rows)} job(s) of {args.queue} again")
+        # a spell without a token waits for its parents again: its release publishes it
+        await client.republish([r for r in rows if r.lock is not None])
+    waiting = sum(1 for r in rows if r.lock is None)
+    if args.queue is None:
+        print(f"{args.id} queued again" + (" (it waits for the jobs it was published after)"
+                                            if waiting else ""))
+    else:
+        print(f"queued {len(rows)} job(s) of {args.queue} again"
+              + (f" ({waiting} wait for the jobs they were published after)" if waiting else ""))
 
 
 async def cancel(settings: Settings, args: argparse.Namespace) -> None:

@@ -24,6 +24,8 @@ Driver exceptions (asyncpg, aio-pika) are translated only at the edges, in
 
 from __future__ import annotations
 
+MAX_DELAY_S = 365 * 86400.0  # the longest delay, retry or snooze jobq takes
+
 
 class JobqError(Exception):
     """Base of everything jobq raises."""
@@ -84,6 +86,13 @@ class Retry(HandlerSignal):
     """Retry the job after ``delay_s`` seconds (default: the queue's backoff)."""
 
     def __init__(self, reason: str = "retry requested", *, delay_s: float | None = None):
+        # NaN or infinity once held the job's slot for good: refused here,
+        # the handler's error is then an ordinary failure (its backoff).
+        if delay_s is not None and (isinstance(delay_s, bool) or
+                                    not isinstance(delay_s, int | float) or
+                                    not 0 <= delay_s < MAX_DELAY_S):
+            raise ValueError(f"Retry(delay_s=...) takes a finite number of seconds from 0 to "
+                             f"under a year, got {delay_s!r}")
         super().__init__(reason)
         self.delay_s = delay_s
 

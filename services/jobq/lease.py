@@ -115,19 +115,29 @@ async def claim_misses(pool: asyncpg.Pool, ids: Sequence[uuid.UUID]) -> dict[uui
     return {r["id"]: of(Miss, r) for r in rows}
 
 
-async def renew(conn: Database, leases: Sequence[Lease],
-                worker_id: str) -> set[uuid.UUID]:
-    """One statement for all leases, on the registry session (not pooled);
-    returns the ids still held."""
+@dataclass(frozen=True)
+class Renewal:
+    """What one renewal statement did: the leases it extended, and those it
+    left alone because another transaction held their row right then (still
+    ours: tried again soon). A lease in neither is lost."""
+
+    renewed: frozenset[uuid.UUID]
+    busy: frozenset[uuid.UUID] = frozenset()
+
+
+async def renew(conn: Database, leases: Sequence[Lease], worker_id: str) -> Renewal:
+    """One statement for all leases, on the registry session (not pooled).
+    It never waits for a row lock (queries.sql: renew)."""
     if not leases:
-        return set()
+        return Renewal(frozenset())
     with translated():
         leases = in_lock_order(leases)
         rows = await fetch(conn,
             Q["renew"], [le.job_id for le in leases], [le.lock for le in leases],
             [le.lease_s for le in leases], worker_id,
         )
-    return {r["id"] for r in rows}
+    return Renewal(frozenset(r["id"] for r in rows if r["renewed"]),
+                   frozenset(r["id"] for r in rows if not r["renewed"]))
 
 
 async def complete(pool: asyncpg.Pool, leases: Sequence[Lease],
@@ -230,10 +240,16 @@ async def cancel(pool: asyncpg.Pool, job_id: uuid.UUID, reason: str | None) -> b
 
 
 async def retry_failed(pool: asyncpg.Pool, job_id: uuid.UUID,
-                       who: str | None = None) -> Spell | None:
-    """failed/cancelled -> queued; its spell, or None."""
+                       who: str | None = None) -> Spell | str | None:
+    """failed/cancelled -> queued; its spell (lock None: it waits for others
+    again, nothing to publish), why it was refused (a job it waits for
+    failed), or None (it was not failed or cancelled)."""
     rows = await fetch(pool, Q["retry_failed"], job_id, who)
-    return of(Spell, rows[0]) if rows else None
+    if not rows:
+        return None
+    if rows[0]["refused"] is not None:
+        return str(rows[0]["refused"])
+    return of(Spell, rows[0])
 
 
 # ── reaper side ──

@@ -38,10 +38,11 @@
 --   run and finish: complete, finished_by, progress, parents, step_get, step_record, watch,
 --       fail, release
 --   reap: requeue_lapsed, isolate, child_died, quarantine, lost_candidates, lost_horizon,
---       unpublish_lost, unpark, unpark_freed, schedules_due, schedule_fire, schedule_set,
---       schedule_upsert, schedule_skip, db_now, schedule_list, schedule_delete, sweep_probe
---   workers: worker_busy, worker_lock, worker_register, worker_gone, worker_pool,
---       workers_vanished, workers_prune, lease_lost_event
+--       unpublish_lost, unpark, unpark_freed, settle_dependants, schedules_due, schedule_fire,
+--       schedule_set, schedule_upsert, schedule_skip, db_now, schedule_list, schedule_delete,
+--       sweep_probe
+--   workers: worker_busy, worker_lock, client_check_interval, worker_register, worker_gone,
+--       worker_pool, workers_vanished, workers_prune, lease_lost_event
 --   operator verbs: cancel, retry_failed, cancel_queue_batch, retry_queue_batch,
 --       queue_job_counts, queue_delete, prune_batch, prune_count, prune_expired,
 --       key_rate_prune, history
@@ -73,10 +74,13 @@ SELECT id FROM jobq.enqueue_many($1::text[], $2::jsonb[], $3::float8[], $4::text
 ORDER BY n;
 
 -- name: enqueue_many_traced
+-- grant: jobq_producer
 -- enqueue_many, and the publisher's trace context of each row that has one
 -- stored beside it in the same statement (tracing.py; $9: JSON or NULL).
 -- The job's row is inserted by the function before this statement's foreign
--- key checks run at its end.
+-- key checks run at its end. A function (the grant line): producers have no
+-- right on jobq.job_trace, so a carrier is only ever written for the jobs
+-- this very call returns (schema 0024).
 WITH made AS (
     SELECT id, n FROM jobq.enqueue_many($1::text[], $2::jsonb[], $3::float8[], $4::text[],
                                         $5::float8, $6::int[], $7::text[], $8::float8[])
@@ -94,6 +98,7 @@ SELECT id FROM made ORDER BY n;
 SELECT carrier::text FROM jobq.job_trace WHERE job_id = $1;
 
 -- name: enqueue_linked
+-- grant: jobq_producer
 -- One job that waits for others or belongs to a workflow (issue #31):
 -- jobq.enqueue with every option; workflow.py runs a batch of these in one
 -- transaction, parents before the jobs that wait for them. The publisher's
@@ -115,7 +120,7 @@ SELECT id FROM made;
 -- them (their key's freed slots release them).
 SELECT id FROM jobq.job
 WHERE id = ANY($1::uuid[]) AND status = 'queued' AND relay_after = 'infinity'
-  AND waiting_on = 0;
+  AND waiting_on = 0 AND enqueued_by = session_user::text;  -- its own jobs only
 
 -- name: queue_limits
 -- The producer checks payload sizes before sending them (cached per queue).
@@ -142,6 +147,11 @@ WITH target AS (
       AND j.status COLLATE "C" = 'queued'
       AND j.published_at IS NULL
       AND j.waiting_on = 0  -- a waiting job's publish is its release's
+      -- a new row (no token yet) only if this login inserted it: a mark of
+      -- another login's row would hide it from the relay until the
+      -- lost-message check (schema 0024: enqueued_by); a spell's token,
+      -- which only its maker holds, is proof enough
+      AND (t.lock IS NOT NULL OR j.enqueued_by = session_user::text)
       -- Not a job that is not due: consumers drop its early delivery (a
       -- repeated idempotency key sends a delayed job's id), and only an
       -- unmarked row is published by the relay when it comes due.
@@ -235,8 +245,11 @@ SELECT id, 'published', 'by the reaper relay' FROM marked WHERE history;
 -- statement of its own: the function is VOLATILE, so the claim after it
 -- takes a fresh snapshot and counts every job the claim that held the lock
 -- before made active. Per-key limits (max_running_per_key,
--- rate_per_s_per_key) lock each key of the batch instead (an advisory lock
--- per queue and key, in queue, key order), so keys never wait on each other.
+-- rate_per_s_per_key) lock each key of the batch instead (a row of
+-- jobq.key_lock per queue and key, made on first use, locked in queue, key
+-- order), so keys never wait on each other. A row, not an advisory lock:
+-- any login can take an advisory lock, and one that held a key's stalled a
+-- whole consumer for 58 s (issue #47); no login can lock jobq.key_lock.
 -- Unlimited queues lock nothing. Ids a limit refuses are parked
 -- (published_at NULL, relay_after 'infinity', a fresh lock token, so that no
 -- late publish mark of the spell before can cover them): their messages are
@@ -249,16 +262,29 @@ SELECT name FROM jobq.queue
 WHERE name = ANY($3::text[]) AND (max_running IS NOT NULL OR rate_per_s IS NOT NULL OR paused)
 ORDER BY name
 FOR NO KEY UPDATE;
-SELECT pg_advisory_xact_lock(hashtext(k.queue), hashtext(k.key))
-FROM (SELECT DISTINCT j.queue, j.key
-      FROM jobq.job j JOIN jobq.queue q ON q.name = j.queue
-      WHERE j.id = ANY($1::uuid[]) AND j.key IS NOT NULL
-        AND (q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL)
-        AND EXISTS (SELECT 1 FROM jobq.queue pq  -- none of these queues has a per-key
-                    WHERE pq.name = ANY($3::text[])  -- limit: no job row is read
-                      AND (pq.max_running_per_key IS NOT NULL
-                           OR pq.rate_per_s_per_key IS NOT NULL))
-      ORDER BY 1, 2) k;
+INSERT INTO jobq.key_lock (queue, key)
+SELECT DISTINCT j.queue, j.key
+FROM jobq.job j JOIN jobq.queue q ON q.name = j.queue
+WHERE j.id = ANY($1::uuid[]) AND j.key IS NOT NULL
+  AND (q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL)
+  AND EXISTS (SELECT 1 FROM jobq.queue pq  -- none of these queues has a per-key
+              WHERE pq.name = ANY($3::text[])  -- limit: no job row is read
+                AND (pq.max_running_per_key IS NOT NULL OR pq.rate_per_s_per_key IS NOT NULL))
+ORDER BY 1, 2
+ON CONFLICT (queue, key) DO NOTHING;
+SELECT 1
+FROM jobq.key_lock l
+WHERE (l.queue, l.key) IN (
+    SELECT j.queue, j.key
+    FROM jobq.job j JOIN jobq.queue q ON q.name = j.queue
+    WHERE j.id = ANY($1::uuid[]) AND j.key IS NOT NULL
+      AND (q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL)
+      AND EXISTS (SELECT 1 FROM jobq.queue pq
+                  WHERE pq.name = ANY($3::text[])
+                    AND (pq.max_running_per_key IS NOT NULL
+                         OR pq.rate_per_s_per_key IS NOT NULL)))
+ORDER BY l.queue, l.key
+FOR NO KEY UPDATE OF l;
 WITH better AS (  -- waiting jobs of a priority above 0: an empty index when none is used
     SELECT b.id, b.queue, b.priority,
            row_number() OVER (PARTITION BY b.queue ORDER BY b.priority DESC, b.id) AS rk
@@ -469,20 +495,41 @@ WHERE id = ANY($1::uuid[]);
 -- the worker's registry session (the one holding its advisory lock), so a
 -- successful renewal also proves that session alive. It only touches
 -- lease_expires_at, which no index mentions, so it is a HOT update.
-WITH renewed AS (
-    UPDATE jobq.job j
-    SET lease_expires_at = now() + make_interval(secs => t.lease_s)
-    FROM unnest($1::uuid[], $2::uuid[], $3::float8[]) AS t(id, lock, lease_s)
-    WHERE j.id = t.id
+-- It never waits for a row lock (I11): a row another transaction holds
+-- right now (an operator's, a reaper's, this worker's own completion) is
+-- skipped and answered busy (renewed false), and the heartbeat tries it
+-- again soon; one locked row once held this statement, and every lease of
+-- the worker with it. Ids left out are lost leases. Each row is found by
+-- its id (id = ANY: one plan, an index lookup, whatever the statistics).
+WITH mine AS (
+    SELECT j.id, t.lease_s
+    FROM jobq.job j
+    JOIN unnest($1::uuid[], $2::uuid[], $3::float8[]) AS t(id, lock, lease_s) ON j.id = t.id
+    WHERE j.id = ANY($1::uuid[])
       AND j.lock = t.lock
       AND j.status COLLATE "C" = 'active'
       AND j.lease_expires_at > now()
+    FOR NO KEY UPDATE OF j SKIP LOCKED
+), renewed AS (
+    UPDATE jobq.job j
+    SET lease_expires_at = now() + make_interval(secs => mine.lease_s)
+    FROM mine
+    WHERE j.id = ANY($1::uuid[]) AND j.id = mine.id
     RETURNING j.id
 ), seen AS (
     UPDATE jobq.worker SET last_seen_at = now()
     WHERE worker_id = $4 AND backend_pid = pg_backend_pid()
 )
-SELECT id FROM renewed;
+SELECT r.id, true AS renewed FROM renewed r
+UNION ALL
+SELECT j.id, false AS renewed
+FROM jobq.job j
+JOIN unnest($1::uuid[], $2::uuid[]) AS t(id, lock) ON j.id = t.id
+WHERE j.id = ANY($1::uuid[])
+  AND j.lock = t.lock
+  AND j.status COLLATE "C" = 'active'
+  AND j.lease_expires_at > now()
+  AND NOT EXISTS (SELECT 1 FROM mine m WHERE m.id = j.id);
 
 -- ───────────────────────────── run and finish ─────────────────────────────
 
@@ -561,14 +608,21 @@ RETURNING name;
 
 -- name: watch
 -- grant: jobq_producer
--- client.result / jobq wait: mark the job watched (its end then sends a
--- NOTIFY on jobq_finished, trigger in schema 0007) and read where it is.
--- Marking first, then waiting, never misses an end: the end's UPDATE
--- re-reads the row after this one and sees the mark.
-UPDATE jobq.job
-SET watched = true
-WHERE id = $1
-RETURNING id, status, result, last_error;
+-- client.result / jobq wait: watch the job (a row of the waiter's own in
+-- jobq.job_watch: its end then sends a NOTIFY on jobq_finished, trigger in
+-- schema 0024) and read where it is. The job's row is not written: a
+-- waiter's open transaction must not hold a lock its worker waits on (I11).
+-- An end whose trigger ran just before this commit and that commits just
+-- after this read sends no NOTIFY: the waiter re-reads now and then
+-- (results.py), so that rare end is seen within that interval.
+WITH watched AS (
+    INSERT INTO jobq.job_watch (job_id)
+    SELECT j.id FROM jobq.job j WHERE j.id = $1
+    ON CONFLICT (job_id) DO NOTHING
+)
+SELECT j.id, j.status, j.result, j.last_error
+FROM jobq.job j
+WHERE j.id = $1;
 
 -- name: fail
 -- grant: jobq_consumer
@@ -1001,6 +1055,14 @@ UPDATE jobq.job j SET relay_after = now(), lock = $3
 FROM picked WHERE j.id = picked.id
 RETURNING j.id, j.queue, j.lock;
 
+-- name: settle_dependants
+-- Reapers, each sweep with anything to settle (sweep_probe's dependants):
+-- arm the new edges of jobs published `after` others, release or cancel the
+-- dependants of jobs that ended, at most $1 edges and $2 rounds (one level
+-- of a chain a round), one reaper at a time (jobq.settle_dependants,
+-- schema 0024). more: it stopped at a bound with work left.
+SELECT released, cancelled, more FROM jobq.settle_dependants($1, $2);
+
 -- name: schedules_due
 -- Reapers: schedules whose slot has come, with the database clock's now.
 SELECT name, queue, cron, interval_s, timezone, enabled, next_run_at, created_at,
@@ -1064,18 +1126,20 @@ SELECT stored.name FROM stored CROSS JOIN LATERAL (SELECT pg_notify('jobq_delaye
 -- back: not stored (the consumer logs why, once).
 WITH stored AS (
     INSERT INTO jobq.schedule AS s (name, queue, payload, cron, timezone, interval_s, next_run_at,
-                                    enabled, source)
-    SELECT $1, $2, $3::jsonb, $4, $5, $6, $7, $8, 'app'
+                                    enabled, source, owner)
+    SELECT $1, $2, $3::jsonb, $4, $5, $6, $7, $8, 'app', session_user
     WHERE pg_has_role(session_user, 'jobq_producer', 'MEMBER')
     ON CONFLICT (name) DO UPDATE
     SET queue = excluded.queue, payload = excluded.payload, cron = excluded.cron,
         timezone = excluded.timezone, interval_s = excluded.interval_s, enabled = excluded.enabled,
-        last_error = NULL,
+        last_error = NULL, owner = session_user,
         next_run_at = CASE WHEN (s.cron, s.timezone, s.interval_s)
                                 IS NOT DISTINCT FROM (excluded.cron, excluded.timezone,
                                                       excluded.interval_s)
                            THEN s.next_run_at ELSE excluded.next_run_at END
-    WHERE s.source = 'app'
+    -- an app's schedule is its login's (schema 0024): another app login
+    -- cannot rewrite it; one stored before owners were kept is taken once
+    WHERE s.source = 'app' AND (s.owner IS NULL OR s.owner = session_user::text)
     RETURNING name
 )
 -- A new slot may come before an idle reaper's next probe: wake it (reaper/wakes.py).
@@ -1134,6 +1198,10 @@ SELECT EXISTS (SELECT 1 FROM jobq.job WHERE status = 'active') AS active,
                  AND relay_after <= now()) AS relay_due,
        EXISTS (SELECT 1 FROM jobq.schedule
                WHERE enabled AND next_run_at <= now()) AS schedules_due,
+       EXISTS (SELECT 1 FROM jobq.job_dependency WHERE state = 'new')
+           OR EXISTS (SELECT 1 FROM jobq.job
+                      WHERE has_dependants
+                        AND status IN ('completed', 'failed', 'cancelled')) AS dependants,
        extract(epoch FROM least(
            (SELECT min(lease_expires_at) FROM jobq.job WHERE status = 'active'),
            (SELECT min(relay_after) FROM jobq.job
@@ -1155,6 +1223,11 @@ SELECT pg_notify('jobq_busy', '');
 -- A session-level advisory lock held for the worker's life on its registry
 -- connection; it vanishes with the session.
 SELECT pg_try_advisory_lock($1);
+
+-- name: client_check_interval
+-- The registry session (PostgreSQL 14 and later): a statement running for a
+-- client that went away ends within a second (registry.py).
+SET client_connection_check_interval = '1s';
 
 -- name: worker_register
 -- grant: jobq_consumer
@@ -1275,20 +1348,11 @@ WITH cancelled AS (
 SELECT id FROM cancelled;
 
 -- name: retry_failed
--- failed/cancelled -> queued with fresh error and stall allowances.
-WITH again AS (
-    UPDATE jobq.job j
-    SET status = 'queued', errors = 0, stalls = 0, run_at = now(), relay_after = now(),
-        published_at = NULL, finished_at = NULL, lease_expires_at = NULL,
-        lock = gen_random_uuid()  -- a new spell (hand_back)
-    FROM jobq.queue q
-    WHERE j.id = $1 AND j.status COLLATE "C" IN ('failed', 'cancelled') AND q.name = j.queue
-    RETURNING j.id, j.queue, j.lock, q.history
-), logged AS (
-    INSERT INTO jobq.job_event (job_id, event, detail)
-    SELECT id, 'retried', coalesce($2, 'by an operator') FROM again WHERE history
-)
-SELECT id, queue, lock FROM again;
+-- failed/cancelled -> queued with fresh error and stall allowances; a job
+-- that waits for others waits again for those not completed (its lock is
+-- NULL then: nothing to publish), and is refused while one of them failed,
+-- was cancelled or is gone (refused: why). jobq.retry_job, schema 0024.
+SELECT id, queue, lock, refused FROM jobq.retry_job($1, $2);
 
 -- name: cancel_queue_batch
 -- jobq cancel --queue Q: up to $3 jobs of queue $1 in the states $2 (queued,
@@ -1316,28 +1380,18 @@ SELECT count(*) FROM cancelled;
 
 -- name: retry_queue_batch
 -- jobq retry --queue Q: up to $3 failed (or cancelled: $2) jobs of queue $1
--- back to queued with fresh allowances, as `retry_failed` does one; the
--- rows (id, queue, lock) to publish (the relay does if the CLI dies first).
-WITH again_ids AS (
-    SELECT id FROM jobq.job
-    WHERE queue = $1 AND status COLLATE "C" = ANY($2::text[])
-      AND status COLLATE "C" IN ('failed', 'cancelled')
-    ORDER BY id
-    LIMIT $3
-    FOR NO KEY UPDATE SKIP LOCKED
-), again AS (
-    UPDATE jobq.job j
-    SET status = 'queued', errors = 0, stalls = 0, run_at = now(), relay_after = now(),
-        published_at = NULL, finished_at = NULL, lease_expires_at = NULL,
-        lock = gen_random_uuid()
-    FROM again_ids, jobq.queue q
-    WHERE j.id = again_ids.id AND q.name = j.queue
-    RETURNING j.id, j.queue, j.lock, q.history
-), logged AS (
-    INSERT INTO jobq.job_event (job_id, event, detail)
-    SELECT id, 'retried', 'with its queue by an operator' FROM again WHERE history
-)
-SELECT id, queue, lock FROM again;
+-- back in line, each as `retry_failed` does one; the rows (id, queue, lock:
+-- NULL for one that waits for others again) to publish, and the refused
+-- (the relay publishes if the CLI dies first). $4: ids refused earlier in
+-- this run, not tried again.
+SELECT r.id, r.queue, r.lock, r.refused
+FROM (SELECT j.id FROM jobq.job j
+      WHERE j.queue = $1 AND j.status COLLATE "C" = ANY($2::text[])
+        AND j.status COLLATE "C" IN ('failed', 'cancelled')
+        AND j.id <> ALL ($4::uuid[])
+      ORDER BY j.id
+      LIMIT $3) t
+CROSS JOIN LATERAL jobq.retry_job(t.id, 'with its queue by an operator') r;
 
 -- name: queue_job_counts
 -- Jobs of queue $1 per state (the bulk verbs' dry runs and `queue delete`).
@@ -1413,8 +1467,17 @@ DELETE FROM jobq.job j USING doomed WHERE j.id = doomed.id;
 
 -- name: key_rate_prune
 -- Reapers, with retention: per-key rate buckets idle for an hour are full
--- again, which is what a missing row means.
-DELETE FROM jobq.key_rate WHERE at < now() - interval '1 hour';
+-- again, which is what a missing row means; a key's claim lock with no job
+-- of its key waiting or running is made again by the next claim that needs
+-- it (a delete waits for a claim holding it, a moment; the lock is a mutex
+-- and nothing else: gone between claims, it is made anew).
+WITH buckets AS (
+    DELETE FROM jobq.key_rate WHERE at < now() - interval '1 hour'
+)
+DELETE FROM jobq.key_lock l
+WHERE NOT EXISTS (SELECT 1 FROM jobq.job j
+                  WHERE j.queue = l.queue AND j.key = l.key
+                    AND j.status IN ('queued', 'active'));
 
 -- name: history
 -- The view adds the events the row keeps ('enqueued', 'completed'), which
@@ -1597,7 +1660,8 @@ ORDER BY j.created_at, j.id;
 
 -- name: workflow_cancel
 -- jobq cancel WORKFLOW_ID: every step not started yet (a running one
--- finishes; what waits for a cancelled step is cancelled by the trigger).
+-- finishes; what waits for a cancelled step is cancelled by the reapers'
+-- settler, jobq.settle_dependants).
 WITH steps AS (  -- locked in id order, as every multi-row write (schema 0017)
     SELECT id FROM jobq.job WHERE workflow_id = $1 AND status = 'queued'
     ORDER BY id

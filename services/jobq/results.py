@@ -5,10 +5,14 @@ wait for it (issue #17).
 A result is JSON (a pydantic model is dumped in JSON mode), at most the
 queue's ``max_result_bytes``; a handler returning something else fails its
 job with the reason, at once (retrying would return the same). ``wait``
-marks the job watched, then sleeps on LISTEN ``jobq_finished``: only a
-watched job's end sends a NOTIFY (trigger in schema 0007), so completions
-nobody waits for pay nothing. No polling: the mark is made before the wait
-and the end re-reads the row after the mark, so an end is never missed.
+watches the job (a row of its own in ``jobq.job_watch``), then sleeps on
+LISTEN ``jobq_finished``: only a watched job's end sends a NOTIFY (trigger
+in schema 0024). The job's row is never written by a waiter (I11: a waiter
+in an open transaction held its lock, and its worker's renewals waited).
+The price: an end whose trigger looked just before the watch was committed
+and that committed just after the waiter's read sends nothing, so the
+waiter also re-reads the row every ``RECHECK_S``: that rare end is seen
+within it, every other one at once.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from jobq.errors import BadInput, JobqError
 from jobq.sql import Q
 
 TERMINAL = ("completed", "failed", "cancelled")
+RECHECK_S = 2.0  # a waiter re-reads the row this often, NOTIFY or not
 
 
 class JobFailed(JobqError):
@@ -87,13 +92,14 @@ async def wait(pool: Any, job_id: uuid.UUID,
             deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
             while row["status"] not in TERMINAL:
                 left = None if deadline is None else deadline - asyncio.get_running_loop().time()
-                try:
-                    if left is not None and left <= 0:
-                        raise TimeoutError
-                    await asyncio.wait_for(ended.wait(), left)
-                except TimeoutError:
+                if left is not None and left <= 0:
                     timed_out = True  # raised outside: connection() would call it an outage
                     break
+                try:
+                    await asyncio.wait_for(ended.wait(), RECHECK_S if left is None
+                                           else min(left, RECHECK_S))
+                except TimeoutError:
+                    pass  # read it again: the rare end that sent nothing (above)
                 ended.clear()  # before the re-read: an end after it sets it again
                 row = await fetchrow(conn, Q["watch"], job_id)  # (a producer reads no row)
                 if row is None:  # pruned meanwhile

@@ -150,11 +150,12 @@ class Probe:
     schedules_due: bool
     seconds: float | None
     min_lease_s: float | None = None  # the shortest queue lease (None: no queue)
+    dependants: bool = False  # new edges, or ended jobs with dependants to settle
 
     @property
     def idle(self) -> bool:
         return not (self.active or self.vanished or self.parked or self.relay_due
-                    or self.schedules_due)
+                    or self.schedules_due or self.dependants)
 
     def sleep_s(self, max_s: float, slack_s: float, idle_s: float | None = None) -> float:
         """How long the reaper may sleep: until then (plus slack), at most

@@ -101,6 +101,12 @@ class ReaperSettings(BaseModel):
     prune_every_s: float = Field(default=60.0, ge=0)
     prune_batch: int = Field(default=500, ge=1, le=100_000)
     prune_max_batches: int = Field(default=20, ge=1)
+    # Dependants (jobs published `after` others): a sweep settles at most
+    # settle_budget edges, in at most settle_rounds rounds (a chain one level
+    # a round), in one transaction; the probe brings the reaper straight back
+    # for the rest. What bounds a huge fan-out or a long chain per sweep.
+    settle_budget: int = Field(default=1000, ge=1, le=100_000)
+    settle_rounds: int = Field(default=100, ge=1, le=10_000)
 
 
 class ProducerSettings(BaseModel):

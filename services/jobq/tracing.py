@@ -21,6 +21,7 @@ duration and outcome are still the span's).
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -33,6 +34,8 @@ try:
     INSTALLED = True
 except ImportError:  # the extra is not installed: every function here is a no-op
     INSTALLED = False
+
+log = logging.getLogger("jobq.consumer")
 
 MAX_CARRIER_BYTES = 4096  # jobq.job_trace's CHECK: a header set, not a payload
 
@@ -66,7 +69,7 @@ def run_span(job: Any, stored: str | None, worker: str) -> Iterator[Callable[[st
     if not enabled():
         yield _ignore
         return
-    parent = propagate.extract(json.loads(stored)) if stored else otel_context.Context()
+    parent = _parent(job, stored)
     tracer = trace.get_tracer("jobq")
     attributes = {"jobq.job_id": str(job.id), "jobq.queue": job.queue,
                   "jobq.attempt": job.attempt, "jobq.worker": worker,
@@ -80,6 +83,24 @@ def run_span(job: Any, stored: str | None, worker: str) -> Iterator[Callable[[st
                 span.set_status(trace.Status(trace.StatusCode.ERROR, label))
 
         yield outcome
+
+
+def _parent(job: Any, stored: str | None) -> Any:
+    """The publisher's context from its carrier; a fresh one (and one
+    warning) if it cannot be read: telemetry never fails a job (I11: a
+    carrier {"traceparent": 5} made a job fail and come back forever)."""
+    if not stored:
+        return otel_context.Context()
+    try:
+        headers = json.loads(stored)
+        if not isinstance(headers, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
+            raise ValueError("not an object of string headers")
+        return propagate.extract(headers)
+    except Exception as exc:
+        log.warning("job %s: its trace context cannot be read (%s: %s); the run starts a "
+                    "trace of its own", job.id, type(exc).__name__, str(exc)[:100])
+        return otel_context.Context()
 
 
 def trace_id() -> str | None:

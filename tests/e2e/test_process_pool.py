@@ -189,3 +189,60 @@ def test_a_healthy_job_survives_five_kills_of_its_process_pool_parent(db: SyncDB
     details = [r["detail"] for r in db.fetch(
         "SELECT detail FROM jobq.job_event WHERE job_id = $1 AND event = 'stalled'", jid)]
     assert len(details) == 5 and all("child processes" in d for d in details), details
+
+
+def _children(pid: int) -> list[int]:
+    """The live child processes of a consumer (its handler pool)."""
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            found += [int(c) for c in f.read().split()]
+    return [c for c in found if not dead(c)]
+
+
+def test_typed_tasks_and_deep_payloads_run_in_child_processes(
+        db: SyncDB, procs: Procs, settings: Settings) -> None:
+    """Issue #47 H4: a typed task's payload (a pydantic model in the parent)
+    and a payload nested ~985 deep could not cross to a child: each lost a
+    child that was never replaced, and two hung the consumer for good."""
+    procs.reaper()
+    procs.consumer("--queue", "proc_typed", "--queue", "big", "--pool", "process",
+                   "--concurrency", "2").worker_id()
+    deep = '{"d": ' * 985 + "{}" + "}" * 985  # as a SQL producer can write it
+    nested = [db.val("SELECT jobq.enqueue('big', $1::jsonb)", deep) for _ in range(2)]
+    (bad,) = publish(settings, "proc_typed", [{"to": 1}])
+    good = publish(settings, "proc_typed", [{"to": f"u{i}@b.c", "subject": "hi"}
+                                            for i in range(6)])
+    everything = [bad, *nested, *good]
+    wait_until(lambda: all(job(db, j)["status"] in ("completed", "failed")
+                           for j in everything), 30, "every job ended")
+    for jid in good:
+        row = db.fetchrow("SELECT status, stalls, result->>'to' AS to FROM jobq.job "
+                          "WHERE id = $1", jid)
+        assert (row["status"], row["stalls"]) == ("completed", 0) and row["to"].endswith("@b.c")
+    row = job(db, bad)
+    assert (row["status"], row["attempts"]) == ("failed", 1)
+    assert "payload failed validation for queue proc_typed" in row["last_error"]
+    for jid in nested:  # decoded, or failed with the reason: never a lost child
+        row = job(db, jid)
+        assert row["stalls"] == 0 and row["attempts"] == 1, row["last_error"]
+        assert row["status"] == "completed" or "cannot be decoded" in row["last_error"]
+
+
+def test_a_child_killed_while_idle_is_replaced_and_charges_nobody(
+        db: SyncDB, procs: Procs, settings: Settings) -> None:
+    """Issue #47 H4: an idle child's death was noticed only when the next
+    job was sent to it, which was charged a stall it never caused, and the
+    child was not replaced."""
+    set_queue(db, "proc", lease_s=30)
+    procs.reaper()
+    consumer = pool_consumer(procs, 2)
+    wait_until(lambda: len(_children(consumer.pid)) == 2, 10, "two children")
+    victims = _children(consumer.pid)
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    ids = publish(settings, "proc", [{"sleep": 0.1} for _ in range(6)])
+    wait_until(lambda: all(job(db, j)["status"] == "completed" for j in ids), 20, "all ran")
+    assert [job(db, j)["stalls"] for j in ids] == [0] * 6
+    wait_until(lambda: len(_children(consumer.pid)) == 2, 10, "the pool back to two")
+    assert not set(_children(consumer.pid)) & set(victims)

@@ -72,16 +72,32 @@ def test_fenced_writes_need_the_token_and_a_live_lease(db_url: str) -> None:
         mine = await claim(pool, jid)
         assert mine is not None
         forged = Lease(jid, "q", uuid.uuid4(), 30, 0.15, 0.0)
-        assert await lease.renew(pool, [forged], "w1") == set()
+        assert await lease.renew(pool, [forged], "w1") == lease.Renewal(frozenset())
         assert await lease.complete(pool, [forged]) == [False]
         assert await lease.fail(pool, [Failure(forged, "x", True)]) == [None]
         assert await lease.release(pool, [forged]) == []
-        assert await lease.renew(pool, [mine], "w1") == {jid}
+        assert (await lease.renew(pool, [mine], "w1")).renewed == {jid}
         await lapse(pool, jid)
         # Lapsed, even if no reaper came yet: the lease is gone for good.
-        assert await lease.renew(pool, [mine], "w1") == set()
+        assert await lease.renew(pool, [mine], "w1") == lease.Renewal(frozenset())
         assert await lease.complete(pool, [mine]) == [False]
         assert (await status(pool, jid))["status"] == "active"
+
+    run(db_url, body)
+
+
+def test_a_renewal_never_waits_for_a_row_another_transaction_holds(db_url: str) -> None:
+    """I11: a row held by another session (here a plain open transaction)
+    comes back busy at once; the worker's other leases are renewed."""
+    async def body(pool: asyncpg.Pool) -> None:
+        held, free = await new_job(pool), await new_job(pool)
+        a, b = await claim(pool, held), await claim(pool, free)
+        assert a is not None and b is not None
+        async with pool.acquire() as other, other.transaction():
+            await other.execute("SELECT 1 FROM jobq.job WHERE id = $1 FOR NO KEY UPDATE", held)
+            got = await asyncio.wait_for(lease.renew(pool, [a, b], "w1"), 5)
+        assert got == lease.Renewal(frozenset({free}), frozenset({held}))
+        assert (await lease.renew(pool, [a, b], "w1")).renewed == {held, free}
 
     run(db_url, body)
 

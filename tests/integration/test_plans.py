@@ -132,7 +132,8 @@ def test_statements_by_id_use_the_primary_key(db_url: str, stats: str) -> None:
     # partial index of active rows, as its status test there says; its rows
     # by id still go through the key.
     bad = _bad(asyncio.run(go()), {
-        "claim": {"job_active_idx", "job_active_key_idx", "job_priority_idx", "key_rate_pkey"},
+        "claim": {"job_active_idx", "job_active_key_idx", "job_priority_idx", "key_rate_pkey",
+                  "key_lock_pkey"},
         # a row claimed in place of a delivered id is found by its token among
         # this worker's active rows (rare: a claim retried after a lost reply)
         "claim_recover": {"job_active_idx"}})
@@ -177,7 +178,8 @@ def test_generic_plans_go_through_the_primary_key_whatever_the_statistics(
             await conn.close()
 
     bad = _bad(asyncio.run(go()), {
-        "claim": {"job_active_idx", "job_active_key_idx", "job_priority_idx", "key_rate_pkey"},
+        "claim": {"job_active_idx", "job_active_key_idx", "job_priority_idx", "key_rate_pkey",
+                  "key_lock_pkey"},
         # a row claimed in place of a delivered id is found by its token among
         # this worker's active rows (rare: a claim retried after a lost reply)
         "claim_recover": {"job_active_idx"}})

@@ -23,24 +23,31 @@ from jobq.sql import GENERIC_PLAN, GRANTS
 TABLE_RIGHTS = {
     ("jobq_producer", "queue", "SELECT"),
     ("jobq_consumer", "queue", "SELECT"),
-    *{("jobq_reaper", "job", r) for r in ("SELECT", "UPDATE", "DELETE")},
+    *{("jobq_reaper", "job", r) for r in ("SELECT", "DELETE")},  # UPDATE: some columns
     *{("jobq_reaper", "job_event", r) for r in ("SELECT", "INSERT", "DELETE")},
     *{("jobq_reaper", "worker", r) for r in ("SELECT", "UPDATE", "DELETE")},
     *{("jobq_reaper", "reaper", r) for r in ("SELECT", "INSERT", "UPDATE", "DELETE")},
     ("jobq_reaper", "queue", "SELECT"),
     ("jobq_reaper", "key_rate", "SELECT"),  # per-key rate buckets (0013)
     ("jobq_reaper", "key_rate", "DELETE"),
+    ("jobq_reaper", "key_lock", "SELECT"),  # per-key claim locks (0024): pruned, never locked
+    ("jobq_reaper", "key_lock", "DELETE"),
     ("jobq_reaper", "overdue", "SELECT"),
     ("jobq_reaper", "schedule", "SELECT"),  # periodic jobs (0007)
     ("jobq_reaper", "schedule", "UPDATE"),
-    ("jobq_producer", "job_trace", "INSERT"),  # OpenTelemetry context (0018)
+    # OpenTelemetry context: written by the enqueue functions only (0024), not the producer
+    ("jobq_reaper", "job_dependency", "SELECT"),  # its probe (0024)
     ("jobq_consumer", "job_trace", "SELECT"),
 }
 FUNCTION_RIGHTS = {("jobq_producer", "enqueue"), ("jobq_producer", "enqueue_many"),
                    ("jobq_reaper", "enqueue"), ("jobq_reaper", "rate_tokens"),
+                   ("jobq_reaper", "settle_dependants"),
                    ("jobq_reaper", "key_tokens"), ("jobq_reaper", "key_allowance"),
                    ("jobq_reaper", "allowance")} | {
     (role, f"q_{name}") for name, roles in GRANTS.items() for role in roles}
+REAPER_JOB_COLUMNS = {"status", "lock", "lease_expires_at", "stalls", "suspect_stalls",
+                      "suspect", "isolated", "last_error", "finished_at", "run_at",
+                      "relay_after", "published_at"}
 GROUPS = ("jobq_producer", "jobq_consumer", "jobq_reaper", "jobq_reader")
 
 
@@ -55,6 +62,13 @@ def test_grants_are_exactly_the_list(db: SyncDB) -> None:
     reader = {(r["role"], r["name"], r["right_"]) for r in rows if r["role"] == "jobq_reader"}
     others = {(r["role"], r["name"], r["right_"]) for r in rows if r["role"] != "jobq_reader"}
     assert others == TABLE_RIGHTS
+    # The reaper may update only the columns its statements move (0024): not a payload.
+    columns = {r["attname"] for r in db.fetch("""
+        SELECT a.attname FROM pg_attribute a
+        CROSS JOIN LATERAL aclexplode(a.attacl) x
+        WHERE a.attrelid = 'jobq.job'::regclass AND x.privilege_type = 'UPDATE'
+          AND x.grantee = 'jobq_reaper'::regrole""")}
+    assert columns == REAPER_JOB_COLUMNS
     relations = {r["relname"] for r in db.fetch(
         "SELECT relname FROM pg_class WHERE relnamespace = 'jobq'::regnamespace "
         "AND relkind IN ('r', 'v')")}

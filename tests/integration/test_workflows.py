@@ -34,7 +34,14 @@ def row(db: SyncDB, jid: Any) -> Any:
 
 
 def end(db: SyncDB, jid: Any, status: str) -> None:
+    """The job ends, and a reaper's settler sees it (reaper/dependants.py)."""
     db.execute("UPDATE jobq.job SET status = $2, finished_at = now() WHERE id = $1", jid, status)
+    settle(db)
+
+
+def settle(db: SyncDB) -> Any:
+    """What one sweep of the reapers' dependants duty does."""
+    return db.fetchrow("SELECT * FROM jobq.settle_dependants(1000)")
 
 
 def test_a_chain_runs_in_order_and_a_failure_cancels_what_waits(db: SyncDB) -> None:
@@ -73,8 +80,11 @@ def test_a_fan_in_is_released_once_when_its_parents_end_at_the_same_moment(
                 await c.close()
 
     asyncio.run(go())
+    assert row(db, callback)["waiting_on"] == 20  # the ends only woke the reapers
+    assert settle(db)["released"] == 1
     r = row(db, callback)
     assert (r["status"], r["waiting_on"], r["held"]) == ("queued", 0, False)
+    assert settle(db)["released"] == 0  # once
 
 
 def test_parents_are_checked_at_publish(db: SyncDB) -> None:
@@ -199,7 +209,8 @@ def test_a_job_whose_parents_already_completed_is_relayed_at_once(
 
     (ready, waits), heard = asyncio.run(go())
     assert db.val("SELECT relay_after <= now() FROM jobq.job WHERE id = $1", ready)
-    assert heard == ["ready"]  # the one still waiting wakes nobody
+    # the one still waiting wakes the settler (to arm its edge), nothing is relayed
+    assert sorted(heard) == ["ready", "waits"]
     assert row(db, waits)["held"]
 
 

@@ -10,7 +10,8 @@ fire, a row that breaks a statement) is logged in one line, the others run:
    ``max_stalls`` (``lease.requeue_lapsed``). This commits *before* anything
    is published: a consumer that got the id while the row was still
    ``active`` would drop the message.
-2. **relay** every ``queued`` row not known to be published whose
+2. **settle dependants** (``dependants.py``), a bounded batch a sweep.
+3. **relay** every ``queued`` row not known to be published whose
    ``relay_after`` has come: requeued jobs, retries and delayed jobs that fell
    due, SQL-only enqueues, rows whose producer died before publishing. The
    rows stay locked (``FOR UPDATE SKIP LOCKED``) until the broker confirmed
@@ -52,6 +53,7 @@ from jobq.broker import Broker
 from jobq.db import execute, fetchrow, open_pool, translated
 from jobq.errors import UnavailableError
 from jobq.logs import fields
+from jobq.reaper.dependants import settle
 from jobq.reaper.lost import republish_lost
 from jobq.reaper.periodic import fire_due
 from jobq.reaper.rescue import cut_vanished, requeue_lapsed
@@ -70,7 +72,7 @@ IDLE_IN_TX_S = 5.0
 FAILING_AFTER = 3  # sweeps failed in a row before /readyz says not ready
 
 # What a sweep does, in order; each fails alone (Reaper._duty).
-DUTIES = ("cut", "requeue", "schedules", "unpark", "relay")
+DUTIES = ("cut", "requeue", "schedules", "unpark", "dependants", "relay")
 T = TypeVar("T")
 
 
@@ -80,6 +82,7 @@ class Sweep:
     requeued: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     published: int = 0
+    more: bool = False  # a bounded duty stopped with work left: sweep again at once
     duration_s: float = 0.0
     errors: dict[str, Exception] = field(default_factory=dict)  # duty -> what it raised
 
@@ -133,7 +136,7 @@ class Reaper:
         assert self.pool is not None
         started = time.monotonic()
         sweep = Sweep()
-        p = probe or Probe(True, True, True, True, True, None)
+        p = probe or Probe(True, True, True, True, True, None, dependants=True)
         if p.vanished or p.active:
             await self._duty(sweep, "cut", cut_vanished(self.pool, sweep.vanished))
         if p.active:
@@ -146,7 +149,13 @@ class Reaper:
             fired = await self._duty(sweep, "schedules", fire_due(self.pool)) or 0
         if p.parked:  # as slots free
             unparked = await self._duty(sweep, "unpark", unpark(self.pool)) or 0
-        if p.relay_due or sweep.requeued or fired or unparked:  # in this sweep, as they come
+        released = 0
+        if p.dependants:  # a bounded batch; the probe says so again if more is left
+            settled = await self._duty(sweep, "dependants", settle(
+                self.pool, self.cfg.settle_budget, self.cfg.settle_rounds))
+            released = settled.released if settled is not None else 0
+            sweep.more = settled is not None and settled.more
+        if p.relay_due or sweep.requeued or fired or unparked or released:  # as they come
             sweep.published = await self._duty(sweep, "relay", self.relay()) or 0
         sweep.duration_s = time.monotonic() - started
         self.sweeps += 1
@@ -272,7 +281,7 @@ class Reaper:
                              sweep.duration_s)
                 if not probe.idle:  # the sweep changed what comes next
                     probe = await self.probe()
-                sleep_s = self._wakes.sleep_for(probe)
+                sleep_s = 0.0 if sweep.more else self._wakes.sleep_for(probe)
                 backoff.reset()
                 if sweep.errors:  # some duty failed (recorded by the sweep): readiness
                     self.failures += 1

@@ -6,9 +6,18 @@ leases and heartbeats, and tells the child what to run over a socket
 (``frames.py``: length-prefixed JSON, nothing pickled):
 
     parent → child   ["run", queue, job fields, max_result_bytes]   ["exit"]
-    child → parent   ["ready", pid]   ["ok", result as JSON text or null]
+    child → parent   ["ready", pid]   ["started"]
+                     ["ok", result as JSON text or null]
                      ["error", kind, text, delay_s]
                      ["fatal", text]  (the app cannot be loaded)
+
+The payload travels as the row's JSON text and is decoded and checked
+against the handler's model here, in the child: a typed task's payload is a
+pydantic model in the parent, which no frame can carry, and a payload nested
+a thousand deep would overflow the parent's encoder (issue #47: either lost
+a child and, twice, hung the consumer). ``started`` says the child has the
+job: a child that dies before it is replaced and the job goes to another,
+uncharged; one that dies after it is the job's own doing.
 
 The result is checked against the queue's ``max_result_bytes`` here, before
 it is sent: a 5 MB result over a 64 KiB limit fails its job with the reason
@@ -22,6 +31,7 @@ run twice at once.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import signal
 import socket
@@ -36,6 +46,7 @@ from jobq import current
 from jobq.errors import Fail, Retry
 from jobq.job import Job
 from jobq.results import ResultInvalid, encode
+from jobq.validation import validation_failure
 from jobq.worker import frames
 
 PR_SET_PDEATHSIG = 1
@@ -63,21 +74,39 @@ def describe(exc: BaseException) -> tuple[str, str, str, float | None]:
             None)
 
 
-def rebuild(fields: dict[str, Any]) -> Job:
+def rebuild(fields: dict[str, Any], payload: Any) -> Job:
     """The Job from its JSON fields (ids and times travel as text)."""
     created = fields.get("created_at")
-    return Job(id=uuid.UUID(fields["id"]), queue=fields["queue"], payload=fields["payload"],
+    return Job(id=uuid.UUID(fields["id"]), queue=fields["queue"], payload=payload,
                attempt=fields["attempt"], lock=uuid.UUID(fields["lock"]),
                worker_id=fields["worker_id"], stalls=fields["stalls"],
                created_at=datetime.fromisoformat(created) if created else None)
 
 
+def payload_of(handler: Any, queue: str, text: str) -> Any:
+    """The payload as the handler takes it; Fail if it cannot be (the same
+    on every run: no retry helps)."""
+    try:
+        payload = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise Fail(f"payload cannot be decoded: {type(exc).__name__}: {str(exc)[:200]}") from None
+    if handler.payload_model is None:
+        return payload
+    try:
+        return handler.payload_model.model_validate(payload)
+    except ValidationError as exc:
+        raise Fail(validation_failure(queue, exc)) from None
+    except RecursionError:
+        raise Fail("payload cannot be decoded: nested too deep for its model") from None
+
+
 def run_one(app: Any, queue: str, fields: dict[str, Any], max_result_bytes: int) -> list[Any]:
     """Run one job's handler; the reply to send."""
     try:
-        job = rebuild(fields)
+        handler = app.handlers[queue]
+        job = rebuild(fields, payload_of(handler, queue, fields["payload_text"]))
         with current.running(job, job.worker_id, fields.get("trace_id")):
-            value = app.handlers[queue].fn(job)
+            value = handler.fn(job)
         return ["ok", encode(value, max_result_bytes)]
     except ResultInvalid as exc:
         return ["error", "fail", str(exc), None]
@@ -102,6 +131,7 @@ def serve(app_spec: str, sock: socket.socket) -> None:
         if msg[0] == "exit":
             return
         _, queue, fields, max_result_bytes = msg
+        frames.send(sock, ["started"])
         frames.send(sock, run_one(app, queue, fields, max_result_bytes))
 
 

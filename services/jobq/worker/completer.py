@@ -30,6 +30,7 @@ from jobq.logs import fields, printable
 from jobq.results import ResultInvalid, encode
 from jobq.rows import Failed, Spell
 from jobq.status import Status
+from jobq.validation import validation_failure
 from jobq.worker.heartbeat import Heartbeat
 from jobq.worker.run import Run
 from jobq.worker.store import WorkerStore
@@ -67,10 +68,7 @@ def failure_for(run: Run, exc: BaseException) -> Failure | None:
     if isinstance(exc, PayloadUndecodable):
         return Failure(le, f"payload cannot be decoded: {printable(str(exc))}", False)
     if isinstance(exc, ValidationError):
-        first = exc.errors()[0]
-        where = ".".join(map(str, first["loc"])) or "payload"
-        return Failure(le, f"payload failed validation for queue {queue}: "
-                           f"{exc.error_count()} error(s): {first['msg']} at {where}", False)
+        return Failure(le, validation_failure(queue, exc), False)
     if isinstance(exc, LeaseLost):
         return None
     name = type(exc).__name__

@@ -48,8 +48,13 @@ from jobq.worker.tally import Tally
 
 log = logging.getLogger("jobq.consumer")
 
+
 SUSPECT_WAIT_S = 2.0
 MAX_HANDOFFS = 2
+
+
+class JobqFault(Exception):
+    """jobq itself failed while running a job: recorded as that run's failure."""
 
 
 class Executor:
@@ -87,12 +92,16 @@ class Executor:
         try:
             run = self._track(row, sent_at)
             await self._run(run, row)
-        except Exception:
+        except Exception as exc:
             log.exception("jobq error while running job %s", row.id)
             if run is not None and run.ours:
-                # Our own bug must not cost the job a lease wait and a stall.
-                run.stop(Stop.SHUTDOWN)
-                await self.completer.release([run], "jobq error in the consumer; released")
+                # Our own bug must not cost the job a lease wait and a stall,
+                # nor loop: it is a failure of this run (an attempt counted,
+                # the queue's backoff, failed at max_attempts). Released, it
+                # came straight back to the same error: one malformed trace
+                # record made a job loop ~110 times a second (I11).
+                await self.completer.fail(run, JobqFault(f"jobq error in the consumer: "
+                                                         f"{type(exc).__name__}: {exc}"))
                 self.runs.pop(run.job.id, None)
         finally:
             self._slots.release()
@@ -118,13 +127,16 @@ class Executor:
         outcome = "ok"
         progress: ProgressWriter | None = None
         try:
-            try:
-                run.job.payload = json.loads(row.payload)
-            except (ValueError, RecursionError) as exc:
-                outcome = "error"
-                await self.completer.fail(run, PayloadUndecodable(
-                    f"{type(exc).__name__}: {str(exc)[:200]}"))
-                return
+            if self._in_child(run):  # the child decodes and checks it (child.py)
+                run.payload_text = row.payload
+            else:
+                try:
+                    run.job.payload = json.loads(row.payload)
+                except (ValueError, RecursionError) as exc:
+                    outcome = "error"
+                    await self.completer.fail(run, PayloadUndecodable(
+                        f"{type(exc).__name__}: {str(exc)[:200]}"))
+                    return
             if row.suspect and self._isolates(run):
                 isolated = await self._isolate(run, row.handoffs)
                 if not isolated:
@@ -160,10 +172,14 @@ class Executor:
             log.debug("trace context of %s: %r", run.job.id, exc)
             return None
 
+    def _in_child(self, run: Run) -> bool:
+        """Its handler runs in a child process (--pool process, sync)."""
+        return self._processes is not None and not run.handler.is_async
+
     def _isolates(self, run: Run) -> bool:
         if self.concurrency == 1:
             return False  # it runs alone anyway
-        return not (self._processes is not None and not run.handler.is_async)
+        return not self._in_child(run)
 
     async def _isolate(self, run: Run, handoffs: int) -> bool:
         """Take this worker's isolation for a suspect; False if it went away."""
@@ -196,7 +212,7 @@ class Executor:
     async def _execute(self, run: Run) -> str:
         """Call the handler and record how it ended; returns the outcome label."""
         try:
-            if run.handler.payload_model is not None:
+            if run.handler.payload_model is not None and not self._in_child(run):
                 run.job.payload = run.handler.payload_model.model_validate(run.job.payload)
             run.task = asyncio.ensure_future(self._call(run))
             value = await run.task
@@ -224,7 +240,7 @@ class Executor:
         if handler.is_async:
             return await handler.fn(job)
         if self._processes is not None:
-            return await self._processes.call(run, _job_fields(job))
+            return await self._processes.call(run, _job_fields(job, run.payload_text))
         loop = asyncio.get_running_loop()
         context = contextvars.copy_context()  # the job's log fields and span, in the thread
         return await loop.run_in_executor(self._threads,
@@ -259,9 +275,11 @@ class Executor:
         self._threads.shutdown(wait=False, cancel_futures=True)
 
 
-def _job_fields(job: Job) -> dict[str, Any]:
-    """What a child process needs to rebuild the Job (no event, no lock object)."""
-    return {"id": job.id, "queue": job.queue, "payload": job.payload, "attempt": job.attempt,
+def _job_fields(job: Job, payload_text: str) -> dict[str, Any]:
+    """What a child process needs to rebuild the Job (no event, no lock
+    object); the payload as the row's JSON text, decoded by the child."""
+    return {"id": job.id, "queue": job.queue, "payload_text": payload_text,
+            "attempt": job.attempt,
             "lock": job.lock, "worker_id": job.worker_id, "stalls": job.stalls,
             "created_at": job.created_at, "trace_id": tracing.trace_id()}
 

@@ -8,7 +8,11 @@ also has a local fence at its lease's *trusted until* (event-loop clock,
 see ``lease.py``): if renewals stop succeeding, the handler is stopped
 before the database could let the lease lapse and hand the job to another
 worker. A renewal that matches no row means the lease is gone (lapsed,
-reaped, cancelled): the handler is stopped at once.
+reaped, cancelled): the handler is stopped at once. A row another
+transaction holds at that moment is not waited for (I11: one locked row once
+held every lease of the worker): it comes back busy, still ours, and is
+tried again after ``BUSY_RETRY_S``; if it stays busy, its fence stops it in
+time like any lease that cannot be renewed.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from jobq import metrics
 from jobq.errors import ConfigError
+from jobq.lease import Renewal
 from jobq.logs import fields
 from jobq.settings import ConsumerSettings
 from jobq.worker.run import Run, Stop
@@ -30,6 +35,8 @@ if TYPE_CHECKING:
     from jobq.worker.store import WorkerStore
 
 log = logging.getLogger("jobq.consumer")
+
+BUSY_RETRY_S = 0.2  # a lease whose row was held by someone else: tried again this soon
 
 
 class Heartbeat:
@@ -142,8 +149,12 @@ class Heartbeat:
             metrics.RENEW_SECONDS.observe(loop.time() - sent_at)
             metrics.RENEWALS.labels("ok").inc()
             failures, retry_at = 0, float("inf")
+            if held.busy:  # not extended, still ours: again soon
+                failures, retry_at = 1, loop.time() + BUSY_RETRY_S
             for r in runs:
-                if r.job.id in held:
+                if r.job.id in held.busy:
+                    continue
+                if r.job.id in held.renewed:
                     r.lease.extend(sent_at)
                     if r.ours and not r.lease.finishing:
                         self._arm(r)
@@ -152,7 +163,7 @@ class Heartbeat:
                 else:
                     r.lease.renewed_at = sent_at  # finishing: its own write will tell
 
-    async def _renew(self, runs: list[Run]) -> set[uuid.UUID]:
+    async def _renew(self, runs: list[Run]) -> Renewal:
         # Bounded (the store ends a session a timeout left unfit): a renewal
         # hanging on a cut network must not stall every later one.
         within = max(1.0, min(r.lease.lease_s for r in runs) * self.cfg.renew_fraction)

@@ -16,11 +16,10 @@ handler (``child.py``). What this buys over threads:
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
-import re
-import signal
 import socket
 import subprocess
 import sys
@@ -29,23 +28,14 @@ from typing import Any
 from jobq.backoff import Backoff
 from jobq.errors import ConfigError, Fail, Retry
 from jobq.worker import frames
+from jobq.worker.child_process import Child, child_environment, exit_text, rss_mb
 from jobq.worker.run import Run
 
 log = logging.getLogger("jobq.consumer")
 
 START_TIMEOUT_S = 60.0
-# Settings a handler's process must not inherit: the consumer's credentials
-# (database and broker URLs carry passwords) and tokens. Handlers that need
-# their own connections get their own settings.
-_SECRET = re.compile(r"^JOBQ_.*(URL|PASSWORD|TOKEN|SECRET|KEY)", re.IGNORECASE)
-
-
-def child_environment() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not _SECRET.match(k)}
-    # The child imports the app by its spec, so it needs our import path
-    # (the working directory, an editable install, a test's package).
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    return env
+START_TRIES = 3  # children that may die before taking one job before it is failed (retried)
+WATCH_S = 1.0  # how often idle children are checked for life
 
 
 class ChildDied(Exception):
@@ -56,47 +46,6 @@ class HandlerError(Exception):
     """A handler's exception, as the child described it."""
 
 
-class _Child:
-    __slots__ = ("jobs", "proc", "reader", "writer")
-
-    def __init__(self, proc: subprocess.Popen[bytes], reader: asyncio.StreamReader,
-                 writer: asyncio.StreamWriter) -> None:
-        self.proc = proc
-        self.reader = reader
-        self.writer = writer
-        self.jobs = 0
-
-    async def send(self, message: list[Any]) -> None:
-        await frames.write(self.writer, message)
-
-    def send_nowait(self, message: list[Any]) -> None:
-        """Best effort (exit): nothing to wait for if the child is gone."""
-        if not self.writer.is_closing():
-            self.writer.write(frames.encode(message))
-
-
-def _exit_text(code: int | None) -> str:
-    if code is None:
-        return "still running"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with status {code}"
-
-
-def _rss_mb(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
 class ProcessPool:
     def __init__(self, app_spec: str, size: int, *, max_jobs_per_child: int | None = None,
                  max_memory_mb: float | None = None, kill_grace_s: float = 2.0) -> None:
@@ -105,17 +54,31 @@ class ProcessPool:
         self.max_jobs = max_jobs_per_child
         self.max_memory_mb = max_memory_mb
         self.kill_grace_s = kill_grace_s
-        self._idle: asyncio.Queue[_Child] = asyncio.Queue()
-        self._children: set[_Child] = set()
+        self._idle: asyncio.Queue[Child] = asyncio.Queue()
+        self._children: set[Child] = set()
         self._side: set[asyncio.Task[None]] = set()
         self._closing = False
 
     async def start(self) -> None:
         for child in await asyncio.gather(*(self._spawn() for _ in range(self.size))):
             self._idle.put_nowait(child)
+        self._background(self._watch())
         log.info("process pool ready: %d children", self.size)
 
-    async def _spawn(self) -> _Child:
+    async def _watch(self) -> None:
+        """Replace an idle child that died (killed by hand, OOM-killed while
+        idle) within a second, so the pool keeps its size; the job that would
+        have gone to it is never charged for it (``call``)."""
+        while not self._closing:
+            await asyncio.sleep(WATCH_S)
+            for child in list(self._children):
+                if not child.busy and child.proc.poll() is not None:
+                    log.warning("handler child process %d died while idle (%s); replaced",
+                                child.proc.pid, exit_text(child.proc.poll()))
+                    await self._reap(child)
+                    self._replace()
+
+    async def _spawn(self) -> Child:
         mine, theirs = socket.socketpair()
         proc = subprocess.Popen(
             [sys.executable, "-m", "jobq.worker.child", self.app_spec, str(theirs.fileno()),
@@ -123,20 +86,20 @@ class ProcessPool:
             pass_fds=(theirs.fileno(),), env=child_environment(), stdin=subprocess.DEVNULL)
         theirs.close()
         reader, writer = await asyncio.open_unix_connection(sock=mine)
-        child = _Child(proc, reader, writer)
+        child = Child(proc, reader, writer)
         self._children.add(child)
         try:
             msg = await asyncio.wait_for(frames.read(child.reader), START_TIMEOUT_S)
         except (EOFError, OSError, TimeoutError, frames.FrameError) as exc:
             await self._reap(child)
             raise ConfigError(f"a handler child process did not start ({exc!r}, "
-                              f"{_exit_text(proc.poll())})") from exc
+                              f"{exit_text(proc.poll())})") from exc
         if msg[0] == "fatal":
             await self._reap(child)
             raise ConfigError(f"a handler child process cannot load {self.app_spec}: {msg[1]}")
         return child
 
-    async def _reap(self, child: _Child) -> int | None:
+    async def _reap(self, child: Child) -> int | None:
         """Forget a child that died or was told to go; make sure it is gone."""
         self._children.discard(child)
         child.writer.close()  # whoever waits for its next message sees it gone
@@ -149,7 +112,7 @@ class ProcessPool:
             await asyncio.sleep(0.05)
         return child.proc.poll()
 
-    def _stop(self, child: _Child) -> None:
+    def _stop(self, child: Child) -> None:
         """SIGTERM now, SIGKILL after the grace if it is still there."""
         if child.proc.poll() is not None:
             return
@@ -163,7 +126,7 @@ class ProcessPool:
         task.add_done_callback(self._side.discard)
 
     @staticmethod
-    def _kill_if_alive(child: _Child) -> None:
+    def _kill_if_alive(child: Child) -> None:
         if child.proc.poll() is None:
             child.proc.kill()
 
@@ -181,42 +144,85 @@ class ProcessPool:
                 log.warning("cannot start a handler child process (%s); retrying", exc)
                 await backoff.sleep()
 
-    async def call(self, run: Run, job_fields: dict[str, Any]) -> Any:
-        """Run the job's handler in a child; raises its error, or ChildDied."""
-        child = await self._idle.get()
-        run.kill_child = lambda: self._stop(child)
-        try:
-            await child.send(["run", run.job.queue, job_fields, run.max_result_bytes])
-            msg = await frames.read(child.reader)
-        except (EOFError, OSError, frames.FrameError) as exc:
-            code = await self._reap(child)
+    async def _take(self) -> Child:
+        """An idle child that is alive (a dead one is replaced, not used)."""
+        while True:
+            child = await self._idle.get()
+            if child not in self._children:
+                continue  # the watch reaped it while it waited in line
+            if child.proc.poll() is None:
+                return child
+            await self._reap(child)
             self._replace()
-            raise ChildDied(f"its handler's child process {child.proc.pid} died "
-                            f"({_exit_text(code)})") from exc
-        except asyncio.CancelledError:
-            self._stop(child)  # never leave a handler running unowned
+
+    async def call(self, run: Run, job_fields: dict[str, Any]) -> Any:
+        """Run the job's handler in a child; raises its error, or ChildDied
+        if the child died after it took the job (``started``). A child that
+        dies before is not the job's doing: replaced, and the job goes to
+        another (at most ``START_TRIES`` times)."""
+        try:
+            message = frames.encode(["run", run.job.queue, job_fields, run.max_result_bytes])
+        except (TypeError, ValueError, RecursionError, frames.FrameError) as exc:
+            raise Fail(f"the job cannot be sent to a handler child process: "
+                       f"{type(exc).__name__}: {str(exc)[:200]}") from None
+        for _ in range(START_TRIES):
+            child = await self._take()
+            child.busy = True
+            run.kill_child = functools.partial(self._stop, child)
+            try:
+                if not await self._hand_over(child, run, message):
+                    continue  # died before it took the job: another one
+                try:
+                    msg = await frames.read(child.reader)
+                except (EOFError, OSError, frames.FrameError) as exc:
+                    code = await self._reap(child)
+                    self._replace()
+                    raise ChildDied(f"its handler's child process {child.proc.pid} died "
+                                    f"({exit_text(code)})") from exc
+            except asyncio.CancelledError:
+                self._stop(child)  # never leave a handler running unowned
+                self._background(self._reap(child))
+                self._replace()
+                raise
+            finally:
+                run.kill_child = None
+            child.busy = False
+            child.jobs += 1
+            self._recycle_or_keep(child)
+            return _answer(msg)
+        raise HandlerError(f"{START_TRIES} handler child processes died before taking the job "
+                           "(see the consumer's log); it runs again later")
+
+    async def _hand_over(self, child: Child, run: Run, message: bytes) -> bool:
+        """Send the job and wait for ``started``: False if the child died
+        before it took it (it is replaced); ChildDied if it broke the channel
+        or the run was stopped meanwhile."""
+        try:
+            child.writer.write(message)
+            await child.writer.drain()
+            started = await frames.read(child.reader)
+        except (EOFError, OSError, frames.FrameError):
+            if run.stop_reason is not None:  # we stopped it: the run reads why
+                raise ChildDied("stopped before it started") from None
+            log.warning("handler child process %d died before it took job %s (%s); replaced, "
+                        "the job goes to another", child.proc.pid, run.job.id,
+                        exit_text(await self._reap(child)))
+            self._replace()
+            return False
+        if started != ["started"]:
+            self._stop(child)
             self._background(self._reap(child))
             self._replace()
-            raise
-        finally:
-            run.kill_child = None
-        child.jobs += 1
-        self._recycle_or_keep(child)
-        if msg[0] == "ok":  # the result as JSON text, checked against the limit
-            return json.loads(msg[1]) if msg[1] is not None else None
-        _, kind, text, delay_s = msg
-        if kind == "retry":
-            raise Retry(text, delay_s=delay_s)
-        if kind == "fail":
-            raise Fail(text)
-        raise HandlerError(text)
+            raise ChildDied(f"its handler's child process {child.proc.pid} broke the protocol "
+                            f"(sent {str(started)[:40]} for started)")
+        return True
 
-    def _recycle_or_keep(self, child: _Child) -> None:
+    def _recycle_or_keep(self, child: Child) -> None:
         why = None
         if self.max_jobs is not None and child.jobs >= self.max_jobs:
             why = f"ran {child.jobs} jobs (--max-jobs-per-child)"
         elif self.max_memory_mb is not None:
-            rss = _rss_mb(child.proc.pid)
+            rss = rss_mb(child.proc.pid)
             if rss > self.max_memory_mb:
                 why = f"uses {rss:.0f} MB (--max-memory-per-child {self.max_memory_mb:.0f})"
         if why is None:
@@ -240,3 +246,15 @@ class ProcessPool:
             self._stop(child)
         await asyncio.gather(*(self._reap(c) for c in list(self._children)), *self._side,
                              return_exceptions=True)
+
+
+def _answer(msg: list[Any]) -> Any:
+    """The child's answer as the handler's return value or its exception."""
+    if msg[0] == "ok":  # the result as JSON text, checked against the limit
+        return json.loads(msg[1]) if msg[1] is not None else None
+    _, kind, text, delay_s = msg
+    if kind == "retry":
+        raise Retry(text, delay_s=delay_s)
+    if kind == "fail":
+        raise Fail(text)
+    raise HandlerError(text)

@@ -58,6 +58,13 @@ class Registry:
             self._url, timeout=5,
             server_settings={"application_name": "jobq-consumer-registry", **SESSION_SETTINGS})
         try:
+            if conn.get_server_version().major >= 14:
+                # A session this process gave up on (a renewal that timed out
+                # on a cut network: reset() ends it) must not live on in the
+                # server holding its advisory lock, or re-registering is
+                # refused until it ends: the server checks the client is still
+                # there while a statement runs.
+                await execute(conn, Q["client_check_interval"])
             ended = asyncio.Event()
             conn.add_termination_listener(lambda _c: ended.set())
             key = random.randrange(1, 2**31)

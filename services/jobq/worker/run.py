@@ -28,7 +28,7 @@ class Stop(str, enum.Enum):
 
 class Run:
     __slots__ = ("fence", "handler", "job", "kill_child", "lease", "limited",
-                 "max_result_bytes", "stop_reason", "task", "timeout")
+                 "max_result_bytes", "payload_text", "stop_reason", "task", "timeout")
 
     def __init__(self, job: Job, lease_: Lease, handler: Handler) -> None:
         self.job = job
@@ -41,6 +41,7 @@ class Run:
         self.kill_child: Any = None  # set while a child process runs the handler
         self.max_result_bytes = 65536  # the queue's, from the claim
         self.limited = False  # the queue has max_running or rate_per_s
+        self.payload_text = "{}"  # the row's payload, for a handler in a child process
 
     @property
     def ours(self) -> bool:

@@ -25,7 +25,7 @@ from jobq import lease, metrics
 from jobq.broker import Broker
 from jobq.db import execute, fetch, fetchval, session_broken
 from jobq.errors import ConfigError, DatabaseUnavailable, UnavailableError
-from jobq.lease import Failure, Lease
+from jobq.lease import Failure, Lease, Renewal
 from jobq.relay import publish_and_mark
 from jobq.rows import ChildDeath, Claim, Failed, Miss, Spell
 from jobq.sql import Q
@@ -46,7 +46,9 @@ class WorkerStore(Protocol):
 
     async def quarantine(self, job_id: uuid.UUID, lock: uuid.UUID) -> bool: ...
 
-    async def renew(self, leases: Sequence[Lease], within_s: float) -> set[uuid.UUID]: ...
+    async def renew(self, leases: Sequence[Lease], within_s: float) -> Renewal:
+        """Never waits for another transaction's row lock: such a lease comes
+        back busy (still held, not extended)."""
 
     async def complete(self, leases: Sequence[Lease],
                        results: Sequence[str | None]) -> list[bool]: ...
@@ -119,7 +121,7 @@ class PgStore:
     async def quarantine(self, job_id: uuid.UUID, lock: uuid.UUID) -> bool:
         return await lease.quarantine(self.pool, job_id, self.worker_id, self.queues, lock)
 
-    async def renew(self, leases: Sequence[Lease], within_s: float) -> set[uuid.UUID]:
+    async def renew(self, leases: Sequence[Lease], within_s: float) -> Renewal:
         """Bounded: a renewal hanging on a cut network must not stall every
         later one. A failure that leaves the session unfit (abandoned
         mid-flight, terminated, a driver error: reusing it is how "another

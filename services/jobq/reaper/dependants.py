@@ -1,0 +1,52 @@
+"""The reapers' dependants duty: settle what waits for other jobs.
+
+A job published ``after`` others holds an edge per parent
+(``jobq.job_dependency``). The producer that wrote it read its parents
+without locking them (I11: a producer's open transaction must never hold a
+row a worker renews or completes), and a parent's end only sends a NOTIFY.
+Everything else is here, in ``jobq.settle_dependants`` (schema 0024): arm a
+new edge whose parent still runs (the parent's end will wake us), release a
+dependant once its last parent completed, cancel it, with the reason, when
+one failed or was cancelled; iteratively, a bounded batch a call, one reaper
+at a time. So cancelling the head of a 1,000-long chain, or completing a job
+with 50,000 dependants, costs one sweep's budget at a time and never holds
+a worker's completion or another queue's recovery.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import asyncpg
+
+from jobq import metrics
+from jobq.db import fetchrow, translated
+from jobq.sql import Q
+
+log = logging.getLogger("jobq.reaper")
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """What one call did (settle_dependants); ``more``: it stopped at its
+    bound with work left."""
+
+    released: int
+    cancelled: int
+    more: bool
+
+
+async def settle(pool: asyncpg.Pool, budget: int, rounds: int) -> Settled:
+    """Settle at most ``budget`` edges in ``rounds`` rounds (one level of a
+    chain a round), in one short transaction."""
+    with translated():
+        row = await fetchrow(pool, Q["settle_dependants"], budget, rounds)
+    assert row is not None
+    done = Settled(int(row["released"]), int(row["cancelled"]), bool(row["more"]))
+    if done.released or done.cancelled:
+        metrics.SWEEP_ROWS.labels("released").inc(done.released)
+        metrics.SWEEP_ROWS.labels("cancelled").inc(done.cancelled)
+        log.info("dependants: %d released, %d cancelled%s", done.released, done.cancelled,
+                 " (more to settle)" if done.more else "")
+    return done
