@@ -599,3 +599,15 @@ REVOKE UPDATE ON jobq.job FROM jobq_reaper;
 GRANT UPDATE (status, lock, lease_expires_at, stalls, suspect_stalls, suspect, isolated,
               last_error, finished_at, run_at, relay_after, published_at)
     ON jobq.job TO jobq_reaper;
+
+-- ── 9. parked jobs come back best first ──
+
+-- The reapers release a limited queue's parked jobs by priority, then age
+-- (queries.sql: unpark); without this index that order would sort every
+-- parked job of the queue each sweep.
+CREATE INDEX job_parked_best_idx ON jobq.job (queue, priority DESC, run_at, id)
+    WHERE status = 'queued' AND relay_after = 'infinity' AND waiting_on = 0;
+
+-- ── 10. a pause is recorded ──
+
+ALTER TABLE jobq.queue ADD COLUMN paused_at timestamptz, ADD COLUMN paused_by text;

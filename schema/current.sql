@@ -67,6 +67,8 @@ CREATE TABLE jobq.queue (
     max_running_per_key integer,
     rate_per_s_per_key double precision,
     paused boolean DEFAULT false NOT NULL,
+    paused_at timestamp with time zone,
+    paused_by text,
     CONSTRAINT queue_backoff_base_s_check CHECK ((backoff_base_s >= (0)::double precision)),
     CONSTRAINT queue_backoff_base_s_range CHECK (((backoff_base_s >= (0)::double precision) AND (backoff_base_s <= (86400)::double precision))),
     CONSTRAINT queue_backoff_max_s_check CHECK ((backoff_max_s >= (0)::double precision)),
@@ -1164,7 +1166,8 @@ RETURN QUERY SELECT p.id, p.status, p.result
 FROM jobq.job j
 JOIN jobq.job_dependency d ON d.job_id = j.id
 JOIN jobq.job p ON p.id = d.parent_id
-WHERE j.id = $1 AND j.lock = $2;
+WHERE j.id = $1 AND j.lock = $2
+  AND j.status COLLATE "C" = 'active' AND j.lease_expires_at > now();
 END
 $_$;
 
@@ -1343,7 +1346,8 @@ CREATE FUNCTION jobq.q_step_get(uuid, uuid, text) RETURNS TABLE(fn text, result 
 BEGIN
 RETURN QUERY SELECT s.fn, s.result
 FROM jobq.job_step s JOIN jobq.job j ON j.id = s.job_id
-WHERE s.job_id = $1 AND j.lock = $2 AND s.name = $3;
+WHERE s.job_id = $1 AND j.lock = $2 AND s.name = $3
+  AND j.status COLLATE "C" = 'active' AND j.lease_expires_at > now();
 END
 $_$;
 
@@ -1369,10 +1373,10 @@ END
 $_$;
 
 --
--- Name: q_unpark_freed(uuid, uuid, uuid); Type: FUNCTION; Schema: jobq; Owner: -
+-- Name: q_unpark_freed(uuid, uuid); Type: FUNCTION; Schema: jobq; Owner: -
 --
 
-CREATE FUNCTION jobq.q_unpark_freed(uuid, uuid, uuid) RETURNS TABLE(id uuid, queue text, lock uuid)
+CREATE FUNCTION jobq.q_unpark_freed(uuid, uuid) RETURNS TABLE(id uuid, queue text, lock uuid)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET plan_cache_mode TO 'force_custom_plan'
@@ -1380,10 +1384,14 @@ CREATE FUNCTION jobq.q_unpark_freed(uuid, uuid, uuid) RETURNS TABLE(id uuid, que
 #variable_conflict use_column
 BEGIN
 RETURN QUERY WITH proof AS (
-    SELECT j.queue, j.key,
+    SELECT j.id, j.queue, j.key,
            q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL AS per_key
     FROM jobq.job j JOIN jobq.queue q ON q.name = j.queue
     WHERE j.id = $1 AND j.lock = $2 AND j.status COLLATE "C" <> 'active' AND NOT q.paused
+    FOR NO KEY UPDATE OF j
+), spent AS (
+    UPDATE jobq.job j SET lock = gen_random_uuid()
+    FROM proof WHERE j.id = proof.id
 ), picked AS (
     SELECT coalesce(
         (SELECT x.id FROM jobq.job x
@@ -1397,12 +1405,12 @@ RETURN QUERY WITH proof AS (
          WHERE NOT (proof.per_key AND proof.key IS NOT NULL)
            AND x.queue = proof.queue AND x.status = 'queued'
            AND x.relay_after = 'infinity' AND x.waiting_on = 0 AND x.published_at IS NULL
-         ORDER BY x.run_at, x.id
+         ORDER BY x.priority DESC, x.run_at, x.id
          LIMIT 1
          FOR UPDATE OF x SKIP LOCKED)) AS id
     FROM proof
 )
-UPDATE jobq.job j SET relay_after = now(), lock = $3
+UPDATE jobq.job j SET relay_after = now(), lock = gen_random_uuid()
 FROM picked WHERE j.id = picked.id
 RETURNING j.id, j.queue, j.lock;
 END
@@ -2407,6 +2415,12 @@ CREATE UNIQUE INDEX job_idempotency_login_idx ON jobq.job USING btree (queue, id
 CREATE INDEX job_in_line_key_idx ON jobq.job USING btree (queue, key) WHERE ((status = 'queued'::text) AND (relay_after < 'infinity'::timestamp with time zone) AND (key IS NOT NULL));
 
 --
+-- Name: job_parked_best_idx; Type: INDEX; Schema: jobq; Owner: -
+--
+
+CREATE INDEX job_parked_best_idx ON jobq.job USING btree (queue, priority DESC, run_at, id) WHERE ((status = 'queued'::text) AND (relay_after = 'infinity'::timestamp with time zone) AND (waiting_on = 0));
+
+--
 -- Name: job_parked_idx; Type: INDEX; Schema: jobq; Owner: -
 --
 
@@ -2800,11 +2814,11 @@ REVOKE ALL ON FUNCTION jobq.q_step_record(uuid, uuid, text, text, jsonb) FROM PU
 GRANT ALL ON FUNCTION jobq.q_step_record(uuid, uuid, text, text, jsonb) TO jobq_consumer;
 
 --
--- Name: FUNCTION q_unpark_freed(uuid, uuid, uuid); Type: ACL; Schema: jobq; Owner: -
+-- Name: FUNCTION q_unpark_freed(uuid, uuid); Type: ACL; Schema: jobq; Owner: -
 --
 
-REVOKE ALL ON FUNCTION jobq.q_unpark_freed(uuid, uuid, uuid) FROM PUBLIC;
-GRANT ALL ON FUNCTION jobq.q_unpark_freed(uuid, uuid, uuid) TO jobq_consumer;
+REVOKE ALL ON FUNCTION jobq.q_unpark_freed(uuid, uuid) FROM PUBLIC;
+GRANT ALL ON FUNCTION jobq.q_unpark_freed(uuid, uuid) TO jobq_consumer;
 
 --
 -- Name: FUNCTION q_watch(uuid); Type: ACL; Schema: jobq; Owner: -

@@ -10,6 +10,7 @@ cancelled job, a cancel only a queued or active one.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Any
 
@@ -21,6 +22,8 @@ from jobq.errors import BadInput, UnknownJob
 from jobq.queues import changes, check_queue_name
 from jobq.rows import Spell, of
 from jobq.sql import Q
+
+log = logging.getLogger("jobq.admin")
 
 
 async def set_queue(pool: asyncpg.Pool, name: str, values: dict[str, Any]) -> Any:
@@ -41,20 +44,25 @@ async def queue_limits(pool: asyncpg.Pool, auto_create: bool | None,
     return (await fetch(pool, Q["queue_limits_set"], auto_create, max_queues))[0]
 
 
-async def pause(pool: asyncpg.Pool, name: str) -> Any:
-    """No job of the queue starts from the next claim on; BadInput if unknown."""
-    rows = await fetch(pool, Q["queue_pause"], check_queue_name(name))
+async def pause(pool: asyncpg.Pool, name: str, who: str | None = None) -> Any:
+    """No job of the queue starts from the next claim on; BadInput if
+    unknown. ``who`` is kept with it (the login if None) and logged."""
+    who = who or await fetchval(pool, Q["session_login"])
+    rows = await fetch(pool, Q["queue_pause"], check_queue_name(name), who)
     if not rows:
         raise BadInput(f"no queue named {name!r} (jobq queue list shows them)")
-    return {"queue": name, "paused": True}
+    log.warning("queue %s paused by %s", name, who)
+    return {"queue": name, "paused": True, "by": who}
 
 
-async def resume(pool: asyncpg.Pool, name: str) -> Any:
+async def resume(pool: asyncpg.Pool, name: str, who: str | None = None) -> Any:
     """Jobs of the queue start again; its parked jobs are published now."""
+    who = who or await fetchval(pool, Q["session_login"])
     rows = await fetch(pool, Q["queue_resume"], check_queue_name(name))
     if not rows:
         raise BadInput(f"no queue named {name!r} (jobq queue list shows them)")
-    return {"queue": name, "paused": False, "released": rows[0]["released"]}
+    log.warning("queue %s resumed by %s", name, who)
+    return {"queue": name, "paused": False, "released": rows[0]["released"], "by": who}
 
 
 async def keys(pool: asyncpg.Pool, queue: str | None) -> list[Any]:

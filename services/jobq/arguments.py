@@ -147,7 +147,8 @@ def _publishing(sub: Any) -> None:
                      "its queue that has not started")
     pub.add_argument("--key", default=None, metavar="KEY",
                      help="who the job is for (a tenant, a customer): the queue's per-key caps, "
-                     "rates and fairness apply to it")
+                     "rates and fairness apply to it. Not an idempotency key (it once was: "
+                     "see --idempotency-key)")
     pub.add_argument("--after", action="append", default=[], metavar="ID",
                      help="run only once the job ID completed (repeatable); cancelled with "
                      "the reason if it fails or is cancelled")

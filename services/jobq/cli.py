@@ -45,10 +45,16 @@ async def _migrate(settings: Settings, args: argparse.Namespace) -> None:
     try:
         with translated():
             async with pool.acquire() as conn:
-                applied = await migrate.apply(conn)
+                applied = await migrate.apply(conn, settings.role_prefix)
+                shared = await migrate.shared_with(conn, settings.role_prefix)
     finally:
         await pool.close()
     print(f"applied {len(applied)} migration(s)" if applied else "schema is up to date")
+    if shared:  # roles are cluster-wide (roles.py)
+        print(f"jobq: warning: the roles {settings.role_prefix}_* also hold rights in "
+              f"database(s) {', '.join(shared[:5])}{' ...' if len(shared) > 5 else ''}: a login "
+              "granted one reaches those too; give this install roles of its own with "
+              "JOBQ_ROLE_PREFIX (docs/how-to/security.md)", file=sys.stderr)
     if args.declare:
         await _declare(settings, argparse.Namespace(queues=[]))
 
@@ -81,6 +87,12 @@ async def _publish(settings: Settings, args: argparse.Namespace) -> None:
     from jobq.producer import Client, NewJob, validate
     from jobq.sql import Q
 
+    if args.key is not None and args.idempotency_key is None:
+        # --key once was the idempotency key; an old script's --key now
+        # publishes duplicates: say so, on stderr, for this release
+        print("jobq: note: --key is the job's flow-control key (per-key caps and fairness), "
+              "not an idempotency key: publishing it twice makes two jobs; use "
+              "--idempotency-key for that", file=sys.stderr)
     if args.lines:
         jobs = bulk_jobs(args)  # checked line by line before connecting
     else:

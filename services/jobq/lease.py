@@ -205,10 +205,11 @@ async def progress(pool: asyncpg.Pool, lease_: Lease, value: str) -> bool:
 
 
 async def unpark_freed(pool: asyncpg.Pool, finished: Lease) -> list[Spell]:
-    """A finished run frees a slot of its limited queue: release the oldest
-    job parked there, under a fresh token of ours."""
+    """A finished run frees a slot of its limited queue: release the best
+    job parked there (a spell whose token the database made; the finished
+    run's proof is spent)."""
     return [of(Spell, r) for r in await fetch(pool, Q["unpark_freed"], finished.job_id,
-                                              finished.lock, uuid.uuid4())]
+                                              finished.lock)]
 
 
 async def isolate(pool: asyncpg.Pool, lease_: Lease) -> bool:

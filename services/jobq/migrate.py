@@ -22,7 +22,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 import asyncpg
 
-from jobq import routines
+from jobq import roles, routines
 from jobq.db import PooledConnection, connect_once, execute, fetch, fetchval, translated
 from jobq.errors import ConfigError
 from jobq.sql import Q
@@ -68,15 +68,16 @@ def load() -> list[Migration]:
     return found
 
 
-GROUP_ROLES = ("jobq_owner", "jobq_producer", "jobq_consumer", "jobq_reaper", "jobq_reader")
+GROUP_ROLES = roles.names()  # the default install's (roles.py)
 
 
-async def ensure_roles(conn: asyncpg.Connection | PooledConnection) -> list[str]:
-    """Create the missing group roles (NOLOGIN) and make the user running
-    migrate a member of jobq_owner; returns the roles created. Roles are
-    cluster-wide: two migrations of different databases may race here."""
+async def ensure_roles(conn: asyncpg.Connection | PooledConnection,
+                       prefix: str = roles.DEFAULT) -> list[str]:
+    """Create the install's missing group roles (NOLOGIN); returns the roles
+    created. Roles are cluster-wide: two migrations of different databases
+    may race here."""
     created = []
-    for role in GROUP_ROLES:
+    for role in roles.names(prefix):
         if await fetchval(conn, Q["role_exists"], role):
             continue
         try:
@@ -93,23 +94,43 @@ async def ensure_roles(conn: asyncpg.Connection | PooledConnection) -> list[str]
     return created
 
 
-async def join_owner(conn: asyncpg.Connection | PooledConnection) -> None:
-    """Make the user running migrate a member of jobq_owner (once)."""
-    if not await fetchval(conn, Q["owner_joined"]):
+async def join_owner(conn: asyncpg.Connection | PooledConnection,
+                     prefix: str = roles.DEFAULT) -> None:
+    """Make the user running migrate a member of the install's owner role (once)."""
+    if not await fetchval(conn, roles.rename(Q["owner_joined"], prefix)):
         user = await fetchval(conn, Q["current_login"])
+        owner = roles.name("owner", prefix)
         try:
-            await execute(conn, Q["owner_join"])
+            await execute(conn, roles.rename(Q["owner_join"], prefix))
         except asyncpg.exceptions.InsufficientPrivilegeError as exc:
             raise ConfigError(f"role {user} runs `jobq migrate` but is not a member of "
-                              f"jobq_owner, which owns the schema: GRANT jobq_owner TO {user}"
+                              f"{owner}, which owns the schema: GRANT {owner} TO {user}"
                               ) from exc
 
 
-async def _as_owner(conn: asyncpg.Connection | PooledConnection) -> None:
-    """Objects are created as jobq_owner once it owns the schema (0006), so
-    they get its default privileges; before that, as the user running."""
-    if await fetchval(conn, Q["schema_owner"]) == "jobq_owner":
-        await execute(conn, Q["as_owner"])
+async def _as_owner(conn: asyncpg.Connection | PooledConnection,
+                    prefix: str = roles.DEFAULT) -> None:
+    """Objects are created as the owner role once it owns the schema (0006),
+    so they get its default privileges; before that, as the user running."""
+    if await fetchval(conn, Q["schema_owner"]) == roles.name("owner", prefix):
+        await execute(conn, roles.rename(Q["as_owner"], prefix))
+
+
+async def check_install(conn: asyncpg.Connection | PooledConnection, prefix: str) -> None:
+    """Refuse to migrate an install made with another role prefix: its
+    objects would be granted to roles it does not use."""
+    theirs = roles.prefix_of(await fetchval(conn, Q["schema_owner"]))
+    if theirs is not None and theirs != prefix and await fetchval(conn, Q["migrations_present"]):
+        raise ConfigError(f"this database's jobq was installed with the roles {theirs}_*: "
+                          f"set JOBQ_ROLE_PREFIX={theirs} (JOBQ_ROLE_PREFIX is {prefix})")
+
+
+async def shared_with(conn: asyncpg.Connection | PooledConnection,
+                      prefix: str = roles.DEFAULT) -> list[str]:
+    """Other databases of the cluster where this install's roles hold rights:
+    a login granted one of them reaches those too."""
+    return [r["datname"] for r in await fetch(conn, Q["roles_shared_with"],
+                                              list(roles.names(prefix)))]
 
 
 async def create_database(url: str) -> bool:
@@ -177,41 +198,48 @@ async def _in_turns(conn: asyncpg.Connection | PooledConnection,
             await asyncio.sleep(random.uniform(0.05, 0.5))
 
 
-async def _apply_one(conn: asyncpg.Connection | PooledConnection, migration: Migration) -> None:
+async def _apply_one(conn: asyncpg.Connection | PooledConnection, migration: Migration,
+                     prefix: str) -> None:
     if await fetchval(conn, Q["schema_namespace"]) is None:
         await execute(conn, Q["schema_create"])
-    await _as_owner(conn)
+    await _as_owner(conn, prefix)
     await execute(conn, Q["migrations_create"])
-    await execute(conn, migration.sql)  # the file's text, schema/NNNN_*.sql
+    # the file's text, schema/NNNN_*.sql, with the install's role names
+    await execute(conn, roles.rename(migration.sql, prefix))
     await execute(conn, Q["migration_record"], migration.version, migration.name,
                   migration.checksum)
 
 
-async def _install_routines(conn: asyncpg.Connection | PooledConnection, version: int) -> None:
-    await _as_owner(conn)
-    await routines.install(conn, version)
+async def _install_routines(conn: asyncpg.Connection | PooledConnection, version: int,
+                            prefix: str) -> None:
+    await _as_owner(conn, prefix)
+    await routines.install(conn, version, prefix)
 
 
-async def apply(conn: asyncpg.Connection | PooledConnection) -> list[Migration]:
+async def apply(conn: asyncpg.Connection | PooledConnection,
+                prefix: str = roles.DEFAULT) -> list[Migration]:
     """Apply what is missing; return the migrations applied by this call.
     Concurrent runs take turns for the whole run (a session advisory lock):
     one applies everything, the others find nothing to do. An up-to-date
-    schema needs no right beyond reading schema_migration."""
+    schema needs no right beyond reading schema_migration. ``prefix``: the
+    install's role names (roles.py)."""
     applied: list[Migration] = []
     with translated():
-        await ensure_roles(conn)
+        await check_install(conn, prefix)
+        await ensure_roles(conn, prefix)
         await execute(conn, Q["migrate_lock"], _LOCK_KEY)
         try:
             todo = await pending(conn)
             version = max(m.version for m in load())
-            if todo or await routines.stale(conn, version):
-                await join_owner(conn)
+            if todo or await routines.stale(conn, version, prefix):
+                await join_owner(conn, prefix)
             for migration in todo:
-                await _in_turns(conn, functools.partial(_apply_one, conn, migration))
+                await _in_turns(conn, functools.partial(_apply_one, conn, migration, prefix))
                 applied.append(migration)
                 log.info("applied migration %04d_%s", migration.version, migration.name)
-            if await routines.stale(conn, version):
-                await _in_turns(conn, functools.partial(_install_routines, conn, version))
+            if await routines.stale(conn, version, prefix):
+                await _in_turns(conn, functools.partial(_install_routines, conn, version,
+                                                        prefix))
         finally:
             await execute(conn, Q["migrate_unlock"], _LOCK_KEY)
     return applied

@@ -53,11 +53,12 @@
 --   dashboard: dash_queues, dash_throughput, dash_running, dash_stalled, dash_failed, dash_job,
 --       dash_workers, reader_member, dash_reapers
 --   install: database_exists, create_database_statement, role_exists, role_create_statement,
---       current_login, owner_joined, owner_join, schema_owner, as_owner, schema_present,
---       schema_namespace, schema_create, migrations_present, migrations_create,
---       migrations_applied, migration_record, lock_timeout_local, migrate_lock, migrate_unlock,
---       type_names, routines_present, routines_create, routines_installed, routine_record,
---       routine_forget, routine_drop_statement, routine_grant_statements, ping, rollback
+--       current_login, session_login, owner_joined, owner_join, schema_owner, as_owner,
+--       roles_shared_with, schema_present, schema_namespace, schema_create, migrations_present,
+--       migrations_create, migrations_applied, migration_record, lock_timeout_local,
+--       migrate_lock, migrate_unlock, type_names, routines_present, routines_create,
+--       routines_installed, routine_record, routine_forget, routine_drop_statement,
+--       routine_grant_statements, ping, rollback
 --   uninstall: uninstall_database_name, uninstall_schema_exists, uninstall_job_count,
 --       uninstall_roles_present, uninstall_schema, uninstall_roles
 -- (end of contents)
@@ -578,20 +579,23 @@ RETURNING j.id;
 -- name: parents
 -- grant: jobq_consumer
 -- await job.parents(): the jobs this one waited for, with their results.
--- Only for the job's holder (its token); a pruned parent is missing.
+-- Only for the holder of its live lease (a token alone, kept by the row
+-- after the run, is not enough); a pruned parent is missing.
 SELECT p.id, p.status, p.result
 FROM jobq.job j
 JOIN jobq.job_dependency d ON d.job_id = j.id
 JOIN jobq.job p ON p.id = d.parent_id
-WHERE j.id = $1 AND j.lock = $2;
+WHERE j.id = $1 AND j.lock = $2
+  AND j.status COLLATE "C" = 'active' AND j.lease_expires_at > now();
 
 -- name: step_get
 -- grant: jobq_consumer
 -- await job.step(name, fn): the step as a run of this job recorded it, if
--- it did. Only for the job's holder (its token).
+-- it did. Only for the holder of its live lease.
 SELECT s.fn, s.result
 FROM jobq.job_step s JOIN jobq.job j ON j.id = s.job_id
-WHERE s.job_id = $1 AND j.lock = $2 AND s.name = $3;
+WHERE s.job_id = $1 AND j.lock = $2 AND s.name = $3
+  AND j.status COLLATE "C" = 'active' AND j.lease_expires_at > now();
 
 -- name: step_record
 -- grant: jobq_consumer
@@ -956,15 +960,26 @@ SELECT count(*) FROM lost;
 -- back to the relay, as many as the limits would let start now: per queue,
 -- its free max_running slots and rate tokens (none while paused; all once
 -- the queue has no limit); in a queue with per-key limits, per key, its
--- free per-key slots and tokens, best first. Keys with parked jobs are
--- found by a loose index scan (one probe per key, not a read of the
--- backlog). The claim still decides; this only meters what is published,
--- so a key's backlog never circles through the broker.
+-- free per-key slots and tokens, best first (priority, then age). Jobs
+-- already back in line and not started yet count against the room (issue
+-- #47: each sweep released another cap's worth while the last one still
+-- waited in the broker, so a burst was not held back). Keys with parked
+-- jobs are found by a loose index scan (one probe per key, not a read of
+-- the backlog). The claim still decides; this only meters what is
+-- published, so a key's backlog never circles through the broker.
 WITH RECURSIVE lim AS (
     SELECT q.name, q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL
                AS per_key,
-           jobq.allowance(q, (SELECT count(*) FROM jobq.job a  -- schema 0010, 0013
-                              WHERE a.queue = q.name AND a.status = 'active')) AS n
+           greatest(0, jobq.allowance(q, (SELECT count(*) FROM jobq.job a  -- 0010, 0013
+                                          WHERE a.queue = q.name AND a.status = 'active'))
+                       - (SELECT count(*) FROM (
+                              SELECT 1 FROM jobq.job w  -- back in line, not started
+                              WHERE w.queue = q.name AND w.status = 'queued'
+                                AND w.relay_after < 'infinity' AND w.waiting_on = 0
+                                AND w.run_at <= now()
+                                AND (q.max_running_per_key IS NULL
+                                     AND q.rate_per_s_per_key IS NULL OR w.key IS NULL)
+                              LIMIT coalesce(q.max_running, 10000)) x)) AS n
     FROM jobq.queue q  -- (no limit: 2147483647)
     WHERE EXISTS (SELECT 1 FROM jobq.job p
                   WHERE p.queue = q.name AND p.status = 'queued' AND p.published_at IS NULL
@@ -986,10 +1001,16 @@ WITH RECURSIVE lim AS (
         ORDER BY p.key LIMIT 1) nx
 ), key_room AS (
     SELECT pk.queue, pk.key,
-           least(l.n, jobq.key_allowance(q, (SELECT count(*) FROM jobq.job a
-                                             WHERE a.queue = pk.queue AND a.key = pk.key
-                                               AND a.status = 'active'),
-                                         jobq.key_tokens(q, r.tokens, r.at))) AS n
+           least(l.n, greatest(0,
+               jobq.key_allowance(q, (SELECT count(*) FROM jobq.job a
+                                      WHERE a.queue = pk.queue AND a.key = pk.key
+                                        AND a.status = 'active'),
+                                  jobq.key_tokens(q, r.tokens, r.at))
+               - (SELECT count(*) FROM (
+                      SELECT 1 FROM jobq.job w  -- back in line, not started
+                      WHERE w.queue = pk.queue AND w.key = pk.key AND w.status = 'queued'
+                        AND w.relay_after < 'infinity' AND w.waiting_on = 0
+                      LIMIT coalesce(q.max_running_per_key, 10000)) x))) AS n
     FROM parked_keys pk
     JOIN lim l ON l.name = pk.queue
     JOIN jobq.queue q ON q.name = pk.queue
@@ -1009,7 +1030,7 @@ WITH RECURSIVE lim AS (
         SELECT j.id FROM jobq.job j
         WHERE j.queue = lim.name AND j.status = 'queued' AND j.published_at IS NULL
           AND j.relay_after = 'infinity' AND j.waiting_on = 0 AND (NOT lim.per_key OR j.key IS NULL)
-        ORDER BY j.run_at, j.id
+        ORDER BY j.priority DESC, j.run_at, j.id  -- best first (issue #51: priority 9 went last)
         LIMIT lim.n
         FOR UPDATE SKIP LOCKED) p
 )
@@ -1022,17 +1043,21 @@ FROM picked WHERE j.id = picked.id;
 -- releases one parked job and publishes it at once (the claim still
 -- decides; the reapers' unpark is the fallback). In a queue with per-key
 -- limits the slot is its key's: the best parked job of the same key;
--- otherwise the queue's oldest parked job. Nothing while the queue is
--- paused. Fenced by the finished job: $1 and its token $2 prove the caller
--- ran a job of that queue, which is no longer active. The unparked spell
--- gets the caller's fresh token $3 (a parked spell's token is never handed
--- out), so the caller can mark its own publish and a late mark of the spell
--- before still misses.
+-- otherwise the queue's best parked job (priority, then age). Nothing
+-- while the queue is paused. Fenced by the finished job: $1 and its token
+-- $2 prove the caller ran a job of that queue, which is no longer active;
+-- the proof is spent here (the finished row's token is replaced), so it
+-- frees one slot, once (issue #47: one proof unparked job after job). The
+-- unparked spell's token is made here, not by the caller.
 WITH proof AS (
-    SELECT j.queue, j.key,
+    SELECT j.id, j.queue, j.key,
            q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL AS per_key
     FROM jobq.job j JOIN jobq.queue q ON q.name = j.queue
     WHERE j.id = $1 AND j.lock = $2 AND j.status COLLATE "C" <> 'active' AND NOT q.paused
+    FOR NO KEY UPDATE OF j
+), spent AS (
+    UPDATE jobq.job j SET lock = gen_random_uuid()
+    FROM proof WHERE j.id = proof.id
 ), picked AS (
     SELECT coalesce(
         (SELECT x.id FROM jobq.job x
@@ -1046,12 +1071,12 @@ WITH proof AS (
          WHERE NOT (proof.per_key AND proof.key IS NOT NULL)
            AND x.queue = proof.queue AND x.status = 'queued'
            AND x.relay_after = 'infinity' AND x.waiting_on = 0 AND x.published_at IS NULL
-         ORDER BY x.run_at, x.id
+         ORDER BY x.priority DESC, x.run_at, x.id
          LIMIT 1
          FOR UPDATE OF x SKIP LOCKED)) AS id
     FROM proof
 )
-UPDATE jobq.job j SET relay_after = now(), lock = $3
+UPDATE jobq.job j SET relay_after = now(), lock = gen_random_uuid()
 FROM picked WHERE j.id = picked.id
 RETURNING j.id, j.queue, j.lock;
 
@@ -1572,15 +1597,18 @@ RETURNING name, lease_s, max_stalls, max_attempts, timeout_s, backoff_base_s,
 -- name: queue_pause
 -- jobq queue pause: from the next claim on, no job of the queue starts
 -- anywhere (the claim parks what is delivered); running jobs finish;
--- publishing goes on. No row: no such queue.
-UPDATE jobq.queue SET paused = true WHERE name = $1 RETURNING name;
+-- publishing goes on. No row: no such queue. Who paused it and when are
+-- kept ($2: the login, or the dashboard's operator) until it resumes.
+UPDATE jobq.queue SET paused = true, paused_at = now(), paused_by = $2
+WHERE name = $1 RETURNING name;
 
 -- name: queue_resume
 -- jobq queue resume: the queue's parked jobs go back to the relay at once
 -- (the claim applies the queue's limits again), and the reapers are woken
 -- to publish them. No row: no such queue.
 WITH resumed AS (
-    UPDATE jobq.queue SET paused = false WHERE name = $1 RETURNING name
+    UPDATE jobq.queue SET paused = false, paused_at = NULL, paused_by = NULL
+    WHERE name = $1 RETURNING name
 ), parked AS (  -- locked in id order, as every multi-row write
     SELECT j.id FROM jobq.job j JOIN resumed ON j.queue = resumed.name
     WHERE j.status = 'queued' AND j.published_at IS NULL
@@ -1783,6 +1811,10 @@ SELECT format('CREATE ROLE %I NOLOGIN', $1::text);
 -- name: current_login
 SELECT current_user::text;
 
+-- name: session_login
+-- The login itself, whatever role the session acts as (who paused a queue).
+SELECT session_user::text;
+
 -- name: owner_joined
 SELECT pg_has_role('jobq_owner', 'USAGE');
 
@@ -1794,6 +1826,18 @@ SELECT nspowner::regrole::text FROM pg_namespace WHERE nspname = 'jobq';
 
 -- name: as_owner
 SET LOCAL ROLE jobq_owner;
+
+-- name: roles_shared_with
+-- Other databases of the cluster where these (group) roles own something or
+-- hold a right: a login granted one of them reaches those too (jobq migrate
+-- warns; roles.py).
+SELECT DISTINCT d.datname
+FROM pg_shdepend s
+JOIN pg_database d ON d.oid = s.dbid
+WHERE s.refclassid = 'pg_authid'::regclass
+  AND s.refobjid IN (SELECT oid FROM pg_roles WHERE rolname = ANY($1::text[]))
+  AND s.dbid <> (SELECT oid FROM pg_database WHERE datname = current_database())
+ORDER BY 1;
 
 -- name: schema_present
 -- Migrated at all (services refuse to start otherwise: "run jobq migrate").

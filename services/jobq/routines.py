@@ -20,6 +20,7 @@ import hashlib
 import logging
 from typing import Any
 
+from jobq import roles
 from jobq.db import execute, fetch, fetchrow, fetchval, prepare
 from jobq.sql import BODY, FAST, GENERIC_PLAN, GRANTS, Q, arity, function_name, statements
 
@@ -49,9 +50,10 @@ async def _types(conn: Any, oids: list[int]) -> list[str]:
     return [r["t"] for r in rows]
 
 
-async def definition(conn: Any, name: str) -> tuple[str, str]:
-    """(argument types, CREATE FUNCTION text) for one granted statement."""
-    body = BODY[name]
+async def definition(conn: Any, name: str, prefix: str = roles.DEFAULT) -> tuple[str, str]:
+    """(argument types, CREATE FUNCTION text) for one granted statement, with
+    the install's role names (roles.py)."""
+    body = roles.rename(BODY[name], prefix)
     stmt = await prepare(conn, statements(body)[-1])  # the last one's result is returned
     params = await _types(conn, [p.oid for p in stmt.get_parameters()])
     if len(params) != arity(body):
@@ -72,13 +74,13 @@ async def definition(conn: Any, name: str) -> tuple[str, str]:
     create = (f"CREATE FUNCTION {function_name(name)}({args}) RETURNS {returns}\n"
               f"LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = {PINNED_PATH}\n"
               f"{GENERIC_SETTING if name in GENERIC_PLAN else PLAN_SETTING}\n"
-              f"AS $jobq$\n{plpgsql(body, bool(cols), lean_path(name))}\n$jobq$")
+              f"AS $jobq$\n{plpgsql(body, bool(cols), lean_path(name, prefix))}\n$jobq$")
     return args, create
 
 
-def lean_path(name: str) -> str | None:
+def lean_path(name: str, prefix: str = roles.DEFAULT) -> str | None:
     """The block of a statement's ``-- fast:`` path (sql.py), if it has one."""
-    return BODY[FAST[name]] if name in FAST else None
+    return roles.rename(BODY[FAST[name]], prefix) if name in FAST else None
 
 
 def plpgsql(body: str, returns_rows: bool, fast: str | None = None) -> str:
@@ -109,13 +111,14 @@ def plpgsql(body: str, returns_rows: bool, fast: str | None = None) -> str:
     return "\n".join(out)
 
 
-def checksums(schema_version: int) -> dict[str, str]:
+def checksums(schema_version: int, prefix: str = roles.DEFAULT) -> dict[str, str]:
     """What each function is made from: its statement, its roles, and the
     schema it was typed against (a migration can change a column's type)."""
     return {name: hashlib.sha256(
-                f"{GENERATOR}\n{BODY[name]}\n{lean_path(name)}\n{','.join(roles)}\n{schema_version}"
-                f"{' generic' if name in GENERIC_PLAN else ''}".encode())
-            .hexdigest() for name, roles in GRANTS.items()}
+                f"{GENERATOR}\n{BODY[name]}\n{lean_path(name)}\n{','.join(granted)}\n"
+                f"{schema_version}{' generic' if name in GENERIC_PLAN else ''}"
+                f"{'' if prefix == roles.DEFAULT else ' ' + prefix}".encode())
+            .hexdigest() for name, granted in GRANTS.items()}
 
 
 async def _installed(conn: Any) -> dict[str, str] | None:
@@ -124,28 +127,28 @@ async def _installed(conn: Any) -> dict[str, str] | None:
     return {r["name"]: r["checksum"] for r in await fetch(conn, Q["routines_installed"])}
 
 
-async def stale(conn: Any, schema_version: int) -> bool:
+async def stale(conn: Any, schema_version: int, prefix: str = roles.DEFAULT) -> bool:
     """Whether install() has anything to do (read-only, no rights needed
     beyond reading jobq.schema_routine)."""
-    return await _installed(conn) != checksums(schema_version)
+    return await _installed(conn) != checksums(schema_version, prefix)
 
 
-async def install(conn: Any, schema_version: int) -> list[str]:
+async def install(conn: Any, schema_version: int, prefix: str = roles.DEFAULT) -> list[str]:
     """Make jobq.q_* match queries.sql; returns the names (re)created or
     dropped. Runs inside migrate's transaction, after the migrations."""
     await execute(conn, Q["routines_create"])
     have = await _installed(conn) or {}
     changed: list[str] = []
-    for name, checksum in sorted(checksums(schema_version).items()):
+    for name, checksum in sorted(checksums(schema_version, prefix).items()):
         if have.pop(name, None) == checksum:
             continue
-        args, create = await definition(conn, name)
+        args, create = await definition(conn, name, prefix)
         fn = function_name(name)
         # DROP, not CREATE OR REPLACE: a changed result type cannot be replaced.
         await execute(conn, await fetchval(conn, Q["routine_drop_statement"], fn))
         await execute(conn, create)  # queries.sql's statement, wrapped by definition()
         rights = await fetchrow(conn, Q["routine_grant_statements"], fn, args,
-                                list(GRANTS[name]))
+                                [roles.rename(r, prefix) for r in GRANTS[name]])
         assert rights is not None
         await execute(conn, rights["revoke"])
         await execute(conn, rights["grant"])

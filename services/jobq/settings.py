@@ -145,6 +145,11 @@ class Settings(BaseSettings):
     # Prefix of the AMQP exchange and queue names: exchange "<ns>", queues
     # "<ns>.<queue>". Lets several deployments (or test runs) share a broker.
     namespace: str = Field(default="jobq", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    # The install's group roles are <prefix>_owner, _producer, _consumer,
+    # _reaper and _reader. Roles belong to the whole PostgreSQL cluster: give
+    # each install on one cluster its own prefix, or a login of one reaches
+    # the other's database (jobq migrate warns when the roles are shared).
+    role_prefix: str = Field(default="jobq", pattern=r"^[a-z][a-z0-9_]{0,29}$")
     # Serve /healthz and /readyz on this port (consume and reap); unset = off.
     health_port: int | None = Field(default=None, ge=0, le=65535)
     # The address they listen on (127.0.0.1 keeps them local).

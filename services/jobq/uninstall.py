@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 
 import aio_pika
 
+from jobq import roles as role_names
 from jobq.broker import Broker
 from jobq.broker_connect import open_connection
 from jobq.db import execute, fetch, fetchval, open_pool
-from jobq.migrate import GROUP_ROLES
 from jobq.settings import Settings
 from jobq.sql import Q
 
@@ -57,7 +57,7 @@ async def plan(settings: Settings) -> Plan:
         database = await fetchval(pool, Q["uninstall_database_name"])
         installed = await fetchval(pool, Q["uninstall_schema_exists"])
         roles = [r["rolname"] for r in await fetch(pool, Q["uninstall_roles_present"],
-                                                   list(GROUP_ROLES))]
+                                                   list(role_names.names(settings.role_prefix)))]
         p = Plan(database, settings.namespace, bool(installed), roles=roles)
         if installed:
             p.jobs = int(await fetchval(pool, Q["uninstall_job_count"]))
@@ -74,10 +74,10 @@ async def run(settings: Settings, p: Plan) -> list[str]:
     pool = await open_pool(settings.session_url, wait=False, app_name="jobq-uninstall",
                            check_schema=False)
     try:
-        await execute(pool, Q["uninstall_schema"])
-        await execute(pool, Q["uninstall_roles"])
+        await execute(pool, role_names.rename(Q["uninstall_schema"], settings.role_prefix))
+        await execute(pool, role_names.rename(Q["uninstall_roles"], settings.role_prefix))
         left = [r["rolname"] for r in await fetch(pool, Q["uninstall_roles_present"],
-                                                  list(GROUP_ROLES))]
+                                                  list(role_names.names(settings.role_prefix)))]
     finally:
         await pool.close()
     done.append(f"removed schema jobq from database {p.database}")

@@ -203,3 +203,23 @@ def test_a_keys_burst_is_parked_at_the_door_and_gets_no_messages(
 
     out = asyncio.run(broker_ids(settings, "door"))
     assert len(out) == 5 and set(map(str, b)) <= set(out)
+
+
+def test_the_reapers_release_a_limits_room_once_best_first(db_url: str) -> None:
+    """Issue #47: each sweep released another cap's worth of parked jobs while
+    the last ones still waited unclaimed in the broker; issue #51: parked
+    jobs came back oldest first, a priority-9 job last of all."""
+    async def body(pool: asyncpg.Pool) -> None:
+        await pool.execute(Q["queue_ensure"], "m")
+        await pool.execute("UPDATE jobq.queue SET max_running = 2 WHERE name = 'm'")
+        low = await enqueue(pool, "m", 6)
+        (high,) = await enqueue(pool, "m", 1, priority=9)
+        await pool.execute("UPDATE jobq.job SET relay_after = 'infinity', "
+                           "published_at = NULL WHERE queue = 'm'")  # all parked
+        assert await pool.execute(Q["unpark"]) == "UPDATE 2"
+        released = {r["id"] for r in await pool.fetch(
+            "SELECT id FROM jobq.job WHERE queue = 'm' AND relay_after < 'infinity'")}
+        assert high in released and len(released & set(low)) == 1
+        assert await pool.execute(Q["unpark"]) == "UPDATE 0"  # those two are not started yet
+
+    run(db_url, body)

@@ -279,3 +279,15 @@ def test_retrying_a_dependant_waits_for_its_parent_again(db: SyncDB,
                parent)
     assert settle(db)["released"] == 1
     assert Q["retry_failed"]  # the statement the CLI runs
+
+
+def test_a_pause_says_who_paused_the_queue(db: SyncDB, env: dict[str, str]) -> None:
+    """Issue #47: a pause from the dashboard was recorded nowhere."""
+    set_queue(db, "mail")
+    out = run_cli(env, "queue", "pause", "mail")
+    assert out.returncode == 0, out.stderr
+    row = db.fetchrow("SELECT paused, paused_by, paused_at IS NOT NULL AS since "
+                      "FROM jobq.queue WHERE name = 'mail'")
+    assert row["paused"] and row["since"] and row["paused_by"]
+    assert run_cli(env, "queue", "resume", "mail").returncode == 0
+    assert db.val("SELECT paused_by FROM jobq.queue WHERE name = 'mail'") is None

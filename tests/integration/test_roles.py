@@ -274,3 +274,73 @@ def test_readyz_says_why_while_a_consumer_stops_for_a_missing_right(
         assert c.wait(20) == 2
     finally:
         procs.close()
+
+
+def test_two_installs_on_one_cluster_have_rights_of_their_own(pg_admin_url: str) -> None:
+    """Issue #47 M7: roles are cluster-wide, and team A's logins read,
+    changed, enqueued into, claimed from and altered team B's separate
+    database. Each install now has group roles of its own (JOBQ_ROLE_PREFIX),
+    and a login of one can do nothing in the other's database."""
+    from harness.scratch import admin, with_db
+    from jobq import migrate, roles
+    from jobq.errors import ConfigError
+
+    tag = uuid.uuid4().hex[:6]
+    a, b = f"ta{tag}", f"tb{tag}"
+    dbs = {a: f"jobq_a_{tag}", b: f"jobq_b_{tag}"}
+    alice, password = f"alice_{tag}", uuid.uuid4().hex
+
+    async def go() -> None:
+        for prefix, name in dbs.items():
+            await admin(pg_admin_url, f"CREATE DATABASE {name}")
+            conn = await asyncpg.connect(with_db(pg_admin_url, name))
+            try:
+                await migrate.apply(conn, prefix)
+                assert await migrate.shared_with(conn, prefix) == []
+            finally:
+                await conn.close()
+        await admin(pg_admin_url, f"CREATE ROLE {alice} LOGIN PASSWORD '{password}' IN ROLE "
+                    f"{a}_producer, {a}_consumer, {a}_reader")
+        mine = await asyncpg.connect(login_url(with_db(pg_admin_url, dbs[a]), alice, password))
+        theirs = await asyncpg.connect(login_url(with_db(pg_admin_url, dbs[b]), alice, password))
+        try:
+            jid = await mine.fetchval("SELECT jobq.enqueue('work', '{}')")
+            assert await mine.fetchval("SELECT count(*) FROM jobq.job") == 1
+            for sql in ("SELECT jobq.enqueue('work', '{}')",
+                        "SELECT count(*) FROM jobq.job",
+                        "SELECT * FROM jobq.q_claim(ARRAY[gen_random_uuid()], 'w', '{work}', "
+                        "ARRAY[gen_random_uuid()])",
+                        "ALTER TABLE jobq.job ADD COLUMN x int"):
+                with pytest.raises(asyncpg.exceptions.InsufficientPrivilegeError):
+                    await theirs.execute(sql)
+            assert jid is not None
+            # a migrate of B with A's roles is refused with the fix
+            conn = await asyncpg.connect(with_db(pg_admin_url, dbs[b]))
+            try:
+                with pytest.raises(ConfigError, match=f"JOBQ_ROLE_PREFIX={b}"):
+                    await migrate.apply(conn, a)
+            finally:
+                await conn.close()
+        finally:
+            await mine.close()
+            await theirs.close()
+
+    async def clean() -> None:
+        for name in dbs.values():
+            await admin(pg_admin_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        await admin(pg_admin_url, f"DROP ROLE IF EXISTS {alice}",
+                    *(f"DROP ROLE IF EXISTS {r}" for p in dbs for r in roles.names(p)))
+
+    try:
+        asyncio.run(go())
+    finally:
+        asyncio.run(clean())
+
+
+def test_migrate_says_when_the_default_roles_reach_other_databases(
+        db_url: str, env: dict[str, str]) -> None:
+    """The test databases of this run all use the jobq_* roles: a migrate
+    says so, and how to give an install roles of its own."""
+    out = run_cli(env, "migrate")
+    assert out.returncode == 0, out.stderr
+    assert "JOBQ_ROLE_PREFIX" in out.stderr and "reaches those too" in out.stderr

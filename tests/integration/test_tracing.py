@@ -126,3 +126,39 @@ def test_handlers_see_their_job_and_trace_in_job_context(settings: Settings) -> 
                            "trace_id": format(run.context.trace_id, "032x")}
 
     scenario(settings, body, queues=["context", "context_sync", "work"])
+
+
+def test_the_least_privileged_producer_publishes_workflows_and_traced_jobs(
+        settings: Settings, db_url: str, logins: Any) -> None:
+    """Issue #47 M8: the documented producer login could not publish a
+    workflow, an after= job or anything inside a traced span ("permission
+    denied for table job_trace"): the carrier is now written by the enqueue
+    functions themselves."""
+    import asyncpg
+
+    from jobq import Client, NewJob, Workflow
+
+    producer = settings.model_copy(update={"database_url": logins.url("producer", db_url)})
+
+    async def go() -> list[Any]:
+        async with Client(producer) as client:
+            with trace.get_tracer("test").start_as_current_span("POST /orders"):
+                plain = await client.publish("work", {})
+                batch = await client.publish_many([NewJob("work", {}), NewJob("work", {})])
+                after = await client.publish("work", {}, after=[plain])
+                wf = Workflow()
+                first = wf.step("work", {})
+                wf.step("work", {}, after=[first])
+                workflow = await client.publish_workflow(wf)
+        conn = await asyncpg.connect(db_url)
+        try:
+            return list(await conn.fetch(
+                "SELECT j.id, t.carrier IS NOT NULL AS traced FROM jobq.job j "
+                "LEFT JOIN jobq.job_trace t ON t.job_id = j.id "
+                "WHERE j.id = ANY($1) OR j.workflow_id = $2",
+                [plain, *batch, after], workflow))
+        finally:
+            await conn.close()
+
+    rows = asyncio.run(go())
+    assert len(rows) == 6 and all(r["traced"] for r in rows)

@@ -157,3 +157,65 @@ def test_backoff_doubles_to_its_cap_and_resets() -> None:
     assert [b.next() for _ in range(5)] == [0.1, 0.2, 0.4, 0.5, 0.5]
     b.reset()
     assert b.next() == 0.1
+
+
+def test_retry_takes_only_a_finite_delay() -> None:
+    """Issue #47: Retry(delay_s=nan) or inf held the job's slot for good."""
+    from jobq.errors import Retry
+
+    for bad in (float("nan"), float("inf"), -1.0, 1e12, True, "5"):
+        with pytest.raises(ValueError, match="finite number of seconds"):
+            Retry(delay_s=bad)  # type: ignore[arg-type]
+    assert Retry(delay_s=2.5).delay_s == 2.5 and Retry().delay_s is None
+
+
+def test_a_handler_child_inherits_no_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #47: PGPASSWORD and *SECRET* variables reached --pool process
+    children (only JOBQ_ names were looked at)."""
+    from jobq.worker.child_process import child_environment
+
+    for name in ("PGPASSWORD", "APP_SECRET", "STRIPE_API_KEY", "GITHUB_TOKEN",
+                 "JOBQ_DATABASE_URL", "JOBQ_AMQP_URL", "PGPASSFILE"):
+        monkeypatch.setenv(name, "s3cret")
+    monkeypatch.setenv("HARNESS_DATABASE_URL", "kept: not jobq's")
+    monkeypatch.setenv("LANG", "C.UTF-8")
+    env = child_environment()
+    assert "s3cret" not in env.values()
+    assert env["LANG"] == "C.UTF-8" and "HARNESS_DATABASE_URL" in env
+
+
+def test_the_schema_dump_keeps_function_lines_that_start_with_set() -> None:
+    """Issue #47: schema/current.sql dropped every line starting with SET,
+    and so the `SET col = ...` lines of function bodies."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "dump", Path(__file__).parents[2] / "schema" / "dump.py")
+    assert spec is not None and spec.loader is not None
+    dump = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dump)
+    text = ("SET statement_timeout = 0;\nSET lock_timeout = 0;\n"
+            "CREATE FUNCTION f() RETURNS void AS $$\nUPDATE t\nSET x = 1;\n$$;\n"
+            "SET default_tablespace = '';\nCREATE TABLE t (x int);\n")
+    out = dump.normalise(text)
+    assert "SET x = 1;" in out and "statement_timeout" not in out
+    assert "default_tablespace" not in out
+
+
+def test_wrong_dashboard_sign_ins_of_other_clients_do_not_delay_the_right_one() -> None:
+    """Issue #47: every sign-in took one shared turn and a wrong one slept in
+    it, so 15 wrong sign-ins at once delayed the operator's by 14.7 s."""
+    from jobq.dashboard.sessions import Sessions
+
+    async def go() -> None:
+        s = Sessions("the-token")
+        wrong = [asyncio.create_task(s.sign_in("guess", f"10.0.0.{i}")) for i in range(15)]
+        await asyncio.sleep(0)  # they all started (and wait in their own turns)
+        assert await s.sign_in("the-token", "10.0.0.99") is True
+        assert not any(t.done() for t in wrong)  # still waiting out their delay
+        for t in wrong:
+            t.cancel()
+        await asyncio.gather(*wrong, return_exceptions=True)
+
+    asyncio.run(go())

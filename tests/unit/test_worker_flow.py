@@ -16,6 +16,7 @@ import pytest
 from pydantic import BaseModel
 
 from harness.fake_store import FakeStore
+from jobq import tracing as tracing_mod
 from jobq.app import App
 from jobq.errors import ConfigError, DatabaseUnavailable, Fail, Retry
 from jobq.job import Job
@@ -644,4 +645,50 @@ def test_a_limited_queue_publishes_its_next_parked_job_when_one_ends() -> None:
             w.deliver(jid)
             await w.until(lambda: bool(w.store.published))
             assert w.store.published == [parked]
+    run(go())
+
+
+def test_a_jobq_error_while_running_a_job_is_that_runs_failure_not_a_loop(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #47 H3: a fault of jobq's own while running a job (there, a
+    trace record it could not read) released the job, which came straight
+    back to the same fault, ~110 times a second, forever. It is now a
+    failure of that run: an attempt counted, the backoff, failed at the
+    queue's max_attempts."""
+    def broken(*_a: Any, **_k: Any) -> Any:
+        raise RuntimeError("a fault of jobq's own")
+
+    monkeypatch.setattr(tracing_mod, "run_span", broken)
+
+    async def go() -> None:
+        async with World(ok) as w:
+            jid = w.store.add(max_attempts=2)
+            loop = asyncio.get_running_loop()
+            for attempt in (1, 2):
+                await w.until(lambda: w.store.rows[jid].run_at <= loop.time())  # due again
+                w.deliver(jid)
+                await w.until(lambda: w.store.rows[jid].attempts == attempt
+                              and w.status(jid) != "active")
+                await w.idle()
+            row = w.store.rows[jid]
+            assert (row.status, row.attempts) == ("failed", 2)
+            assert "jobq error in the consumer" in (row.error or "")
+            assert not w.store.named("release")
+    run(go())
+
+
+def test_a_lease_whose_row_another_transaction_holds_is_tried_again_not_lost() -> None:
+    """I11: a renewal never waits for a row lock; a busy lease stays ours
+    and is renewed once the row is free."""
+    async def go() -> None:
+        async with World(forever) as w:
+            jid = w.store.add(lease_s=1.0)
+            w.deliver(jid)
+            await w.until(lambda: w.status(jid) == "active")
+            w.store.rows[jid].locked = True
+            renewals = len(w.store.named("renew"))
+            await w.until(lambda: len(w.store.named("renew")) >= renewals + 2)
+            w.store.rows[jid].locked = False
+            await w.until(lambda: len(w.store.named("renew")) >= renewals + 4)
+            assert w.tally.counters["lease_lost"] == 0 and w.status(jid) == "active"
     run(go())

@@ -15,6 +15,7 @@ import socket
 import asyncpg
 import uvicorn
 
+from jobq import roles
 from jobq.dashboard.sessions import allowed_hosts, guarded
 from jobq.dashboard.web import Dashboard, make_app
 from jobq.db import fetchval, open_pool, translated
@@ -25,14 +26,14 @@ from jobq.sql import Q
 log = logging.getLogger("jobq.dashboard")
 
 
-async def _reader_role(url: str) -> str | None:
+async def _reader_role(url: str, prefix: str) -> str | None:
     with translated():
         conn = await asyncpg.connect(url, timeout=10)
     try:
-        member = await fetchval(conn, Q["reader_member"])
+        member = await fetchval(conn, roles.rename(Q["reader_member"], prefix))
     finally:
         await conn.close()
-    return "jobq_reader" if member else None
+    return roles.name("reader", prefix) if member else None
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -65,7 +66,7 @@ async def serve(settings: Settings, host: str, port: int, allow_actions: bool,
         raise ConfigError("JOBQ_DASHBOARD_SIGNIN_TO_VIEW needs JOBQ_DASHBOARD_TOKEN: operators "
                           "sign in with it")
     sock = listen(host, port)  # before anything else: a taken port is one clear line
-    role = await _reader_role(settings.database_url)
+    role = await _reader_role(settings.database_url, settings.role_prefix)
     pooled = settings.database_pooled
     read = await open_pool(settings.database_url, wait=False, app_name="jobq-dashboard",
                            role=role, max_size=4, pooled=pooled)

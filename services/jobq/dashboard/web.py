@@ -225,10 +225,12 @@ class Dashboard:
         queue, what = request.path_params["name"], request.path_params["action"]
         if what not in ("pause", "resume"):
             return Response("no such action", 404)
-        if self._acting(request, form, f"{what}:{queue}") is None or self.act is None:
+        who = self._acting(request, form, f"{what}:{queue}")
+        if who is None or self.act is None:
             return Response("refused: sign in, and act from this dashboard's own pages", 403)
-        try:
-            await (admin.pause if what == "pause" else admin.resume)(self.act, queue)
+        try:  # recorded with the queue and logged: who, from the dashboard
+            await (admin.pause if what == "pause" else admin.resume)(
+                self.act, queue, f"{who} (dashboard)")
         except JobqError:
             return Response("no such queue", 404)
         return RedirectResponse("/", 303)
