@@ -172,8 +172,74 @@ def queries_with_toc() -> str:
     return text
 
 
+# What each statement function lets its roles do, and what fences it: said
+# by hand, checked against the -- grant: lines (a function missing here, or
+# here and not granted, stops the generator: the page cannot drift).
+RIGHTS = {
+    "child_died": "charge the job its child process died running, and requeue or fail it; "
+                  "only with the live lease's token",
+    "claim": "claim queued jobs by id (reads their payloads: a consumer can run any job "
+             "whose id it is given); limits, pauses and priorities decided here",
+    "claim_misses": "say why delivered ids could not be claimed (status, not due, parked)",
+    "claim_recover": "find the rows this worker's own retried claim took (its tokens)",
+    "complete": "complete jobs and store their results; only with the live lease's token",
+    "enqueue_linked": "enqueue one job that waits for others or belongs to a workflow, with "
+                      "the caller's trace context; a workflow only the login's own",
+    "enqueue_many_traced": "enqueue a batch with the caller's trace contexts, written only "
+                           "for the jobs this call returns",
+    "fail": "record a handler failure (retry or fail); only with the live lease's token",
+    "finished_by": "did this token already finish the job (a retried write)",
+    "held_back": "which of the login's own new jobs a per-key cap parked",
+    "isolate": "mark a suspect's run isolated; only with the live lease's token",
+    "lease_lost_event": "add a lease-lost line to the history of a job whose token it holds",
+    "mark_published": "mark ids the broker confirmed: a spell by its token, a new row only "
+                      "if the login inserted it",
+    "mark_republished": "mark a consumer's own republished spells (their tokens)",
+    "parents": "read the results of the jobs this one waited for; only with the live "
+               "lease's token",
+    "progress": "store a running job's progress; only with the live lease's token",
+    "quarantine": "fail a job whose own data makes the database's trial claim of it fail",
+    "queue_ensure": "create a queue the consumer handles, with default settings",
+    "release": "give leases back (shutdown, hand-over); only with the live lease's token",
+    "renew": "extend its leases, on its own registry session; never waits for a row lock",
+    "schedule_upsert": "store its app's schedules (also a producer only); never an "
+                       "operator's, nor another login's",
+    "step_get": "read a durable step of a job; only with the live lease's token",
+    "step_record": "record a durable step; only with the live lease's token",
+    "unpark_freed": "release one parked job of the queue of a job it just finished (the "
+                    "proof is spent; the new spell's token is the database's)",
+    "watch": "watch a job by id (a row of the waiter's own) and read its status and result",
+    "worker_gone": "deregister its own worker, from its registry session",
+    "worker_pool": "say how its worker runs handlers, from its registry session",
+    "worker_register": "register its worker from the session holding the advisory lock it "
+                       "names; never a live worker's id",
+}
+
+
+def rights_page() -> str:
+    """Who may run which statement without rights on the tables (one row per
+    function ``jobq.q_<name>``, from the ``-- grant:`` lines of queries.sql)."""
+    from jobq.sql import GRANTS
+
+    if set(RIGHTS) != set(GRANTS):
+        raise SystemExit(f"docs/generate.py RIGHTS and queries.sql's grant lines differ: "
+                         f"{sorted(set(RIGHTS) ^ set(GRANTS))}")
+    rows = [f"| `jobq.q_{name}` | {', '.join(f'`{r}`' for r in roles)} | "
+            f"{_cell(RIGHTS[name])} |" for name, roles in sorted(GRANTS.items())]
+    return (f"# Rights: the statement functions\n\n{GENERATED}"
+            "Each is a statement of `services/jobq/queries.sql` with a `-- grant:` line, "
+            "installed by `jobq migrate` as a `SECURITY DEFINER` function (search path pinned, "
+            "EXECUTE revoked from PUBLIC) and executable only by the roles named (with "
+            "`JOBQ_ROLE_PREFIX`, the install's own: `<prefix>_consumer`, ...). Its text is "
+            "the fence: a role runs it without any right on the tables it touches. "
+            "`tests/integration/test_roles.py` diffs the database's grants against this list; "
+            "[least privilege](../how-to/security.md) says what else each role may do.\n\n"
+            "| function | may run it | what it does |\n|---|---|---|\n"
+            + "\n".join(rows) + "\n")
+
+
 PAGES = {"reference/cli.md": cli_page, "reference/settings.md": settings_page,
-         "reference/metrics.md": metrics_page}
+         "reference/metrics.md": metrics_page, "reference/rights.md": rights_page}
 
 
 def main() -> None:

@@ -123,6 +123,12 @@ async def other(job: Job) -> None:
     await _work(job)
 
 
+@app.handler("chain")
+async def chain(job: Job) -> None:
+    """bench/hostile.py's 1,000-long chain, cancelled at its head while it runs."""
+    await _work(job)
+
+
 @app.handler("suicide")
 async def suicide(job: Job) -> None:
     await start(job)

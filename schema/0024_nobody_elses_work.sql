@@ -611,3 +611,9 @@ CREATE INDEX job_parked_best_idx ON jobq.job (queue, priority DESC, run_at, id)
 -- ── 10. a pause is recorded ──
 
 ALTER TABLE jobq.queue ADD COLUMN paused_at timestamptz, ADD COLUMN paused_by text;
+
+-- ── 11. a finished job frees one slot, once ──
+
+-- unpark_freed (queries.sql) spends the proof a finished job gives its
+-- consumer: one parked job released for it, not one per call.
+ALTER TABLE jobq.job ADD COLUMN slot_freed boolean NOT NULL DEFAULT false;

@@ -1388,9 +1388,10 @@ RETURN QUERY WITH proof AS (
            q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL AS per_key
     FROM jobq.job j JOIN jobq.queue q ON q.name = j.queue
     WHERE j.id = $1 AND j.lock = $2 AND j.status COLLATE "C" <> 'active' AND NOT q.paused
+      AND NOT j.slot_freed
     FOR NO KEY UPDATE OF j
 ), spent AS (
-    UPDATE jobq.job j SET lock = gen_random_uuid()
+    UPDATE jobq.job j SET slot_freed = true
     FROM proof WHERE j.id = proof.id
 ), picked AS (
     SELECT coalesce(
@@ -1825,6 +1826,7 @@ CREATE TABLE jobq.job (
     has_dependants boolean DEFAULT false NOT NULL,
     workflow_id uuid,
     debounced boolean DEFAULT false NOT NULL,
+    slot_freed boolean DEFAULT false NOT NULL,
     CONSTRAINT job_status_check CHECK ((status = ANY (ARRAY['queued'::text, 'active'::text, 'completed'::text, 'failed'::text, 'cancelled'::text])))
 )
 WITH (fillfactor='80');

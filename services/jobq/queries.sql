@@ -1046,17 +1046,19 @@ FROM picked WHERE j.id = picked.id;
 -- otherwise the queue's best parked job (priority, then age). Nothing
 -- while the queue is paused. Fenced by the finished job: $1 and its token
 -- $2 prove the caller ran a job of that queue, which is no longer active;
--- the proof is spent here (the finished row's token is replaced), so it
--- frees one slot, once (issue #47: one proof unparked job after job). The
--- unparked spell's token is made here, not by the caller.
+-- the proof is spent here (slot_freed, schema 0024), so it frees one slot,
+-- once (issue #47: one proof unparked job after job). The finished row
+-- keeps its token (a retried write, and the checkers, recognise its run).
+-- The unparked spell's token is made here, not by the caller.
 WITH proof AS (
     SELECT j.id, j.queue, j.key,
            q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL AS per_key
     FROM jobq.job j JOIN jobq.queue q ON q.name = j.queue
     WHERE j.id = $1 AND j.lock = $2 AND j.status COLLATE "C" <> 'active' AND NOT q.paused
+      AND NOT j.slot_freed
     FOR NO KEY UPDATE OF j
 ), spent AS (
-    UPDATE jobq.job j SET lock = gen_random_uuid()
+    UPDATE jobq.job j SET slot_freed = true
     FROM proof WHERE j.id = proof.id
 ), picked AS (
     SELECT coalesce(

@@ -133,6 +133,7 @@ def test_a_consumer_cannot_forge_history_or_take_parked_tokens(db: SyncDB,
     # the token is the database's (issue #47: the caller chose it, and with it
     # read the unparked job's steps and parents), and the proof is spent
     assert row["id"] in (parked, second) and row["lock"] not in (parked_lock, done_lock)
+    assert db.val("SELECT lock FROM jobq.job WHERE id = $1", done) == done_lock  # kept
     assert _as(url, "SELECT * FROM jobq.q_unpark_freed($1, $2)", done, done_lock) == []
     assert _as(url, "SELECT * FROM jobq.q_step_get($1, $2, 's')", row["id"], row["lock"]) == []
     assert _as(url, "SELECT * FROM jobq.q_parents($1, $2)", row["id"], row["lock"]) == []
