@@ -43,7 +43,8 @@ from benchenv import scratch, world
 
 from harness.helpers import SyncDB, wait_until
 from jobq.db import SESSION_SETTINGS
-from jobq.producer import Client, NewJob
+from jobq.newjob import NewJob
+from jobq.producer import Client
 from jobq.sql import Q
 
 PATH = os.pathsep.join([str(HERE.parent / "services"), str(HERE), str(HERE.parent)])

@@ -41,7 +41,8 @@ from idle_cost import Latencies, _pct
 from peers import PY, VENV, ensure_venv
 
 from harness.helpers import Procs
-from jobq.producer import Client, NewJob
+from jobq.newjob import NewJob
+from jobq.producer import Client
 from jobq.settings import Settings
 
 FRACTIONS = (0.2, 0.5, 0.8)

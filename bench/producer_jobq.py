@@ -12,7 +12,8 @@ import time
 
 import uvloop
 
-from jobq.producer import Client, NewJob
+from jobq.newjob import NewJob
+from jobq.producer import Client
 
 
 async def main(n: int, concurrency: int, batch: int, relay: bool = False) -> dict[str, float]:

@@ -28,7 +28,9 @@ import aio_pika
 import asyncpg
 from benchenv import scratch
 
-from jobq.producer import Client, NewJob
+from jobq.newjob import NewJob
+from jobq.producer import Client
+from jobq.publisher import Row
 from jobq.settings import Settings
 
 GAP_S = 0.05
@@ -47,7 +49,7 @@ async def jobq_split(settings: Settings, n: int) -> tuple[list[float], list[floa
         assert c._rows is not None
         for _ in range(n):
             t0 = time.perf_counter()
-            (job_id,) = await c._rows.insert([NewJob("work", {}).row("{}")])
+            (job_id,) = await c._rows.insert([Row(NewJob("work", {}), "{}")])
             t1 = time.perf_counter()
             await c.broker.publish([(job_id, "work")])
             t2 = time.perf_counter()

@@ -11,7 +11,8 @@ from jobq.app import App
 from jobq.current import job_context
 from jobq.errors import Fail, InvalidPayload, JobqError, LeaseLost, Retry
 from jobq.job import Job, Status
-from jobq.producer import Client, NewJob
+from jobq.newjob import NewJob
+from jobq.producer import Client
 from jobq.results import JobFailed
 from jobq.settings import Settings
 from jobq.sync_client import ClientClosed, SyncClient

@@ -28,7 +28,7 @@ from jobq.errors import BadInput, ConfigError, JobqError
 from jobq.settings import Settings
 
 if TYPE_CHECKING:
-    from jobq.producer import NewJob
+    from jobq.newjob import NewJob
 
 log = logging.getLogger("jobq.cli")
 
@@ -84,7 +84,8 @@ async def _wait(settings: Settings, args: argparse.Namespace) -> None:
 
 async def _publish(settings: Settings, args: argparse.Namespace) -> None:
     from jobq.db import fetch
-    from jobq.producer import Client, NewJob, validate
+    from jobq.newjob import NewJob, validate
+    from jobq.producer import Client
     from jobq.sql import Q
 
     if args.key is not None and args.idempotency_key is None:
@@ -121,7 +122,7 @@ BULK_BATCH = 1000  # jobq publish --lines: rows per transaction
 
 def bulk_jobs(args: argparse.Namespace) -> list[NewJob]:
     """jobq publish --lines: one job per non-blank line of the file or stdin."""
-    from jobq.producer import NewJob, validate
+    from jobq.newjob import NewJob, validate
 
     if args.idempotency_key or args.after or args.debounce:
         raise BadInput("--lines publishes many jobs: --idempotency-key, --after and --debounce "

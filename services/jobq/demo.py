@@ -51,7 +51,8 @@ def crash(job: Job) -> None:
 async def _produce(rate: float, count: int | None) -> None:
     import random
 
-    from jobq.producer import Client, NewJob
+    from jobq.newjob import NewJob
+    from jobq.producer import Client
     from jobq.settings import Settings
 
     stop = asyncio.Event()  # Ctrl-C or SIGTERM: finish the publish under way, close, exit

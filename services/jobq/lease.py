@@ -209,7 +209,7 @@ async def unpark_freed(pool: asyncpg.Pool, finished: Lease) -> list[Spell]:
     job parked there (a spell whose token the database made; the finished
     run's proof is spent)."""
     return [of(Spell, r) for r in await fetch(pool, Q["unpark_freed"], finished.job_id,
-                                              finished.lock)]
+                                              finished.lock, None)]
 
 
 async def isolate(pool: asyncpg.Pool, lease_: Lease) -> bool:

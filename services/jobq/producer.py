@@ -13,23 +13,22 @@ same way, and returns at the commit.
 
 from __future__ import annotations
 
-import json
 import logging
-import re
 import time
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
+from typing_extensions import Unpack
 
 from jobq import crash, tracing
 from jobq.broker import Broker
 from jobq.db import fetch, fetchrow, open_pool, translated
 from jobq.errors import InvalidPayload
-from jobq.publisher import Marks, Row, Rows, columns, publish
-from jobq.queues import BY_COLUMN, check_queue_name
+from jobq.newjob import JobOptions, NewJob, new_job, validate
+from jobq.publisher import Marks, Rows, columns, publish
+from jobq.queues import BY_COLUMN
 from jobq.relay import publish_and_mark
 from jobq.settings import Settings
 from jobq.sql import Q
@@ -37,95 +36,10 @@ from jobq.workflow import Workflow, enqueue_linked, enqueue_one
 
 log = logging.getLogger("jobq.producer")
 
-MAX_DELAY_S = 365 * 86400.0
-_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")  # a JSON-escaped NUL, not an escaped backslash
 LIMITS_TTL_S = 60.0
 MARK_DELAY_S = 0.25  # publisher.Marks: how long confirmed ids wait for their mark
 CHECK_OVER_BYTES = 65536
 DEFAULT_PAYLOAD_LIMIT = int(BY_COLUMN["max_payload_bytes"].default)
-# The highest max_payload_bytes a queue may have (schema/0003): larger is
-# refused here, before it is sent; the queue's own limit is checked in SQL.
-MAX_PAYLOAD_BYTES = int(BY_COLUMN["max_payload_bytes"].hi)
-
-
-@dataclass(frozen=True)
-class NewJob:
-    """One job to publish. ``priority`` 0..9, higher first; ``key`` who it is
-    for (per-key caps, rates and fairness); ``debounce_s`` with a key: jobs
-    of the same queue and key published within that time run once, with the
-    last payload, that long after the last publish."""
-    queue: str
-    payload: Any = None
-    delay_s: float = 0.0
-    idempotency_key: str | None = None
-    priority: int = 0
-    key: str | None = None
-    debounce_s: float = 0.0
-    after: Sequence[uuid.UUID] = ()  # runs once each of these completed (issue #31)
-    workflow_id: uuid.UUID | None = None
-
-    @property
-    def waits(self) -> bool:
-        """Published by the relay when due (or released), not by the producer now."""
-        return self.delay_s > 0 or self.debounce_s > 0 or bool(self.after)
-
-    @property
-    def linked(self) -> bool:
-        """Enqueued one by one through jobq.enqueue (workflow.py), not in a batch."""
-        return bool(self.after) or self.workflow_id is not None
-
-    def row(self, payload_json: str, trace: str | None = None) -> Row:
-        return (self.queue, payload_json, max(0.0, float(self.delay_s)), self.idempotency_key,
-                self.priority, self.key, float(self.debounce_s), trace)
-
-
-def validate(job: NewJob) -> str:
-    """Check a job's queue name and payload; returns the payload as JSON text."""
-    check_queue_name(job.queue)
-    delay = job.delay_s
-    # `not delay < MAX` is also true for NaN; a negative delay means "now".
-    if isinstance(delay, bool) or not isinstance(delay, int | float) or not delay < MAX_DELAY_S:
-        raise InvalidPayload(f"delay_s must be a finite number of seconds under a year, "
-                             f"got {delay!r}")
-    if job.idempotency_key is not None and len(job.idempotency_key.encode()) > 200:
-        raise InvalidPayload("idempotency key is over 200 bytes: use a short key "
-                             "(e.g. a hash of what makes the job unique)")
-    check_flow(job)
-    try:
-        text = json.dumps({} if job.payload is None else job.payload, allow_nan=False)
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise InvalidPayload(f"payload is not JSON-serialisable: {type(exc).__name__}: "
-                             f"{str(exc)[:200]}") from exc
-    if _NUL.search(text):  # found by the property-based input tests
-        raise InvalidPayload("payload contains a NUL character (\\u0000), which PostgreSQL's "
-                             "jsonb cannot store; remove it or encode the data")
-    if len(text) > MAX_PAYLOAD_BYTES:  # checked before it crosses the wire
-        raise InvalidPayload(f"payload is {len(text)} bytes, over the {MAX_PAYLOAD_BYTES} "
-                             "byte limit any queue can have; pass a reference instead")
-    return text
-
-
-def check_flow(job: NewJob) -> None:
-    """priority, key and debounce_s are what jobq.enqueue accepts (issue #30)."""
-    p = job.priority
-    if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p <= 9:
-        raise InvalidPayload(f"priority must be a whole number 0 to 9 (higher first), got {p!r}")
-    k = job.key
-    if k is not None and (not isinstance(k, str) or not 1 <= len(k.encode()) <= 200
-                          or "\x00" in k):
-        raise InvalidPayload("key must be 1 to 200 bytes of text without NUL (a tenant or "
-                             f"customer id, or a hash of one), got {str(k)[:40]!r}")
-    d = job.debounce_s
-    if isinstance(d, bool) or not isinstance(d, int | float) or not 0 <= d < MAX_DELAY_S:
-        raise InvalidPayload(f"debounce_s must be a finite number of seconds under a year, "
-                             f"got {d!r}")
-    if len(job.after) > 1000:
-        raise InvalidPayload(f"a job may wait for at most 1000 jobs, got {len(job.after)}")
-    if not all(isinstance(a, uuid.UUID) for a in job.after):
-        raise InvalidPayload("after takes job ids (uuid.UUID), as publish returns them")
-    if d > 0 and (k is None or job.idempotency_key is not None):
-        raise InvalidPayload("debounce_s needs a key (what the jobs collapse on) and no "
-                             "idempotency key")
 
 
 class Client:
@@ -171,15 +85,13 @@ class Client:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def publish(self, queue: str, payload: Any = None, *, delay_s: float = 0.0,
-                      idempotency_key: str | None = None, priority: int = 0,
-                      key: str | None = None, debounce_s: float = 0.0,
-                      after: Iterable[uuid.UUID] = ()) -> uuid.UUID:
+    async def publish(self, queue: str, payload: Any = None,
+                      **options: Unpack[JobOptions]) -> uuid.UUID:
         """Enqueue one job and publish its id; returns the job id (with
-        ``debounce_s``, the id of the pending job it joined, if any). With
-        ``after``, it runs once each of those jobs completed."""
-        (job_id,) = await self.publish_many([NewJob(queue, payload, delay_s, idempotency_key,
-                                                    priority, key, debounce_s, tuple(after))])
+        ``debounce_s``, the id of the pending job it joined, if any). Options:
+        :class:`jobq.newjob.JobOptions` (``after``: it runs once each of those
+        jobs completed)."""
+        (job_id,) = await self.publish_many([new_job(queue, payload, options)])
         return job_id
 
     async def publish_many(self, jobs: Iterable[NewJob], *,
@@ -202,9 +114,9 @@ class Client:
         if any(j.linked for j in jobs):  # one transaction, jobs in order (workflow.py)
             ids = await enqueue_linked(self.pool, jobs, payloads, grace)
         elif relay:  # a transaction of its own, not the group commit's grace
-            ids = await self._rows.commit([j.row(t, trace) for j, t in zip(jobs, payloads)], 0.0)
+            ids = await self._rows.commit(Rows.of(jobs, payloads, trace), 0.0)
         else:
-            ids = await self._rows.insert([j.row(text, trace) for j, text in zip(jobs, payloads)])
+            ids = await self._rows.insert(Rows.of(jobs, payloads, trace))
         crash.point("producer.after_commit")
         if relay:
             return ids
@@ -274,23 +186,20 @@ class Client:
             return await wait(self._direct, job_id, timeout)
         return await wait(self.pool, job_id, timeout)
 
-    async def enqueue(self, conn: asyncpg.Connection, queue: str, payload: Any = None, *,
-                      delay_s: float = 0.0, idempotency_key: str | None = None,
-                      priority: int = 0, key: str | None = None,
-                      debounce_s: float = 0.0, after: Iterable[uuid.UUID] = ()) -> uuid.UUID:
+    async def enqueue(self, conn: asyncpg.Connection, queue: str, payload: Any = None,
+                      **options: Unpack[JobOptions]) -> uuid.UUID:
         """Insert a job inside the caller's open transaction (``conn``).
 
         Nothing is published now: the reapers publish the id right after the
         caller commits (woken by NOTIFY), and never if it rolls back. With
         ``after``, once each of those jobs completed.
         """
-        job = NewJob(queue, payload, delay_s, idempotency_key, priority, key, debounce_s,
-                     tuple(after))
+        job = new_job(queue, payload, options, "enqueue")
         payload_json = validate(job)
         if job.after:
             with translated():
                 return await enqueue_one(conn, job, payload_json, job.after, 0.0)
-        statement, args = columns([job.row(payload_json, tracing.carrier())], 0.0)
+        statement, args = columns(Rows.of([job], [payload_json], tracing.carrier()), 0.0)
         with translated():
             row = await fetchrow(conn, statement, *args)
         assert row is not None

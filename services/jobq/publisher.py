@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -35,21 +36,30 @@ from jobq.batch import Coalescer
 from jobq.broker import Broker
 from jobq.db import fetch
 from jobq.errors import BadInput
+from jobq.newjob import NewJob, arrays
 from jobq.relay import mark, publish_ids
 from jobq.sql import Q
 
-# (queue, payload JSON, delay seconds, idempotency key, priority, key,
-# debounce seconds, the publisher's trace context or None: tracing.py)
-Row = tuple[str, str, float, str | None, int, str | None, float, str | None]
+
+@dataclass(frozen=True)
+class Row:
+    """A job to insert: its options, its checked payload text, and the
+    publisher's trace context (tracing.py) or None."""
+
+    job: NewJob
+    text: str
+    trace: str | None = None
 
 
 def columns(rows: Sequence[Row], grace_s: float) -> tuple[str, tuple[Any, ...]]:
-    """The statement and its arguments: one array per field, the grace in
-    between; with any trace context, the statement that also stores those."""
-    q, p, d, ik, pr, k, db, tr = (list(c) for c in zip(*rows)) if rows else ([],) * 8
-    if any(t is not None for t in tr):
-        return Q["enqueue_many_traced"], (q, p, d, ik, grace_s, pr, k, db, tr)
-    return Q["enqueue_many"], (q, p, d, ik, grace_s, pr, k, db)
+    """The statement and its arguments: one array per option (newjob.COLUMNS),
+    then the grace; with any trace context, the statement that also stores
+    those."""
+    args = (*arrays([r.job for r in rows], [r.text for r in rows]), grace_s)
+    traces = [r.trace for r in rows]
+    if any(t is not None for t in traces):
+        return Q["enqueue_many_traced"], (*args, traces)
+    return Q["enqueue_many"], args
 
 
 class Rows:
@@ -60,6 +70,11 @@ class Rows:
         self._grace = relay_grace_s
         self._coalescer: Coalescer[list[Row], list[uuid.UUID]] = Coalescer(
             self._commit_each_on_bad_input, max_batch=max_batch)
+
+    @staticmethod
+    def of(jobs: Sequence[NewJob], texts: Sequence[str], trace: str | None) -> list[Row]:
+        """The rows of ``jobs`` (payloads already checked), one trace context."""
+        return [Row(j, t, trace) for j, t in zip(jobs, texts)]
 
     async def insert(self, rows: list[Row]) -> list[uuid.UUID]:
         """Commit the rows; their ids in input order."""

@@ -68,10 +68,13 @@
 -- name: enqueue_many
 -- One round trip for any number of jobs; ids come back in input order.
 -- jobq.enqueue_many (schema 0009, 0013) inserts a batch of plain rows in
--- one statement, and anything else row by row through jobq.enqueue.
--- $6..$8: priorities, keys, debounce seconds (issue #30).
-SELECT id FROM jobq.enqueue_many($1::text[], $2::jsonb[], $3::float8[], $4::text[], $5::float8,
-                                 $6::int[], $7::text[], $8::float8[])
+-- one statement, and anything else row by row through jobq.enqueue. The
+-- arrays are named in the order of newjob.COLUMNS (a unit test holds them
+-- to it), then the relay grace.
+SELECT id FROM jobq.enqueue_many(queues => $1::text[], payloads => $2::jsonb[],
+                                 delays_s => $3::float8[], idempotency_keys => $4::text[],
+                                 priorities => $5::int[], keys => $6::text[],
+                                 debounces_s => $7::float8[], relay_grace_s => $8::float8)
 ORDER BY n;
 
 -- name: enqueue_many_traced
@@ -83,8 +86,10 @@ ORDER BY n;
 -- right on jobq.job_trace, so a carrier is only ever written for the jobs
 -- this very call returns (schema 0024).
 WITH made AS (
-    SELECT id, n FROM jobq.enqueue_many($1::text[], $2::jsonb[], $3::float8[], $4::text[],
-                                        $5::float8, $6::int[], $7::text[], $8::float8[])
+    SELECT id, n FROM jobq.enqueue_many(queues => $1::text[], payloads => $2::jsonb[],
+                                        delays_s => $3::float8[], idempotency_keys => $4::text[],
+                                        priorities => $5::int[], keys => $6::text[],
+                                        debounces_s => $7::float8[], relay_grace_s => $8::float8)
 ), stored AS (
     INSERT INTO jobq.job_trace (job_id, carrier)
     SELECT made.id, t.carrier::jsonb
@@ -104,9 +109,11 @@ SELECT carrier::text FROM jobq.job_trace WHERE job_id = $1;
 -- jobq.enqueue with every option; workflow.py runs a batch of these in one
 -- transaction, parents before the jobs that wait for them. The publisher's
 -- trace context ($11: JSON or NULL) is stored beside it, as enqueue_many_traced does.
-WITH made AS (
-    SELECT jobq.enqueue($1::text, $2::jsonb, $3::float8, $4::text, $5::float8, $6::int,
-                        $7::text, $8::float8, $9::uuid[], $10::uuid) AS id
+WITH made AS (  -- the options named in the order of newjob.COLUMNS, one value each
+    SELECT jobq.enqueue(queue => $1::text, payload => $2::jsonb, delay_s => $3::float8,
+                        idempotency_key => $4::text, priority => $5::int, key => $6::text,
+                        debounce_s => $7::float8, relay_grace_s => $8::float8,
+                        after => $9::uuid[], workflow_id => $10::uuid) AS id
 ), stored AS (
     INSERT INTO jobq.job_trace (job_id, carrier)
     SELECT made.id, $11::jsonb FROM made WHERE $11::text IS NOT NULL
@@ -1049,13 +1056,15 @@ FROM picked WHERE j.id = picked.id;
 -- the proof is spent here (slot_freed, schema 0024), so it frees one slot,
 -- once (issue #47: one proof unparked job after job). The finished row
 -- keeps its token (a retried write, and the checkers, recognise its run).
--- The unparked spell's token is made here, not by the caller.
+-- The unparked spell's token is made here, not by the caller: $3 (the
+-- token the release before chose) is taken and ignored, so a consumer of
+-- that release keeps working through a rolling upgrade.
 WITH proof AS (
     SELECT j.id, j.queue, j.key,
            q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL AS per_key
     FROM jobq.job j JOIN jobq.queue q ON q.name = j.queue
     WHERE j.id = $1 AND j.lock = $2 AND j.status COLLATE "C" <> 'active' AND NOT q.paused
-      AND NOT j.slot_freed
+      AND NOT j.slot_freed AND ($3::uuid IS NULL OR $3::uuid IS NOT NULL)
     FOR NO KEY UPDATE OF j
 ), spent AS (
     UPDATE jobq.job j SET slot_freed = true

@@ -27,8 +27,11 @@ from collections.abc import Coroutine, Iterable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
+from typing_extensions import Unpack
+
 from jobq.errors import JobqError
-from jobq.producer import Client, NewJob
+from jobq.newjob import JobOptions, NewJob, new_job
+from jobq.producer import Client
 from jobq.settings import Settings
 from jobq.workflow import Workflow
 
@@ -69,12 +72,10 @@ class SyncClient:
 
     # ── the async client's signatures ──
 
-    def publish(self, queue: str, payload: Any = None, *, delay_s: float = 0.0,
-                idempotency_key: str | None = None, priority: int = 0, key: str | None = None,
-                debounce_s: float = 0.0, after: Iterable[uuid.UUID] = ()) -> uuid.UUID:
+    def publish(self, queue: str, payload: Any = None,
+                **options: Unpack[JobOptions]) -> uuid.UUID:
         """Enqueue one job and publish its id; returns the job id."""
-        (job_id,) = self.publish_many([NewJob(queue, payload, delay_s, idempotency_key,
-                                              priority, key, debounce_s, tuple(after))])
+        (job_id,) = self.publish_many([new_job(queue, payload, options)])
         return job_id
 
     def publish_many(self, jobs: Iterable[NewJob], *, relay: bool = False) -> list[uuid.UUID]:

@@ -25,16 +25,18 @@ which is fork-safe) and closes in ``app.close()`` / ``await app.aclose()``.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
+from typing_extensions import Unpack
 
 from jobq.errors import InvalidPayload
+from jobq.newjob import JobOptions, NewJob, new_job
 
 if TYPE_CHECKING:
     from jobq.app import App
-    from jobq.producer import Client, NewJob
+    from jobq.producer import Client
     from jobq.sync_client import SyncClient
 
 M = TypeVar("M", bound=BaseModel)  # a handle without a model is Task[Any]
@@ -60,34 +62,23 @@ class Task(Generic[M]):
         model = self.model.__name__ if self.model else "JSON"
         return f"<jobq.Task {self.__name__} queue={self.queue} payload={model}>"
 
-    def job(self, payload: M, *, delay_s: float = 0.0, idempotency_key: str | None = None,
-            priority: int = 0, key: str | None = None, debounce_s: float = 0.0,
-            after: Iterable[uuid.UUID] = ()) -> NewJob:
+    def job(self, payload: M, **options: Unpack[JobOptions]) -> NewJob:
         """A :class:`jobq.NewJob` of this task, for ``publish_many`` and
         :class:`jobq.Workflow` (``workflow.add(task.job(...))``)."""
-        from jobq.producer import NewJob
+        return new_job(self.queue, self.encode(payload), options, "job")
 
-        return NewJob(self.queue, self.encode(payload), delay_s, idempotency_key, priority,
-                      key, debounce_s, tuple(after))
-
-    async def publish(self, payload: M, *, client: Client | None = None, delay_s: float = 0.0,
-                      idempotency_key: str | None = None, priority: int = 0,
-                      key: str | None = None, debounce_s: float = 0.0,
-                      after: Iterable[uuid.UUID] = ()) -> uuid.UUID:
+    async def publish(self, payload: M, *, client: Client | None = None,
+                      **options: Unpack[JobOptions]) -> uuid.UUID:
         """Publish one job of this task (options as :meth:`jobq.Client.publish`)."""
-        new = self.job(payload, delay_s=delay_s, idempotency_key=idempotency_key,
-                       priority=priority, key=key, debounce_s=debounce_s, after=after)
+        new = self.job(payload, **options)
         publisher = client or await self.app.async_client()
         (job_id,) = await publisher.publish_many([new])
         return job_id
 
     def publish_sync(self, payload: M, *, client: SyncClient | None = None,
-                     delay_s: float = 0.0, idempotency_key: str | None = None,
-                     priority: int = 0, key: str | None = None, debounce_s: float = 0.0,
-                     after: Iterable[uuid.UUID] = ()) -> uuid.UUID:
+                     **options: Unpack[JobOptions]) -> uuid.UUID:
         """``publish`` from sync code (views, scripts, threads)."""
-        new = self.job(payload, delay_s=delay_s, idempotency_key=idempotency_key,
-                       priority=priority, key=key, debounce_s=debounce_s, after=after)
+        new = self.job(payload, **options)
         (job_id,) = (client or self.app.sync_client()).publish_many([new])
         return job_id
 

@@ -34,10 +34,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from typing_extensions import Unpack
+
 from jobq.app import App
 from jobq.errors import BadInput
 from jobq.job import Job
-from jobq.producer import NewJob, validate
+from jobq.newjob import JobOptions, NewJob, new_job, validate
 from jobq.task import Task
 from jobq.worker.steps import fn_name
 from jobq.workflow import Workflow, resolved
@@ -159,8 +161,9 @@ class InMemoryClient:
             out.append(job_id)
         return out
 
-    async def publish(self, queue: str, payload: Any = None, **options: Any) -> uuid.UUID:
-        (job_id,) = self._record([NewJob(queue, payload, **options)])
+    async def publish(self, queue: str, payload: Any = None,
+                      **options: Unpack[JobOptions]) -> uuid.UUID:
+        (job_id,) = self._record([new_job(queue, payload, options)])
         return job_id
 
     async def publish_many(self, jobs: Iterable[NewJob], *,
@@ -168,13 +171,14 @@ class InMemoryClient:
         return self._record(jobs)  # relay or not, recorded alike
 
     async def enqueue(self, conn: Any, queue: str, payload: Any = None,
-                      **options: Any) -> uuid.UUID:
+                      **options: Unpack[JobOptions]) -> uuid.UUID:
         """``Client.enqueue`` in the caller's transaction: recorded (``conn``
         is not used: there is no database here)."""
         return await self.publish(queue, payload, **options)
 
-    def publish_sync(self, queue: str, payload: Any = None, **options: Any) -> uuid.UUID:
-        (job_id,) = self._record([NewJob(queue, payload, **options)])
+    def publish_sync(self, queue: str, payload: Any = None,
+                     **options: Unpack[JobOptions]) -> uuid.UUID:
+        (job_id,) = self._record([new_job(queue, payload, options)])
         return job_id
 
     async def publish_workflow(self, workflow: Workflow) -> uuid.UUID:

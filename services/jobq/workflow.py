@@ -17,21 +17,30 @@ of them fails or is cancelled. No coordinator process, no polling job.
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypedDict
 
 import asyncpg
+from typing_extensions import Unpack
 
 from jobq import tracing
 from jobq.db import PooledConnection, connection, fetchval
 from jobq.errors import BadInput
+from jobq.newjob import COLUMNS, NewJob, options_of
 from jobq.sql import Q
 
-if TYPE_CHECKING:
-    from jobq.producer import NewJob
+
+class StepOptions(TypedDict, total=False):
+    """A step's options: a job's (newjob.JobOptions) but ``after``, which
+    ``Workflow.step`` takes as steps or ids."""
+
+    delay_s: float
+    idempotency_key: str | None
+    priority: int
+    key: str | None
+    debounce_s: float
 
 
 @dataclass(frozen=True, eq=False)
@@ -60,10 +69,11 @@ class Workflow:
     ids: list[uuid.UUID] | None = None
 
     def step(self, queue: str, payload: Any = None, *,
-             after: Sequence[Step | uuid.UUID] = (), **options: Any) -> Step:
+             after: Sequence[Step | uuid.UUID] = (), **options: Unpack[StepOptions]) -> Step:
         """Declare a step: a job of ``queue`` that runs once each of ``after``
         (steps of this workflow, or ids of existing jobs) completed. Options
         as for ``Client.publish`` (priority, key, delay_s, idempotency_key)."""
+        options_of({**options}, "step")
         if self.ids is not None:
             raise BadInput("this workflow is published already: declare a new one")
         for a in after:
@@ -78,18 +88,15 @@ class Workflow:
         """Declare a step from a :class:`jobq.NewJob`, e.g. a typed task's
         ``task.job(payload, priority=5)``: its queue, payload and options,
         waiting for ``after`` (steps of this workflow) and the job's own."""
-        from jobq.producer import NewJob
-
-        options = {f.name: getattr(job, f.name) for f in dataclasses.fields(NewJob)
-                   if f.name not in _NOT_OPTIONS and getattr(job, f.name) != f.default}
-        return self.step(job.queue, job.payload, after=[*job.after, *after], **options)
+        options = job.options()
+        options.pop("after", None)
+        own: StepOptions = {**options}  # type: ignore[typeddict-unknown-key]
+        return self.step(job.queue, job.payload, after=[*job.after, *after], **own)
 
     def jobs(self) -> list[NewJob]:
         """The steps as jobs; ``bind`` maps each to its id afterwards. A step
         waiting for an earlier step refers to it by its position, resolved
         as the batch is enqueued (enqueue_linked)."""
-        from jobq.producer import NewJob
-
         if not self.steps:
             raise BadInput("a workflow needs at least one step")
         return [NewJob(s.queue, s.payload, workflow_id=self.id,
@@ -98,9 +105,6 @@ class Workflow:
 
     def bind(self, ids: list[uuid.UUID]) -> None:
         self.ids = list(ids)
-
-
-_NOT_OPTIONS = {"queue", "payload", "after", "workflow_id"}  # NewJob's fields a step sets itself
 
 
 class _Ref(uuid.UUID):
@@ -141,7 +145,6 @@ async def enqueue_one(conn: asyncpg.Connection | PooledConnection, job: NewJob, 
     # the grace a client-published job gets.
     grace = 0.0 if after else relay_grace_s
     job_id: uuid.UUID = await fetchval(
-        conn, Q["enqueue_linked"], job.queue, text, max(0.0, float(job.delay_s)),
-        job.idempotency_key, grace, job.priority, job.key, float(job.debounce_s),
+        conn, Q["enqueue_linked"], *(get(job, text) for _, get in COLUMNS), grace,
         list(after) or None, job.workflow_id, tracing.carrier())
     return job_id

@@ -15,7 +15,8 @@ import time
 from typing import Any
 
 from harness.helpers import Procs, SyncDB, set_queue, wait_until
-from jobq.producer import Client, NewJob
+from jobq.newjob import NewJob
+from jobq.producer import Client
 from jobq.settings import Settings
 from jobq.workflow import Workflow
 

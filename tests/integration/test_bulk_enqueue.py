@@ -10,7 +10,8 @@ import time
 
 import asyncpg
 
-from jobq.producer import Client, NewJob
+from jobq.newjob import NewJob
+from jobq.producer import Client
 from jobq.reaper import Reaper
 from jobq.reaper.wakes import Wakes
 from jobq.settings import Settings

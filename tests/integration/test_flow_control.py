@@ -18,7 +18,8 @@ from harness.helpers import with_pool as run
 from jobq import admin, lease
 from jobq.errors import InvalidPayload
 from jobq.lease import Lease
-from jobq.producer import Client, NewJob
+from jobq.newjob import NewJob
+from jobq.producer import Client
 from jobq.settings import Settings
 from jobq.sql import Q
 
@@ -161,7 +162,7 @@ def test_bad_flow_control_input_is_one_line(env: dict[str, str], db: SyncDB) -> 
                 NewJob("q", key="k" * 201), NewJob("q", key="a\x00b"),
                 NewJob("q", debounce_s=1), NewJob("q", key="k", debounce_s=float("nan"))):
         with pytest.raises(InvalidPayload):
-            from jobq.producer import validate
+            from jobq.newjob import validate
             validate(job)
     for sql in ("SELECT jobq.enqueue('q', priority => 10)",
                 "SELECT jobq.enqueue('q', key => repeat('k', 201))",

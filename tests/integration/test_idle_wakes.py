@@ -12,7 +12,8 @@ from collections.abc import Awaitable, Callable
 
 import asyncpg
 
-from jobq.producer import Client, NewJob
+from jobq.newjob import NewJob
+from jobq.producer import Client
 from jobq.reaper import Reaper
 from jobq.reaper.wakes import Wakes
 from jobq.schedules import Schedule, set_schedule

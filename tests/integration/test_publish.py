@@ -13,7 +13,8 @@ import asyncpg
 import pytest
 
 from jobq.errors import InvalidPayload, InvalidQueue
-from jobq.producer import Client, NewJob
+from jobq.newjob import NewJob
+from jobq.producer import Client
 from jobq.reaper import Reaper
 from jobq.settings import Settings
 

@@ -15,7 +15,8 @@ import pytest
 from harness.helpers import with_pool
 from jobq import admin
 from jobq.errors import InvalidPayload
-from jobq.producer import Client, NewJob
+from jobq.newjob import NewJob
+from jobq.producer import Client
 from jobq.settings import Settings
 from jobq.sql import Q
 

@@ -122,19 +122,21 @@ def test_a_consumer_cannot_forge_history_or_take_parked_tokens(db: SyncDB,
     parked = db.val("SELECT jobq.enqueue('limited', '{}')")
     parked_lock = db.val("UPDATE jobq.job SET relay_after = 'infinity', lock = gen_random_uuid() "
                          "WHERE id = $1 RETURNING lock", parked)
-    assert _as(url, "SELECT * FROM jobq.q_unpark_freed($1, $2)", theirs, uuid.uuid4()) == []
+    assert _as(url, "SELECT * FROM jobq.q_unpark_freed($1, $2, NULL)", theirs, uuid.uuid4()) == []
     assert db.val("SELECT lock FROM jobq.job WHERE id = $1", parked) == parked_lock
     done, done_lock = _active(db, "limited", "me")
     db.execute("UPDATE jobq.job SET status = 'completed' WHERE id = $1", done)
     second = db.val("SELECT jobq.enqueue('limited', '{}')")
     db.execute("UPDATE jobq.job SET relay_after = 'infinity', lock = gen_random_uuid() "
                "WHERE id = $1", second)
-    (row,) = _as(url, "SELECT * FROM jobq.q_unpark_freed($1, $2)", done, done_lock)
+    (row,) = _as(url, "SELECT * FROM jobq.q_unpark_freed($1, $2, $3)", done, done_lock,
+                 uuid.uuid4())
     # the token is the database's (issue #47: the caller chose it, and with it
     # read the unparked job's steps and parents), and the proof is spent
     assert row["id"] in (parked, second) and row["lock"] not in (parked_lock, done_lock)
     assert db.val("SELECT lock FROM jobq.job WHERE id = $1", done) == done_lock  # kept
-    assert _as(url, "SELECT * FROM jobq.q_unpark_freed($1, $2)", done, done_lock) == []
+    assert _as(url, "SELECT * FROM jobq.q_unpark_freed($1, $2, $3)", done, done_lock,
+               uuid.uuid4()) == []
     assert _as(url, "SELECT * FROM jobq.q_step_get($1, $2, 's')", row["id"], row["lock"]) == []
     assert _as(url, "SELECT * FROM jobq.q_parents($1, $2)", row["id"], row["lock"]) == []
     with pytest.raises(asyncpg.exceptions.UndefinedFunctionError):

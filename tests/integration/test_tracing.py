@@ -79,7 +79,7 @@ def test_a_workflows_steps_and_dependants_are_children_of_the_publishing_span(
     """Found by hand: a job published with after= (or as a workflow's step)
     went through jobq.enqueue, which stored no trace context, so its run
     started a trace of its own though it was published inside a span."""
-    from jobq.producer import NewJob
+    from jobq.newjob import NewJob
     from jobq.workflow import Workflow
 
     async def body(w: World) -> None:

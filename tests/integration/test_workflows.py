@@ -18,7 +18,8 @@ from harness.helpers import SyncDB, run_cli, with_pool
 from jobq import lease
 from jobq.errors import BadInput, LeaseLost, StepRefused
 from jobq.lease import Lease
-from jobq.producer import Client, NewJob
+from jobq.newjob import NewJob
+from jobq.producer import Client
 from jobq.settings import Settings
 from jobq.worker.steps import JobLink
 from jobq.workflow import Workflow
@@ -100,7 +101,7 @@ def test_parents_are_checked_at_publish(db: SyncDB) -> None:
     doomed = enqueue(db, after=[done, failed])
     assert row(db, doomed)["status"] == "cancelled"
     assert db.val("SELECT count(*) FROM jobq.job") == 4  # nothing else was written
-    from jobq.producer import validate
+    from jobq.newjob import validate
 
     with pytest.raises(Exception, match="at most 1000"):
         validate(NewJob("q", after=[uuid.uuid4() for _ in range(1001)]))

@@ -11,7 +11,7 @@ import pytest
 
 from jobq.app import check_queue_name
 from jobq.errors import InvalidPayload, InvalidQueue
-from jobq.producer import NewJob, validate
+from jobq.newjob import NewJob, validate
 from jobq.queues import BY_COLUMN, SETTINGS
 from jobq.sql import Q
 

@@ -100,13 +100,23 @@ def test_every_single_publish_takes_the_options_a_newjob_has() -> None:
     import dataclasses
     import inspect
 
-    options = {f.name for f in dataclasses.fields(jobq.NewJob)} - {"queue", "payload",
-                                                                  "workflow_id"}
+    from jobq.newjob import OPTIONS, JobOptions
+    from jobq.testing import InMemoryClient
+
+    # issue #48: the options are declared once (JobOptions); each publish
+    # takes them as **options: Unpack[JobOptions], and NewJob has each one
+    assert {f.name for f in dataclasses.fields(jobq.NewJob)} - {
+        "queue", "payload", "workflow_id"} == OPTIONS
     publishes: list[Any] = [jobq.Client.publish, jobq.Client.enqueue, jobq.SyncClient.publish,
-                            jobq.Task.publish, jobq.Task.publish_sync]
+                            jobq.Task.publish, jobq.Task.publish_sync, jobq.Task.job,
+                            InMemoryClient.publish, InMemoryClient.publish_sync,
+                            InMemoryClient.enqueue]
     for publish in publishes:
-        params = inspect.signature(publish).parameters
-        assert options <= set(params), (publish.__qualname__, options - set(params))
+        options = inspect.signature(publish).parameters["options"]
+        assert options.kind is inspect.Parameter.VAR_KEYWORD
+        assert options.annotation == f"Unpack[{JobOptions.__name__}]", publish.__qualname__
+    with pytest.raises(TypeError, match="unexpected keyword argument 'workflow_id'"):
+        InMemoryClient().publish_sync("q", {}, workflow_id=None)  # type: ignore[call-arg]
 
 
 def test_a_typed_tasks_jobs_are_steps_of_a_workflow() -> None:
