@@ -43,8 +43,8 @@ import scrape
 from benchenv import world
 
 from harness.helpers import free_port
+from jobq.client.producer import Client
 from jobq.newjob import NewJob
-from jobq.producer import Client
 from jobq.reaper.service import Reaper
 from jobq.settings import Settings
 

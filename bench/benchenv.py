@@ -24,7 +24,7 @@ from harness.scratch import TEST_RUN_DDL
 from harness.scratch import admin as _admin
 from harness.scratch import delete_namespace as _delete_namespace
 from harness.scratch import with_db as _with_db
-from jobq import migrate
+from jobq.ops import migrate
 from jobq.settings import Settings
 
 ADMIN_URL = os.environ.get("JOBQ_TEST_DATABASE_URL",

@@ -44,8 +44,8 @@ from peers import PY, VENV, ensure_venv
 from publish_path import broker_limit, measure, run_json
 
 from harness.helpers import wait_until
+from jobq.client.producer import Client
 from jobq.newjob import NewJob
-from jobq.producer import Client
 
 
 def pgqueuer(n: int) -> dict[str, float]:

@@ -29,7 +29,7 @@ import asyncpg
 from benchenv import scratch
 
 from jobq.db import SESSION_SETTINGS
-from jobq.routines import GENERIC_SETTING, PINNED_PATH, PLAN_SETTING
+from jobq.ops.routines import GENERIC_SETTING, PINNED_PATH, PLAN_SETTING
 from jobq.sql import Q, function_name
 
 TICK = os.sysconf("SC_CLK_TCK")

@@ -25,7 +25,7 @@ import aio_pika
 import aiormq
 import uvloop
 
-from jobq.deliveries import consume
+from jobq.amqp.deliveries import consume
 
 URL = "amqp://guest:guest@127.0.0.1/"
 QUEUE = "jobq_bench_delivery_cost"

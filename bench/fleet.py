@@ -48,8 +48,8 @@ from harness.helpers import Proc, SyncDB, free_port
 from harness.pg_pair import _as
 from harness.pgbouncer import PgBouncer
 from harness.tls import _own_dir, _pg_bin
+from jobq.client.producer import Client
 from jobq.newjob import NewJob
-from jobq.producer import Client
 from jobq.settings import Settings
 
 CLAIM = "jobq_claim_duration_seconds"

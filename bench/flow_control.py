@@ -42,9 +42,9 @@ import asyncpg
 from benchenv import scratch, world
 
 from harness.helpers import SyncDB, wait_until
+from jobq.client.producer import Client
 from jobq.db import SESSION_SETTINGS
 from jobq.newjob import NewJob
-from jobq.producer import Client
 from jobq.sql import Q
 
 PATH = os.pathsep.join([str(HERE.parent / "services"), str(HERE), str(HERE.parent)])

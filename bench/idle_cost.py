@@ -44,8 +44,8 @@ from benchenv import ADMIN_URL, AMQP_URL, scratch, service_env
 from peers import PY, VENV, ensure_venv
 
 from harness.helpers import Procs, SyncDB
+from jobq.client.producer import Client
 from jobq.newjob import NewJob
-from jobq.producer import Client
 from jobq.settings import Settings
 
 TICKS = os.sysconf("SC_CLK_TCK")

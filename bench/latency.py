@@ -41,8 +41,8 @@ from idle_cost import Latencies, _pct
 from peers import PY, VENV, ensure_venv
 
 from harness.helpers import Procs
+from jobq.client.producer import Client
 from jobq.newjob import NewJob
-from jobq.producer import Client
 from jobq.settings import Settings
 
 FRACTIONS = (0.2, 0.5, 0.8)

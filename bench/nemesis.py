@@ -55,8 +55,8 @@ from hostile import report as hostile_report
 
 from harness import netns
 from harness.helpers import Proc, Procs, SyncDB, set_queue
+from jobq.client.producer import Client
 from jobq.newjob import NewJob
-from jobq.producer import Client
 from jobq.schedules import Schedule, set_schedule
 from jobq.settings import Settings
 

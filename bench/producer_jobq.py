@@ -12,8 +12,8 @@ import time
 
 import uvloop
 
+from jobq.client.producer import Client
 from jobq.newjob import NewJob
-from jobq.producer import Client
 
 
 async def main(n: int, concurrency: int, batch: int, relay: bool = False) -> dict[str, float]:

@@ -34,7 +34,7 @@ sys.path.insert(0, str(HERE.parent))
 from benchenv import world
 from publish_path import cpu_of, pings
 
-from jobq.producer import Client
+from jobq.client.producer import Client
 
 # Innermost frame's file -> what it belongs to (first match wins).
 KINDS = (("asyncpg", "asyncpg"), ("aio_pika", "AMQP (aio-pika, aiormq, pamqp)"),

@@ -28,9 +28,9 @@ import aio_pika
 import asyncpg
 from benchenv import scratch
 
+from jobq.client.producer import Client
+from jobq.client.publisher import Row
 from jobq.newjob import NewJob
-from jobq.producer import Client
-from jobq.publisher import Row
 from jobq.settings import Settings
 
 GAP_S = 0.05

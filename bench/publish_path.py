@@ -44,8 +44,8 @@ from benchenv import AMQP_URL, scratch, service_env, world
 from peers import PY, VENV, ensure_venv
 
 from harness.helpers import wait_until
+from jobq.client.producer import Client
 from jobq.newjob import NewJob
-from jobq.producer import Client
 
 WORKERS = 2
 TICK = os.sysconf("SC_CLK_TCK")

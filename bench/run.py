@@ -39,8 +39,8 @@ from benchenv import world
 
 import jobq
 from harness.helpers import Procs, SyncDB, wait_until
+from jobq.client.producer import Client
 from jobq.newjob import NewJob
-from jobq.producer import Client
 from jobq.settings import Settings
 
 CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "32"))

@@ -29,8 +29,8 @@ from benchenv import world
 
 from harness.helpers import Procs, SyncDB, free_port, wait_until
 from jobq import lease
+from jobq.client.producer import Client
 from jobq.newjob import NewJob
-from jobq.producer import Client
 from jobq.reaper import Reaper
 from jobq.settings import Settings
 

@@ -88,7 +88,7 @@ def steady(n: int, batch: int) -> dict[str, Any]:
 
 
 async def _one(settings: Any) -> None:
-    from jobq.producer import Client
+    from jobq.client.producer import Client
 
     async with Client(settings) as c:
         await c.publish("noop", {})

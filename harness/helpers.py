@@ -202,8 +202,8 @@ def run_cli(env: dict[str, str], *args: str, timeout: float = 30,
 
 def publish(settings: Any, queue: str, payloads: list[Any]) -> list[Any]:
     """Publish jobs through the Python client; returns their ids."""
+    from jobq.client.producer import Client
     from jobq.newjob import NewJob
-    from jobq.producer import Client
 
     async def go() -> list[Any]:
         async with Client(settings) as client:

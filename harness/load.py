@@ -21,7 +21,7 @@ def produce(settings: Any, rate: float, for_s: float, out: list[Any],
     ``out`` and returns the rate actually reached. With ``refused``, a
     publish that raises (the database away: the caller is told, nothing was
     promised) is appended there instead of failing the run."""
-    from jobq.producer import Client
+    from jobq.client.producer import Client
 
     async def go() -> float:
         async with Client(settings) as client:

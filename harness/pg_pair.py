@@ -96,7 +96,7 @@ class Pair:
 
     def create_db(self, name: str = "jobq") -> str:
         """A migrated jobq database (and the tests' test_run table), on the primary."""
-        from jobq import migrate
+        from jobq.ops import migrate
 
         async def go() -> None:
             conn = await asyncpg.connect(self.admin_url(0))

@@ -34,7 +34,7 @@ from harness.scratch import (
     reachable,
     with_db,
 )
-from jobq import migrate
+from jobq.ops import migrate
 from jobq.settings import Settings
 
 if TYPE_CHECKING:

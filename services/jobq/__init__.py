@@ -8,16 +8,16 @@ reaper/ (one file per duty); docs/contributing.md says more.
 """
 
 from jobq.app import App
-from jobq.current import job_context
+from jobq.client.producer import Client
+from jobq.client.results import JobFailed
+from jobq.client.sync import ClientClosed, SyncClient
+from jobq.client.task import Task
+from jobq.client.workflow import Workflow
 from jobq.errors import Fail, InvalidPayload, JobqError, LeaseLost, Retry
 from jobq.job import Job, Status
 from jobq.newjob import NewJob
-from jobq.producer import Client
-from jobq.results import JobFailed
 from jobq.settings import Settings
-from jobq.sync_client import ClientClosed, SyncClient
-from jobq.task import Task
-from jobq.workflow import Workflow
+from jobq.telemetry.current import job_context
 
 __all__ = [
            "App",

@@ -1,3 +1,3 @@
-from jobq.cli import main
+from jobq.ops.cli import main
 
 main()

@@ -20,7 +20,6 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
-from jobq.backoff import Backoff
 from jobq.db_errors import (
     TRANSIENT,
     _login,
@@ -34,6 +33,7 @@ from jobq.db_errors import (
 )
 from jobq.endpoints import redact
 from jobq.errors import ConfigError, DatabaseUnavailable, SchemaMissing
+from jobq.runtime.backoff import Backoff
 from jobq.sql import Q
 
 # The error helpers live in db_errors.py; callers keep importing them from here.

@@ -51,8 +51,8 @@ def crash(job: Job) -> None:
 async def _produce(rate: float, count: int | None) -> None:
     import random
 
+    from jobq.client.producer import Client
     from jobq.newjob import NewJob
-    from jobq.producer import Client
     from jobq.settings import Settings
 
     stop = asyncio.Event()  # Ctrl-C or SIGTERM: finish the publish under way, close, exit
@@ -91,7 +91,7 @@ async def _produce(rate: float, count: int | None) -> None:
 def main() -> None:
     import argparse
 
-    from jobq import logs
+    from jobq.telemetry import logs
 
     p = argparse.ArgumentParser(description="Publish a steady trickle of demo jobs: mostly "
                                 "echo, some sleeps, some that fail a few times, and "

@@ -25,7 +25,7 @@ import aio_pika
 import aiormq
 from yarl import URL
 
-log = logging.getLogger("jobq.broker")
+log = logging.getLogger("jobq.amqp.broker")
 
 RECONNECT_INTERVAL_S = 1.0
 

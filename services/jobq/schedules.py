@@ -44,7 +44,7 @@ from cronsim import CronSim, CronSimError
 
 from jobq.db import execute, fetchrow, fetchval
 from jobq.errors import BadInput
-from jobq.logs import fields
+from jobq.telemetry.logs import fields
 
 log = logging.getLogger("jobq.schedules")
 

@@ -37,12 +37,12 @@ from typing import Any
 from typing_extensions import Unpack
 
 from jobq.app import App
+from jobq.client.task import Task
+from jobq.client.workflow import Workflow, resolved
 from jobq.errors import BadInput
 from jobq.job import Job
 from jobq.newjob import JobOptions, NewJob, new_job, validate
-from jobq.task import Task
 from jobq.worker.steps import fn_name
-from jobq.workflow import Workflow, resolved
 
 
 @dataclass
@@ -192,8 +192,7 @@ class InMemoryClient:
     def bind(self, app: App) -> InMemoryClient:
         """Make ``app``'s task handles (``@app.task``) publish here, from
         ``publish`` and ``publish_sync`` alike."""
-        app._async = {None: self}  # type: ignore[dict-item]
-        app._sync = _SyncView(self)  # type: ignore[assignment]
+        app.clients.stand_in(self, _SyncView(self))
         return self
 
     def jobs(self, queue: str | None = None) -> list[NewJob]:

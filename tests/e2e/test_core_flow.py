@@ -25,7 +25,7 @@ from harness.helpers import (
     set_queue,
     wait_until,
 )
-from jobq.broker import Broker
+from jobq.amqp.broker import Broker
 from jobq.settings import Settings
 
 pytestmark = pytest.mark.e2e

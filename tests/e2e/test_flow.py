@@ -14,8 +14,8 @@ import time
 from typing import Any
 
 from harness.helpers import Procs, SyncDB, lost_and_duplicates, run_cli, set_queue, wait_until
+from jobq.client.producer import Client
 from jobq.newjob import NewJob
-from jobq.producer import Client
 from jobq.settings import Settings
 
 

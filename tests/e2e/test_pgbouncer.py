@@ -16,8 +16,8 @@ import pytest
 
 from harness.helpers import Procs, SyncDB, runs, set_queue, wait_until
 from harness.pgbouncer import PgBouncer
+from jobq.client.producer import Client
 from jobq.newjob import NewJob
-from jobq.producer import Client
 
 pytestmark = [pytest.mark.e2e]
 

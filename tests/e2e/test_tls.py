@@ -18,7 +18,7 @@ import pytest
 from harness.helpers import Procs, SyncDB, run_cli, wait_until
 from harness.scratch import TEST_RUN_DDL
 from harness.tls import CA, TlsPostgres, TlsRabbit
-from jobq import migrate
+from jobq.ops import migrate
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -15,10 +15,10 @@ import time
 from typing import Any
 
 from harness.helpers import Procs, SyncDB, set_queue, wait_until
+from jobq.client.producer import Client
+from jobq.client.workflow import Workflow
 from jobq.newjob import NewJob
-from jobq.producer import Client
 from jobq.settings import Settings
-from jobq.workflow import Workflow
 
 
 def _publish(settings: Settings, wf: Workflow) -> Any:

@@ -11,9 +11,9 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from harness.helpers import free_port
-from jobq.broker import Broker
+from jobq.amqp.broker import Broker
+from jobq.client.producer import Client
 from jobq.errors import BrokerUnavailable, ConfigError
-from jobq.producer import Client
 from jobq.settings import Settings
 
 

@@ -10,12 +10,12 @@ import time
 
 import asyncpg
 
+from jobq.client.producer import Client
+from jobq.client.sync import SyncClient
 from jobq.newjob import NewJob
-from jobq.producer import Client
 from jobq.reaper import Reaper
 from jobq.reaper.wakes import Wakes
 from jobq.settings import Settings
-from jobq.sync_client import SyncClient
 from tests.integration.test_idle_wakes import run
 from tests.integration.test_publish import broker_ids
 

@@ -15,8 +15,8 @@ import asyncpg
 import pytest
 
 from harness import apps
+from jobq.client.producer import Client
 from jobq.newjob import NewJob
-from jobq.producer import Client
 from jobq.reaper import Reaper
 from jobq.settings import Settings
 from jobq.worker.consumer import Consumer

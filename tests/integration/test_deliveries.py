@@ -13,8 +13,8 @@ import aiormq
 import pytest
 
 from harness.helpers import TcpProxy
-from jobq.broker import Broker
-from jobq.deliveries import Delivery
+from jobq.amqp.broker import Broker
+from jobq.amqp.deliveries import Delivery
 from jobq.settings import Settings
 
 

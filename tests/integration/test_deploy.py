@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from harness.helpers import Proc, Procs, SyncDB, free_port, http, wait_until
-from jobq.broker import queue_arguments
+from jobq.amqp.broker import queue_arguments
 from jobq.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -262,7 +262,7 @@ def test_readyz_reflects_a_database_outage(settings: Settings, procs: Procs) -> 
 def test_grafana_dashboard_uses_only_metrics_jobq_exports() -> None:
     import re
 
-    from jobq import metrics
+    from jobq.telemetry import metrics
 
     dash = json.loads((ROOT / "deploy/grafana/jobq-dashboard.json").read_text())
     exported = set()

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from harness.helpers import SyncDB, wait_until
-from jobq.arguments import parser
+from jobq.ops.cli import parser
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]

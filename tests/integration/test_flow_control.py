@@ -15,11 +15,12 @@ import pytest
 
 from harness.helpers import SyncDB, run_cli, set_queue
 from harness.helpers import with_pool as run
-from jobq import admin, lease
+from jobq import lease
+from jobq.client.producer import Client
 from jobq.errors import InvalidPayload
 from jobq.lease import Lease
 from jobq.newjob import NewJob
-from jobq.producer import Client
+from jobq.ops import admin
 from jobq.settings import Settings
 from jobq.sql import Q
 

@@ -12,8 +12,8 @@ from collections.abc import Awaitable, Callable
 
 import asyncpg
 
+from jobq.client.producer import Client
 from jobq.newjob import NewJob
-from jobq.producer import Client
 from jobq.reaper import Reaper
 from jobq.reaper.wakes import Wakes
 from jobq.schedules import Schedule, set_schedule

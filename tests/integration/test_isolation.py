@@ -116,7 +116,7 @@ def test_only_the_enqueue_functions_write_trace_records_and_only_string_headers(
 
 def test_an_unreadable_trace_carrier_is_ignored() -> None:
     pytest.importorskip("opentelemetry.sdk.trace", reason="the jobq[otel] test extra")
-    from jobq import tracing
+    from jobq.telemetry import tracing
 
     class J:
         id = uuid.uuid4()

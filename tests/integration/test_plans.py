@@ -21,7 +21,7 @@ import asyncpg
 import pytest
 
 from jobq.db import SESSION_SETTINGS
-from jobq.routines import GENERIC_SETTING, definition
+from jobq.ops.routines import GENERIC_SETTING, definition
 from jobq.sql import BODY, FAST, GENERIC_PLAN, Q, statements
 
 # Statement -> arguments naming up to 32 ids (the rest as a worker would pass them).

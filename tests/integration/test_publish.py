@@ -12,9 +12,9 @@ import aiormq
 import asyncpg
 import pytest
 
+from jobq.client.producer import Client
 from jobq.errors import InvalidPayload, InvalidQueue
 from jobq.newjob import NewJob
-from jobq.producer import Client
 from jobq.reaper import Reaper
 from jobq.settings import Settings
 

@@ -13,10 +13,10 @@ import asyncpg
 import pytest
 
 from harness.helpers import with_pool
-from jobq import admin
+from jobq.client.producer import Client
 from jobq.errors import InvalidPayload
 from jobq.newjob import NewJob
-from jobq.producer import Client
+from jobq.ops import admin
 from jobq.settings import Settings
 from jobq.sql import Q
 

@@ -11,9 +11,9 @@ import uuid
 import asyncpg
 import pytest
 
-from jobq.admin import delete_queue
 from jobq.db import open_pool
 from jobq.errors import BadInput
+from jobq.ops.admin import delete_queue
 
 FK = asyncpg.exceptions.ForeignKeyViolationError
 INSERT = ("INSERT INTO jobq.job (queue, payload, run_at, relay_after) "

@@ -282,8 +282,9 @@ def test_two_installs_on_one_cluster_have_rights_of_their_own(pg_admin_url: str)
     database. Each install now has group roles of its own (JOBQ_ROLE_PREFIX),
     and a login of one can do nothing in the other's database."""
     from harness.scratch import admin, with_db
-    from jobq import migrate, roles
+    from jobq import roles
     from jobq.errors import ConfigError
+    from jobq.ops import migrate
 
     tag = uuid.uuid4().hex[:6]
     a, b = f"ta{tag}", f"tb{tag}"

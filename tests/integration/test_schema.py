@@ -8,7 +8,7 @@ import asyncpg
 
 from harness.scratch import admin as _admin
 from harness.scratch import with_db as _with_db
-from jobq import migrate
+from jobq.ops import migrate
 from jobq.sql import Q
 
 

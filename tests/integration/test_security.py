@@ -15,10 +15,11 @@ import pytest
 
 from harness.helpers import SyncDB, run_cli, set_queue
 from harness.scratch import login_url
-from jobq import App, results
+from jobq import App
+from jobq.client import results
+from jobq.client.results import JobFailed
 from jobq.errors import ConfigError
 from jobq.reaper import Reaper
-from jobq.results import JobFailed
 from jobq.settings import Settings
 
 

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 
 import asyncpg
 
-from jobq.producer import Client
+from jobq.client.producer import Client
 from jobq.reaper import Reaper
 from jobq.schedules import Schedule, set_schedule
 from jobq.settings import Settings

@@ -79,8 +79,8 @@ def test_a_workflows_steps_and_dependants_are_children_of_the_publishing_span(
     """Found by hand: a job published with after= (or as a workflow's step)
     went through jobq.enqueue, which stored no trace context, so its run
     started a trace of its own though it was published inside a span."""
+    from jobq.client.workflow import Workflow
     from jobq.newjob import NewJob
-    from jobq.workflow import Workflow
 
     async def body(w: World) -> None:
         with trace.get_tracer("test").start_as_current_span("POST /order") as request:

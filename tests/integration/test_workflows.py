@@ -16,13 +16,13 @@ import pytest
 
 from harness.helpers import SyncDB, run_cli, with_pool
 from jobq import lease
+from jobq.client.producer import Client
+from jobq.client.workflow import Workflow
 from jobq.errors import BadInput, LeaseLost, StepRefused
 from jobq.lease import Lease
 from jobq.newjob import NewJob
-from jobq.producer import Client
 from jobq.settings import Settings
 from jobq.worker.steps import JobLink
-from jobq.workflow import Workflow
 
 
 def enqueue(db: SyncDB, queue: str = "q", after: list[Any] | None = None) -> Any:

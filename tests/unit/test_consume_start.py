@@ -14,7 +14,7 @@ import asyncio
 import aiormq
 import pytest
 
-from jobq.broker_connect import start_when_possible
+from jobq.amqp.connect import start_when_possible
 
 
 def test_a_closed_connection_at_the_first_consume_is_retried_until_it_works() -> None:

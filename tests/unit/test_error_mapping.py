@@ -24,7 +24,7 @@ from jobq.errors import (
 )
 from jobq.job import Job
 from jobq.lease import Lease
-from jobq.logs import printable
+from jobq.telemetry.logs import printable
 from jobq.worker.completer import PayloadUndecodable, failure_for
 from jobq.worker.run import Run, Stop
 
@@ -131,7 +131,7 @@ def test_broker_errors_are_classified(exc: BaseException, kind: str) -> None:
     """QUEUE_REFUSED stays with its one queue; the rest of TRANSIENT is the
     broker or the connection (refused credentials are caught before, at
     connect, as a ConfigError)."""
-    from jobq.broker_connect import QUEUE_REFUSED, TRANSIENT
+    from jobq.amqp.connect import QUEUE_REFUSED, TRANSIENT
 
     assert isinstance(exc, TRANSIENT)
     assert isinstance(exc, QUEUE_REFUSED) is (kind == "queue")

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-from jobq import health
-from jobq.health import HealthServer
+from jobq.runtime import health
+from jobq.runtime.health import HealthServer
 
 
 async def _request(port: int, line: bytes) -> bytes:

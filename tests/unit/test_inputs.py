@@ -101,7 +101,7 @@ def test_every_verb_says_what_it_does_and_every_flag_has_help() -> None:
     """Issue #33: several subcommands had no help text."""
     import argparse
 
-    from jobq.arguments import parser
+    from jobq.ops.cli import parser
 
     def walk(p: argparse.ArgumentParser, path: str) -> list[str]:
         missing = [] if p.description else [f"{path}: no description"]

@@ -1,4 +1,4 @@
-"""A handler's own log records carry its job (issue #32): jobq.logs.setup's
+"""A handler's own log records carry its job (issue #32): jobq.telemetry.logs.setup's
 filter adds the running job's fields to every record, text or JSON; outside
 a job nothing is added; without a tracer provider nothing is traced."""
 
@@ -11,7 +11,7 @@ import uuid
 from typing import Any
 
 import jobq
-from jobq import current, logs, tracing
+from jobq.telemetry import current, logs, tracing
 
 JOB: jobq.Job[Any] = jobq.Job(id=uuid.UUID(int=7), queue="emails", payload={}, attempt=2,
                lock=uuid.uuid4(), worker_id="w1")

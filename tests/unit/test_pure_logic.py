@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from jobq.arguments import parse_duration
-from jobq.backoff import Backoff
-from jobq.batch import Coalescer
 from jobq.errors import BadInput
 from jobq.job import Job
 from jobq.lease import Lease
+from jobq.ops.common import parse_duration
 from jobq.rows import Claim
+from jobq.runtime.backoff import Backoff
+from jobq.runtime.batch import Coalescer
 from jobq.settings import ConsumerSettings
 from jobq.worker.acks import Acks
 from jobq.worker.heartbeat import Heartbeat

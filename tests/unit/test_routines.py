@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobq.routines import plpgsql
+from jobq.ops.routines import plpgsql
 from jobq.sql import GENERIC_PLAN, parse
 
 

@@ -11,9 +11,9 @@ import pytest
 from pydantic import BaseModel
 
 from jobq import App
+from jobq.client.results import ResultInvalid, encode
 from jobq.dashboard.charts import per_queue, sparkline
 from jobq.errors import BadInput, ConfigError
-from jobq.results import ResultInvalid, encode
 from jobq.schedules import Schedule
 from jobq.worker.progress import _encode as progress_json
 

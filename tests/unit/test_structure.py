@@ -1,7 +1,8 @@
-"""Structure checks anyone can run (issue #29): the package's module-level
-imports form no circle (imports inside functions and under TYPE_CHECKING are
-the deliberate way out, and are not counted), no module is over 300 lines,
-no function over 60."""
+"""Structure checks anyone can run (issues #29, #48): the package's imports
+form no circle, counting imports inside functions and under TYPE_CHECKING (a
+circle hidden there is still a circle); at most 20 modules sit directly in
+services/jobq, every other one in a wing named for its role; no module is
+over 300 lines, no function over 60."""
 
 from __future__ import annotations
 
@@ -18,24 +19,22 @@ def _module(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _top_level_imports(tree: ast.Module, name: str, known: set[str]) -> set[str]:
-    """What a module imports when it is imported: module-level statements only."""
+def _imports(tree: ast.Module, name: str, known: set[str]) -> set[str]:
+    """Every module of the package this one imports, anywhere in it: at
+    module level, in a function, under TYPE_CHECKING."""
     out: set[str] = set()
-    for node in tree.body:
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            continue
-        for sub in ast.walk(node) if isinstance(node, ast.Try) else [node]:
-            if isinstance(sub, ast.Import):
-                out |= {a.name for a in sub.names}
-            elif isinstance(sub, ast.ImportFrom) and sub.module and sub.level == 0:
-                out.add(sub.module)
-                out |= {f"{sub.module}.{a.name}" for a in sub.names}
+    for sub in ast.walk(tree):
+        if isinstance(sub, ast.Import):
+            out |= {a.name for a in sub.names}
+        elif isinstance(sub, ast.ImportFrom) and sub.module and sub.level == 0:
+            out.add(sub.module)
+            out |= {f"{sub.module}.{a.name}" for a in sub.names}
     return {m for m in out if m in known and m != name}
 
 
 def graph() -> dict[str, set[str]]:
     files = {_module(p): p for p in PACKAGE.rglob("*.py")}
-    return {name: _top_level_imports(ast.parse(p.read_text()), name, set(files))
+    return {name: _imports(ast.parse(p.read_text()), name, set(files))
             for name, p in files.items()}
 
 
@@ -61,6 +60,20 @@ def test_module_level_imports_form_no_circle() -> None:
         if start not in state:
             visit(start, [start])
     assert circles == [], " ; ".join(" -> ".join(c) for c in circles)
+
+
+# The core (issue #48): what every wing uses. Every other module lives in a
+# wing whose name says its role: client/, worker/, reaper/, ops/, amqp/,
+# runtime/, telemetry/, dashboard/.
+MAX_TOP_LEVEL = 20
+WINGS = {"amqp", "client", "dashboard", "ops", "reaper", "runtime", "telemetry", "worker"}
+
+
+def test_the_top_level_keeps_only_the_core_and_the_rest_is_in_wings() -> None:
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL, top
+    assert {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()
+            } == WINGS
 
 
 def test_no_module_over_300_lines_and_no_function_over_60() -> None:

@@ -16,11 +16,11 @@ import pytest
 from pydantic import BaseModel
 
 from harness.fake_store import FakeStore
-from jobq import tracing as tracing_mod
 from jobq.app import App
 from jobq.errors import ConfigError, DatabaseUnavailable, Fail, Retry
 from jobq.job import Job
 from jobq.settings import ConsumerSettings
+from jobq.telemetry import tracing as tracing_mod
 from jobq.worker import executor as executor_mod
 from jobq.worker import intake as intake_mod
 from jobq.worker import progress as progress_mod

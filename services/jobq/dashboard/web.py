@@ -23,11 +23,11 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from jobq import admin
 from jobq.dashboard import charts
 from jobq.dashboard.sessions import COOKIE, CSP, SESSION_S, Sessions
 from jobq.db import fetch
 from jobq.errors import JobqError
+from jobq.ops import admin
 from jobq.sql import Q
 
 LIMIT = 200  # rows per list page

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from jobq import metrics
 from jobq.db import fetchrow, translated
 from jobq.sql import Q
+from jobq.telemetry import metrics
 
 log = logging.getLogger("jobq.reaper")
 

@@ -17,11 +17,11 @@ import logging
 
 import asyncpg
 
-from jobq import metrics
-from jobq.broker import Broker
+from jobq.amqp.broker import Broker
 from jobq.db import fetch, fetchval, translated
-from jobq.logs import fields
 from jobq.sql import Q
+from jobq.telemetry import metrics
+from jobq.telemetry.logs import fields
 
 log = logging.getLogger("jobq.reaper")
 

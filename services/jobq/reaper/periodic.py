@@ -14,10 +14,10 @@ from datetime import datetime
 import asyncpg
 
 from jobq.db import PooledConnection, connection, execute, fetch, fetchval, is_transient
-from jobq.logs import fields
 from jobq.rows import of
 from jobq.schedules import Schedule
 from jobq.sql import Q
+from jobq.telemetry.logs import fields
 
 log = logging.getLogger("jobq.schedules")
 

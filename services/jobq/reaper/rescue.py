@@ -12,9 +12,10 @@ import logging
 
 import asyncpg
 
-from jobq import lease, metrics
-from jobq.logs import fields
+from jobq import lease
 from jobq.status import Status
+from jobq.telemetry import metrics
+from jobq.telemetry.logs import fields
 
 log = logging.getLogger("jobq.reaper")
 

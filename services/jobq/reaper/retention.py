@@ -8,9 +8,9 @@ import logging
 
 import asyncpg
 
-from jobq import metrics
 from jobq.db import execute
 from jobq.sql import Q
+from jobq.telemetry import metrics
 
 log = logging.getLogger("jobq.reaper")
 

@@ -47,24 +47,25 @@ from typing import TypeVar
 
 import asyncpg
 
-from jobq import crash, metrics
-from jobq.backoff import Backoff
-from jobq.broker import Broker
+from jobq.amqp.broker import Broker
 from jobq.db import execute, fetchrow, open_pool, translated
 from jobq.errors import UnavailableError
-from jobq.logs import fields
 from jobq.reaper.dependants import settle
 from jobq.reaper.lost import republish_lost
 from jobq.reaper.periodic import fire_due
+from jobq.reaper.relay import relay_due
 from jobq.reaper.rescue import cut_vanished, requeue_lapsed
 from jobq.reaper.retention import prune_expired as prune_finished
 from jobq.reaper.unpark import unpark
 from jobq.reaper.wakes import Wakes
-from jobq.relay import relay_due
 from jobq.rows import Overdue, Probe, of
-from jobq.service import database_answers, lifecycle
+from jobq.runtime import crash
+from jobq.runtime.backoff import Backoff
+from jobq.runtime.lifecycle import database_answers, lifecycle
 from jobq.settings import Settings
 from jobq.sql import Q
+from jobq.telemetry import metrics
+from jobq.telemetry.logs import fields
 
 log = logging.getLogger("jobq.reaper")
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import aiormq
 
-from jobq.deliveries import Settleable
+from jobq.amqp.deliveries import Settleable
 
 log = logging.getLogger("jobq.consumer")
 

@@ -42,12 +42,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from jobq import current
+from jobq.client.results import ResultInvalid, encode
 from jobq.errors import Fail, Retry
 from jobq.job import Job
-from jobq.results import ResultInvalid, encode
-from jobq.validation import validation_failure
+from jobq.telemetry import current
 from jobq.worker import frames
+from jobq.worker.validation import validation_failure
 
 PR_SET_PDEATHSIG = 1
 

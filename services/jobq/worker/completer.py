@@ -8,7 +8,7 @@ row: :meth:`Heartbeat.lose`), or the lease is no longer trusted. The
 heartbeat keeps renewing the lease meanwhile, so a job is never left to wait
 a whole lease, and charged a stall, because jobq's own write failed
 (issue #19). Completions of concurrent jobs share one statement
-(:class:`~jobq.batch.Coalescer`).
+(:class:`~jobq.runtime.batch.Coalescer`).
 """
 
 from __future__ import annotations
@@ -21,20 +21,20 @@ from typing import Any, Final, Literal, TypeVar
 
 from pydantic import ValidationError
 
-from jobq.backoff import Backoff
-from jobq.batch import Coalescer
+from jobq.client.results import ResultInvalid, encode
 from jobq.db import is_transient
 from jobq.errors import ConfigError, Fail, LeaseLost, Retry, StepRefused
 from jobq.lease import Failure, Lease
-from jobq.logs import fields, printable
-from jobq.results import ResultInvalid, encode
 from jobq.rows import Failed, Spell
+from jobq.runtime.backoff import Backoff
+from jobq.runtime.batch import Coalescer
 from jobq.status import Status
-from jobq.validation import validation_failure
+from jobq.telemetry.logs import fields, printable
 from jobq.worker.heartbeat import Heartbeat
 from jobq.worker.run import Run
 from jobq.worker.store import WorkerStore
 from jobq.worker.tally import Tally
+from jobq.worker.validation import validation_failure
 
 log = logging.getLogger("jobq.consumer")
 

@@ -29,16 +29,17 @@ from collections.abc import Awaitable, Callable
 
 import asyncpg
 
-from jobq import metrics, schedules
-from jobq.app import App
-from jobq.broker import Broker
-from jobq.broker_connect import start_when_possible
+from jobq import schedules
+from jobq.amqp.broker import Broker
+from jobq.amqp.connect import start_when_possible
 from jobq.db import connection, execute, open_pool
 from jobq.errors import ConfigError
-from jobq.logs import fields
-from jobq.service import database_answers, lifecycle
+from jobq.handlers import Handlers
+from jobq.runtime.lifecycle import database_answers, lifecycle
 from jobq.settings import Settings
 from jobq.sql import Q
+from jobq.telemetry import metrics
+from jobq.telemetry.logs import fields
 from jobq.worker.completer import Completer
 from jobq.worker.executor import Executor
 from jobq.worker.heartbeat import Heartbeat
@@ -62,7 +63,7 @@ def new_worker_id() -> str:
 
 
 class Consumer:
-    def __init__(self, app: App, settings: Settings, queues: list[str] | None = None,
+    def __init__(self, app: Handlers, settings: Settings, queues: list[str] | None = None,
                  concurrency: int | None = None, *, app_spec: str | None = None) -> None:
         self.app = app
         self.settings = settings

@@ -31,13 +31,14 @@ import logging
 import uuid
 from typing import Any
 
-from jobq import crash, current, tracing
-from jobq.app import App
+from jobq.handlers import Handlers
 from jobq.job import Job
 from jobq.lease import Lease
-from jobq.logs import fields
 from jobq.rows import Claim
+from jobq.runtime import crash
 from jobq.settings import ConsumerSettings
+from jobq.telemetry import current, tracing
+from jobq.telemetry.logs import fields
 from jobq.worker.completer import Completer, PayloadUndecodable
 from jobq.worker.heartbeat import Heartbeat
 from jobq.worker.processes import ChildDied, ProcessPool
@@ -58,7 +59,7 @@ class JobqFault(Exception):
 
 
 class Executor:
-    def __init__(self, app: App, cfg: ConsumerSettings, concurrency: int, worker_id: str,
+    def __init__(self, app: Handlers, cfg: ConsumerSettings, concurrency: int, worker_id: str,
                  store: WorkerStore, heartbeat: Heartbeat, completer: Completer,
                  tally: Tally, slots: asyncio.Semaphore, runs: dict[uuid.UUID, Run],
                  processes: ProcessPool | None = None) -> None:

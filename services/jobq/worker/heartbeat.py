@@ -23,11 +23,11 @@ import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from jobq import metrics
 from jobq.errors import ConfigError
 from jobq.lease import Renewal
-from jobq.logs import fields
 from jobq.settings import ConsumerSettings
+from jobq.telemetry import metrics
+from jobq.telemetry.logs import fields
 from jobq.worker.run import Run, Stop
 from jobq.worker.tally import Tally
 

@@ -42,13 +42,13 @@ import logging
 import uuid
 from collections.abc import Callable
 
-from jobq import crash
-from jobq.backoff import Backoff
+from jobq.amqp.deliveries import Settleable
 from jobq.db import is_data_error, is_transient
-from jobq.deliveries import Settleable
 from jobq.errors import ConfigError
-from jobq.logs import fields
 from jobq.rows import Claim, Spell
+from jobq.runtime import crash
+from jobq.runtime.backoff import Backoff
+from jobq.telemetry.logs import fields
 from jobq.worker.acks import Acks, settle_one
 from jobq.worker.misses import explain_misses
 from jobq.worker.store import WorkerStore

@@ -9,8 +9,8 @@ import logging
 import uuid
 from typing import TYPE_CHECKING
 
-from jobq.logs import fields
 from jobq.status import Status
+from jobq.telemetry.logs import fields
 from jobq.worker.tally import Tally
 
 if TYPE_CHECKING:

@@ -25,8 +25,8 @@ import subprocess
 import sys
 from typing import Any
 
-from jobq.backoff import Backoff
 from jobq.errors import ConfigError, Fail, Retry
+from jobq.runtime.backoff import Backoff
 from jobq.worker import frames
 from jobq.worker.child_process import Child, child_environment, exit_text, rss_mb
 from jobq.worker.run import Run

@@ -23,11 +23,11 @@ from collections.abc import Callable
 
 import asyncpg
 
-from jobq.backoff import Backoff
 from jobq.db import SESSION_SETTINGS, execute, fetchval, missing_right
 from jobq.errors import ConfigError
-from jobq.logs import fields
+from jobq.runtime.backoff import Backoff
 from jobq.sql import Q
+from jobq.telemetry.logs import fields
 
 log = logging.getLogger("jobq.consumer")
 

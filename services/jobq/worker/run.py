@@ -11,7 +11,7 @@ import asyncio
 import enum
 from typing import Any
 
-from jobq.app import Handler
+from jobq.handlers import Handler
 from jobq.job import Job
 from jobq.lease import Lease
 

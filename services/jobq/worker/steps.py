@@ -28,9 +28,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from jobq.client.results import ResultInvalid, encode
 from jobq.db import fetch, fetchval
 from jobq.errors import LeaseLost, StepRefused
-from jobq.results import ResultInvalid, encode
 from jobq.sql import Q
 
 

@@ -21,14 +21,15 @@ from typing import Protocol
 
 import asyncpg
 
-from jobq import lease, metrics
-from jobq.broker import Broker
+from jobq import lease
+from jobq.amqp.broker import Broker
+from jobq.client.publish import publish_and_mark
 from jobq.db import execute, fetch, fetchval, session_broken
 from jobq.errors import ConfigError, DatabaseUnavailable, UnavailableError
 from jobq.lease import Failure, Lease, Renewal
-from jobq.relay import publish_and_mark
 from jobq.rows import ChildDeath, Claim, Failed, Miss, Spell
 from jobq.sql import Q
+from jobq.telemetry import metrics
 from jobq.worker.registry import Registry
 from jobq.worker.steps import JobLink
 

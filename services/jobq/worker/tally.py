@@ -8,7 +8,7 @@ from __future__ import annotations
 import collections
 from typing import Any
 
-from jobq import metrics
+from jobq.telemetry import metrics
 
 _METRIC = {"claimed": metrics.JOBS_CLAIMED, "completed": metrics.JOBS_COMPLETED,
            "retried": metrics.JOBS_RETRIED, "failed": metrics.JOBS_FAILED,

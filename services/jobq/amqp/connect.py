@@ -28,12 +28,12 @@ import aio_pika
 import aiormq
 from aio_pika.abc import AbstractRobustConnection
 
-from jobq.backoff import Backoff
 from jobq.db import certificate_refused
 from jobq.endpoints import FailoverConnection, redact
 from jobq.errors import BrokerUnavailable, ConfigError
+from jobq.runtime.backoff import Backoff
 
-log = logging.getLogger("jobq.broker")
+log = logging.getLogger("jobq.amqp.broker")
 T = TypeVar("T")
 
 QUEUE_REFUSED: tuple[type[BaseException], ...] = (aiormq.exceptions.ChannelClosed,)

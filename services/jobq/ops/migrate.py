@@ -22,12 +22,13 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 import asyncpg
 
-from jobq import roles, routines
+from jobq import roles
 from jobq.db import PooledConnection, connect_once, execute, fetch, fetchval, translated
 from jobq.errors import ConfigError
+from jobq.ops import routines
 from jobq.sql import Q
 
-log = logging.getLogger("jobq.migrate")
+log = logging.getLogger("jobq.ops.migrate")
 
 # Any constant works; it only has to be the same for every jobq process.
 _LOCK_KEY = 0x6A6F6271  # "jobq"
@@ -50,7 +51,7 @@ def _schema_dir() -> Path:
     if packaged.is_dir():
         return Path(str(packaged))
     # Editable install / source checkout: <repo>/services/jobq -> <repo>/schema
-    here = Path(__file__).resolve().parent.parent.parent / "schema"
+    here = Path(__file__).resolve().parents[3] / "schema"  # <repo>/services/jobq/ops/
     if here.is_dir():
         return here
     raise ConfigError("jobq's schema/ migrations are missing from this installation")

@@ -25,11 +25,11 @@ from typing import Any, TypedDict
 import asyncpg
 from typing_extensions import Unpack
 
-from jobq import tracing
 from jobq.db import PooledConnection, connection, fetchval
 from jobq.errors import BadInput
 from jobq.newjob import COLUMNS, NewJob, options_of
 from jobq.sql import Q
+from jobq.telemetry import tracing
 
 
 class StepOptions(TypedDict, total=False):

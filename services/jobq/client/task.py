@@ -35,9 +35,9 @@ from jobq.errors import InvalidPayload
 from jobq.newjob import JobOptions, NewJob, new_job
 
 if TYPE_CHECKING:
-    from jobq.app import App
-    from jobq.producer import Client
-    from jobq.sync_client import SyncClient
+    from jobq.client.defaults import Clients
+    from jobq.client.producer import Client
+    from jobq.client.sync import SyncClient
 
 M = TypeVar("M", bound=BaseModel)  # a handle without a model is Task[Any]
 
@@ -46,9 +46,9 @@ class Task(Generic[M]):
     """The handle ``@app.task`` returns; calling it calls the handler itself
     (so unit tests and ``jobq.testing`` use it as the plain function)."""
 
-    def __init__(self, app: App, queue: str, fn: Callable[..., Any],
+    def __init__(self, clients: Clients, queue: str, fn: Callable[..., Any],
                  model: type[BaseModel] | None) -> None:
-        self.app = app
+        self.clients = clients
         self.queue = queue
         self.fn = fn
         self.model = model
@@ -71,7 +71,7 @@ class Task(Generic[M]):
                       **options: Unpack[JobOptions]) -> uuid.UUID:
         """Publish one job of this task (options as :meth:`jobq.Client.publish`)."""
         new = self.job(payload, **options)
-        publisher = client or await self.app.async_client()
+        publisher = client or await self.clients.async_client()
         (job_id,) = await publisher.publish_many([new])
         return job_id
 
@@ -79,7 +79,7 @@ class Task(Generic[M]):
                      **options: Unpack[JobOptions]) -> uuid.UUID:
         """``publish`` from sync code (views, scripts, threads)."""
         new = self.job(payload, **options)
-        (job_id,) = (client or self.app.sync_client()).publish_many([new])
+        (job_id,) = (client or self.clients.sync_client()).publish_many([new])
         return job_id
 
     def encode(self, payload: Any) -> Any:

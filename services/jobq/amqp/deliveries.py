@@ -27,7 +27,7 @@ from aio_pika.abc import AbstractQueue, AbstractRobustConnection, ConsumerTag, T
 from aio_pika.robust_queue import RobustQueue
 from aiormq.abc import DeliveredMessage
 
-log = logging.getLogger("jobq.broker")
+log = logging.getLogger("jobq.amqp.broker")
 
 
 class Settleable(Protocol):

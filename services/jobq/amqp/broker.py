@@ -27,12 +27,12 @@ from aio_pika.abc import (
     AbstractRobustConnection,
 )
 
-from jobq.broker_connect import QUEUE_REFUSED, TRANSIENT, open_connection
-from jobq.deliveries import Delivery, consume
+from jobq.amqp.connect import QUEUE_REFUSED, TRANSIENT, open_connection
+from jobq.amqp.deliveries import Delivery, consume
 from jobq.endpoints import redact, split_amqp, with_heartbeat
 from jobq.errors import BrokerUnavailable, ConfigError
 
-log = logging.getLogger("jobq.broker")
+log = logging.getLogger("jobq.amqp.broker")
 
 PUBLISH_TIMEOUT_S = 10.0
 

@@ -23,7 +23,7 @@ from jobq.queues import changes, check_queue_name
 from jobq.rows import Spell, of
 from jobq.sql import Q
 
-log = logging.getLogger("jobq.admin")
+log = logging.getLogger("jobq.ops.admin")
 
 
 async def set_queue(pool: asyncpg.Pool, name: str, values: dict[str, Any]) -> Any:

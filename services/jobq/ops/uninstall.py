@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 import aio_pika
 
 from jobq import roles as role_names
-from jobq.broker import Broker
-from jobq.broker_connect import open_connection
+from jobq.amqp.broker import Broker
+from jobq.amqp.connect import open_connection
 from jobq.db import execute, fetch, fetchval, open_pool
 from jobq.settings import Settings
 from jobq.sql import Q

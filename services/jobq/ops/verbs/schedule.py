@@ -7,15 +7,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from jobq.cli_read import decode
 from jobq.db import connection, fetch, open_pool
 from jobq.errors import BadInput
+from jobq.ops.common import decode, table
 from jobq.schedules import Schedule, set_schedule
 from jobq.settings import Settings
 from jobq.sql import Q
 
 
-def add_parser(sub: Any) -> None:
+def register(sub: Any) -> None:
     sch = sub.add_parser("schedule", help="periodic jobs: set, list, delete",
                          description="Schedules enqueue a job per slot (cron in a time zone, "
                          "or every N seconds); the reapers fire each slot exactly once, and "
@@ -41,6 +41,7 @@ def add_parser(sub: Any) -> None:
     rm = verbs.add_parser("delete", help="remove a schedule (its jobs stay)",
                           description="Remove schedule NAME; jobs it already enqueued stay.")
     rm.add_argument("name", metavar="NAME")
+    sch.set_defaults(run=schedule)
 
 
 def _schedule(args: argparse.Namespace) -> Schedule:
@@ -75,3 +76,7 @@ async def run(settings: Settings, args: argparse.Namespace) -> list[dict[str, An
                  "last_error": r["last_error"]} for r in rows]
     finally:
         await pool.close()
+
+
+async def schedule(settings: Settings, args: argparse.Namespace) -> None:
+    table(await run(settings, args))

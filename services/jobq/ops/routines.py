@@ -24,7 +24,7 @@ from jobq import roles
 from jobq.db import execute, fetch, fetchrow, fetchval, prepare
 from jobq.sql import BODY, FAST, GENERIC_PLAN, GRANTS, Q, arity, function_name, statements
 
-log = logging.getLogger("jobq.migrate")
+log = logging.getLogger("jobq.ops.migrate")
 
 PINNED_PATH = "pg_catalog, pg_temp"
 # Part of every checksum: a change to how functions are generated (not only

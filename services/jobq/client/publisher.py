@@ -4,7 +4,7 @@ A publish waits for two things and nothing else: its row's commit and the
 broker's confirm of its id. Everything else is shared or moved off the path:
 
 - **Rows, group-committed.** Concurrent publishes of one client go to the
-  database as one ``enqueue_many`` statement (:class:`~jobq.batch.Coalescer`:
+  database as one ``enqueue_many`` statement (:class:`~jobq.runtime.batch.Coalescer`:
   while one batch is in flight the next fills up; alone, a publish goes out
   at once). One transaction and one WAL flush for many jobs. A batch refused
   for one caller's bad input is retried caller by caller, so the error
@@ -32,12 +32,12 @@ from typing import Any
 
 import asyncpg
 
-from jobq.batch import Coalescer
-from jobq.broker import Broker
+from jobq.amqp.broker import Broker
+from jobq.client.publish import mark, publish_ids
 from jobq.db import fetch
 from jobq.errors import BadInput
 from jobq.newjob import NewJob, arrays
-from jobq.relay import mark, publish_ids
+from jobq.runtime.batch import Coalescer
 from jobq.sql import Q
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, TypeVar
 import asyncpg
 
 from jobq.db import fetchval
-from jobq.health import Check, HealthServer
+from jobq.runtime.health import Check, HealthServer
 from jobq.sql import Q
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ async def lifecycle(settings: Settings, stop: asyncio.Event, request_stop: Calla
     """The one shape of every jobq service: stop signals and health first,
     then connect (waiting for what can heal, unless a stop comes first),
     serve until stopped, and close whatever happened."""
-    from jobq import crash
+    from jobq.runtime import crash
 
     crash.configure(settings.crash_at)
     install_stop_signals(request_stop)

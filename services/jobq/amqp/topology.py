@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from jobq.broker import Broker
+from jobq.amqp.broker import Broker
 from jobq.db import fetch, open_pool
 from jobq.errors import ConfigError
 from jobq.settings import Settings

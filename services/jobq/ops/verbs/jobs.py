@@ -1,68 +1,58 @@
-"""The ``jobq`` command's operator verbs: queue settings, pause, delete;
-retry and cancel of one job or of a whole queue; prune; uninstall.
-
-One small function per verb; each parses what it needs, calls one action in
-``admin.py`` (or ``uninstall.py``) and prints one line or a table. Verbs that
-change many jobs take ``--dry-run`` and say how many they changed. Errors
-are raised as :class:`~jobq.errors.JobqError` and printed once, by
-``cli.main``.
-"""
+"""``jobq retry``, ``cancel`` and ``prune``: one job, a workflow, or every job of
+a queue. Verbs that change many jobs take ``--dry-run`` and say how many they
+changed."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
-from jobq.arguments import parse_duration
-from jobq.cli_read import admin_call, parse_id, table
 from jobq.errors import BadInput
-from jobq.queues import SETTINGS
+from jobq.ops.common import admin_call, parse_duration, parse_id
 from jobq.settings import Settings
 
 
-def _setting_values(args: argparse.Namespace) -> dict[str, Any]:
-    values = {}
-    for q in SETTINGS:
-        text = getattr(args, q.column)
-        if text is not None:
-            try:
-                values[q.column] = q.parse(text)
-            except argparse.ArgumentTypeError as exc:
-                raise BadInput(f"{q.flag} {exc}") from None
-    return values
+def register(sub: Any) -> None:
+    rt = sub.add_parser(
+        "retry", help="put a failed job (or every failed job of a queue) back in line",
+        description="A failed or cancelled job goes back to queued with fresh error and stall "
+        "allowances, and its id is published at once. With --queue, every job of QUEUE in "
+        "the --status given (default failed), in batches of 1,000.")
+    rt.add_argument("id", metavar="ID", nargs="?", default=None)
+    _bulk(rt, "retry", ("failed", "cancelled"), "failed")
+    rt.set_defaults(run=retry)
+    cn = sub.add_parser(
+        "cancel", help="cancel a job, a workflow's steps, or every queued job of a queue",
+        description="A queued job is cancelled at once; an active one stops at its worker's "
+        "next renewal. A workflow's id cancels its steps not started. With --queue, every job "
+        "of QUEUE in the --status given (default queued), in batches of 1,000.")
+    cn.add_argument("id", metavar="ID", nargs="?", default=None)
+    cn.add_argument("--reason", default=None, help="recorded in last_error and the history")
+    _bulk(cn, "cancel", ("queued", "active"), "queued")
+    cn.set_defaults(run=cancel)
+    pr = sub.add_parser("prune", help="delete finished jobs (and their history) in batches",
+                        description="Delete completed, failed and cancelled jobs that finished "
+                        "more than --older-than ago, with their history, in short batches. "
+                        "The reapers also prune by each queue's retention.")
+    pr.add_argument("--older-than", required=True, metavar="DURATION",
+                    help="finished more than this long ago, with a unit: 90s, 15m, 12h, 7d, 2w")
+    pr.add_argument("--batch", type=int, default=1000, metavar="N",
+                    help="rows per delete statement (default 1000)")
+    pr.add_argument("--dry-run", action="store_true",
+                    help="only count what would be deleted")
+    pr.add_argument("--force", action="store_true",
+                    help="allow --older-than under a minute (deletes jobs finished just now)")
+    pr.set_defaults(run=prune)
 
 
-async def queue(settings: Settings, args: argparse.Namespace) -> None:
-    verb = args.queue_command
-    if verb == "set":
-        rows = [await admin_call(settings, "set_queue", args.name, _setting_values(args))]
-    elif verb in ("pause", "resume"):
-        rows = [await admin_call(settings, verb, args.name)]
-    elif verb == "limits":
-        auto = None if args.auto_create is None else args.auto_create == "on"
-        rows = [await admin_call(settings, "queue_limits", auto, args.max_queues)]
-    elif verb == "delete":
-        await _delete_queue(settings, args)
-        return
-    else:
-        rows = await admin_call(settings, "list_queues")
-    table([dict(r) for r in rows])
-
-
-async def _delete_queue(settings: Settings, args: argparse.Namespace) -> None:
-    from jobq.uninstall import delete_broker_queue
-
-    if args.dry_run:
-        counts = await admin_call(settings, "counts", args.name)
-        live = counts.get("queued", 0) + counts.get("active", 0)
-        done = sum(counts.values()) - live
-        print(f"would delete queue {args.name} and its {done} finished job(s)" if not live else
-              f"would refuse: {live} job(s) of {args.name} are queued or running")
-        return
-    jobs = await admin_call(settings, "delete_queue", args.name)
-    await delete_broker_queue(settings, args.name)
-    print(f"deleted queue {args.name} and its {jobs} finished job(s)")
+def _bulk(p: argparse.ArgumentParser, verb: str, statuses: tuple[str, ...],
+          default: str) -> None:
+    p.add_argument("--queue", default=None, metavar="QUEUE",
+                   help=f"{verb} every job of QUEUE in --status instead of one ID")
+    p.add_argument("--status", action="append", choices=statuses, default=None,
+                   help=f"with --queue: which jobs (repeatable; default {default})")
+    p.add_argument("--dry-run", action="store_true",
+                   help=f"with --queue: only count the jobs it would {verb}")
 
 
 def _one_or_queue(args: argparse.Namespace, verb: str) -> None:
@@ -73,8 +63,8 @@ def _one_or_queue(args: argparse.Namespace, verb: str) -> None:
 
 
 async def retry(settings: Settings, args: argparse.Namespace) -> None:
-    from jobq import admin
-    from jobq.producer import Client
+    from jobq.client.producer import Client
+    from jobq.ops import admin
 
     _one_or_queue(args, "retry")
     statuses = args.status or ["failed"]
@@ -128,17 +118,3 @@ async def prune(settings: Settings, args: argparse.Namespace) -> None:
         return
     total = await admin_call(settings, "prune", older, args.batch)
     print(f"pruned {total} finished job(s)")
-
-
-async def uninstall(settings: Settings, args: argparse.Namespace) -> None:
-    from jobq import uninstall as removal
-
-    plan = await removal.plan(settings)
-    for line in plan.describe():
-        print(("would remove " if not args.yes else "removing ") + line)
-    if not args.yes:
-        print("nothing was changed; run `jobq uninstall --yes` to remove all of it",
-              file=sys.stderr)
-        return
-    for line in await removal.run(settings, plan):
-        print(line)

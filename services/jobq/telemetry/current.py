@@ -3,7 +3,7 @@
 While a consumer runs a handler (async, in its thread pool, or in a
 ``--pool process`` child), :func:`job_context` returns the job's id, queue,
 attempt, worker and, with OpenTelemetry, its trace id; outside a job it is
-empty. ``jobq.logs.setup`` adds these fields to every record logged during
+empty. ``jobq.telemetry.logs.setup`` adds these fields to every record logged during
 the job (``logging.getLogger("myapp").info("sent")`` then carries
 ``job=… queue=…``). With logging set up your own way, add
 :class:`JobContextFilter` to your handler; with structlog, a processor::

@@ -22,19 +22,20 @@ from typing import Any
 import asyncpg
 from typing_extensions import Unpack
 
-from jobq import crash, tracing
-from jobq.broker import Broker
+from jobq.amqp.broker import Broker
+from jobq.client.publish import publish_and_mark
+from jobq.client.publisher import Marks, Rows, columns, publish
+from jobq.client.workflow import Workflow, enqueue_linked, enqueue_one
 from jobq.db import fetch, fetchrow, open_pool, translated
 from jobq.errors import InvalidPayload
 from jobq.newjob import JobOptions, NewJob, new_job, validate
-from jobq.publisher import Marks, Rows, columns, publish
 from jobq.queues import BY_COLUMN
-from jobq.relay import publish_and_mark
+from jobq.runtime import crash
 from jobq.settings import Settings
 from jobq.sql import Q
-from jobq.workflow import Workflow, enqueue_linked, enqueue_one
+from jobq.telemetry import tracing
 
-log = logging.getLogger("jobq.producer")
+log = logging.getLogger("jobq.client.producer")
 
 LIMITS_TTL_S = 60.0
 MARK_DELAY_S = 0.25  # publisher.Marks: how long confirmed ids wait for their mark
@@ -176,7 +177,7 @@ class Client:
         """Wait for the job to end: its result (the handler's return value),
         or :class:`jobq.JobFailed` if it failed or was cancelled, or
         TimeoutError. Woken by NOTIFY at the job's end, no polling."""
-        from jobq.results import wait
+        from jobq.client.results import wait
 
         assert self.pool is not None, "call connect() first"
         if self.settings.database_pooled:  # LISTEN needs a session of its own

@@ -21,7 +21,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 
-log = logging.getLogger("jobq.health")
+log = logging.getLogger("jobq.runtime.health")
 
 # Named checks (True = fine); a str value explains a failure ("problem").
 Check = Callable[[], Awaitable[dict[str, bool | str]]]
@@ -91,7 +91,7 @@ class HealthServer:
                 ok = self._live()
                 status, body = (200, {"status": "ok"}) if ok else (503, {"status": "dead"})
             elif path == "/metrics":
-                from jobq.metrics import exposition
+                from jobq.telemetry.metrics import exposition
 
                 payload = exposition()
                 writer.write(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"

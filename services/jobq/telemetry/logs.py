@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-from jobq.current import JobContextFilter
+from jobq.telemetry.current import JobContextFilter
 
 _CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F]}
 _CONTROL.update({ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"})

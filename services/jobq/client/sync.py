@@ -29,11 +29,11 @@ from typing import Any, TypeVar
 
 from typing_extensions import Unpack
 
+from jobq.client.producer import Client
+from jobq.client.workflow import Workflow
 from jobq.errors import JobqError
 from jobq.newjob import JobOptions, NewJob, new_job
-from jobq.producer import Client
 from jobq.settings import Settings
-from jobq.workflow import Workflow
 
 T = TypeVar("T")
 

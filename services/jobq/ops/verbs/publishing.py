@@ -1,0 +1,140 @@
+"""``jobq publish`` (one job, or a file of them with ``--lines``) and ``jobq
+wait`` (for a job's result)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from jobq.errors import BadInput
+from jobq.newjob import NewJob
+from jobq.ops.common import decode, parse_id
+from jobq.settings import Settings
+
+
+def register(sub: Any) -> None:
+    pub = sub.add_parser(
+        "publish", help="enqueue a job and print its id",
+        description="Insert one job into QUEUE and publish its id; prints the id (--lines: "
+        "a job per line of a file, their ids). A queue name not seen before is created with "
+        "default settings (said on stderr).")
+    pub.add_argument("queue", metavar="QUEUE")
+    pub.add_argument("payload", metavar="JSON", nargs="?", default="{}",
+                     help="the job's payload as JSON (default {}; - reads it from stdin); "
+                     "with --lines, the file of payloads")
+    pub.add_argument("--delay", type=float, default=0.0, metavar="SECONDS",
+                     help="run no earlier than this many seconds from now")
+    pub.add_argument("--idempotency-key", default=None, metavar="KEY",
+                     help="publishing the same idempotency key twice yields one job")
+    pub.add_argument("--priority", type=int, default=0, metavar="N",
+                     help="0 to 9, higher first (default 0): goes ahead of every lower job of "
+                     "its queue that has not started")
+    pub.add_argument("--key", default=None, metavar="KEY",
+                     help="who the job is for (a tenant, a customer): the queue's per-key caps, "
+                     "rates and fairness apply to it. Not an idempotency key (it once was: "
+                     "see --idempotency-key)")
+    pub.add_argument("--after", action="append", default=[], metavar="ID",
+                     help="run only once the job ID completed (repeatable); cancelled with "
+                     "the reason if it fails or is cancelled")
+    pub.add_argument("--debounce", type=float, default=0.0, metavar="SECONDS",
+                     help="with --key: jobs of the same queue and key published within this "
+                     "time run once, with the last payload, this long after the last publish")
+    pub.add_argument("--lines", action="store_true",
+                     help="bulk: JSON names a file (- for stdin) of payloads, one JSON value "
+                     "per line; all are checked first, then committed in batches of 1,000 "
+                     "whose ids the reapers' relay publishes (a reaper must run); prints "
+                     "one id per line as each batch commits")
+    pub.set_defaults(run=publish)
+
+    wait_ = sub.add_parser("wait", help="wait for a job to end and print its result",
+                          description="Block until the job completes and print its result "
+                          "as JSON (null if its handler returned None); exit 1 with the "
+                          "reason if it failed or was cancelled, or after --timeout.")
+    wait_.add_argument("id", metavar="ID")
+    wait_.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                      help="give up after this long (exit 1; the job goes on)")
+    wait_.set_defaults(run=wait)
+
+
+async def publish(settings: Settings, args: argparse.Namespace) -> None:
+    from jobq.client.producer import Client
+    from jobq.db import fetch
+    from jobq.newjob import NewJob, validate
+    from jobq.sql import Q
+
+    if args.key is not None and args.idempotency_key is None:
+        # --key once was the idempotency key; an old script's --key now
+        # publishes duplicates: say so, on stderr, for this release
+        print("jobq: note: --key is the job's flow-control key (per-key caps and fairness), "
+              "not an idempotency key: publishing it twice makes two jobs; use "
+              "--idempotency-key for that", file=sys.stderr)
+    if args.lines:
+        jobs = bulk_jobs(args)  # checked line by line before connecting
+    else:
+        text = sys.stdin.read() if args.payload == "-" else args.payload
+        jobs = [NewJob(args.queue, decode(text), args.delay, args.idempotency_key, args.priority,
+                       args.key, args.debounce, after=tuple(parse_id(a) for a in args.after))]
+        validate(jobs[0])  # before connecting
+    async with Client(settings) as client:
+        assert client.pool is not None
+        known = await fetch(client.pool, Q["queue_limits"], [args.queue])
+        for i in range(0, len(jobs), BULK_BATCH):
+            try:
+                ids = await client.publish_many(jobs[i:i + BULK_BATCH], relay=args.lines)
+            except BadInput as exc:
+                last = min(len(jobs), i + BULK_BATCH)
+                raise BadInput(f"{exc} (jobs {i + 1} to {last}; the {i} before them were "
+                               "published: their ids are above)" if i else exc) from None
+            print("\n".join(map(str, ids)), flush=True)  # committed: what got in, as it does
+    if not known:  # a typo would otherwise make a durable queue in silence
+        print(f"jobq: created queue {args.queue!r} (a new name; `jobq queue delete "
+              f"{args.queue}` removes it once empty)", file=sys.stderr)
+
+
+BULK_BATCH = 1000  # jobq publish --lines: rows per transaction
+
+
+def bulk_jobs(args: argparse.Namespace) -> list[NewJob]:
+    """jobq publish --lines: one job per non-blank line of the file or stdin."""
+    from jobq.newjob import NewJob, validate
+
+    if args.idempotency_key or args.after or args.debounce:
+        raise BadInput("--lines publishes many jobs: --idempotency-key, --after and --debounce "
+                       "name one job; leave them out")
+    try:
+        f = sys.stdin if args.payload == "-" else open(args.payload, encoding="utf-8")  # noqa: SIM115
+    except OSError as exc:
+        raise BadInput(f"cannot read {args.payload}: {exc.strerror}; give a file of one JSON "
+                       "payload per line, or - for stdin") from None
+    jobs = []
+    with f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                job = NewJob(args.queue, decode(line, f"line {n}"), args.delay, None,
+                             args.priority, args.key)
+                try:
+                    validate(job)
+                except BadInput as exc:
+                    raise BadInput(f"line {n}: {exc}") from None
+                jobs.append(job)
+    if not jobs:
+        raise BadInput(f"no payload in {args.payload}: give one JSON value per line")
+    return jobs
+
+
+async def wait(settings: Settings, args: argparse.Namespace) -> None:
+    from jobq.client.results import wait
+    from jobq.db import open_pool
+
+    job_id = parse_id(args.id)
+    # LISTEN needs a session of its own: the direct URL behind PgBouncer.
+    pool = await open_pool(settings.session_url, wait=False, app_name="jobq-cli", max_size=1)
+    try:
+        result = await wait(pool, job_id, args.timeout)
+    except TimeoutError:
+        raise BadInput(f"job {job_id} did not end within {args.timeout:g}s") from None
+    finally:
+        await pool.close()
+    print(json.dumps(result))

@@ -1,0 +1,108 @@
+"""``jobq queue set|list|pause|resume|limits|delete`` and ``jobq keys``: a
+queue's settings and state. Operator verbs: they run as the schema owner."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from jobq.errors import BadInput
+from jobq.ops.common import admin_call, table
+from jobq.queues import SETTINGS
+from jobq.settings import Settings
+
+
+def register(sub: Any) -> None:
+    qp = sub.add_parser("queue", help="per-queue settings, pause and resume, delete",
+                        description="Show and change per-queue settings, pause and resume a "
+                        "queue, limit how queues are created, delete an idle queue.")
+    qsub = qp.add_subparsers(dest="queue_command", required=True, metavar="ACTION")
+    qp.set_defaults(run=queue)
+    qs = qsub.add_parser("set", help="create a queue or change its settings",
+                         description="Create QUEUE if it does not exist and change the "
+                         "settings given; the others keep their values.")
+    qs.add_argument("name", metavar="QUEUE")
+    for q in SETTINGS:
+        qs.add_argument(q.flag, *q.aliases, dest=q.column, default=None,
+                        metavar="on|off" if q.kind is bool else "N",
+                        help=f"{q.help} (default {q.default if q.default is not None else 'none'})")
+    for verb, what in (("pause", "from the next claim on no job of QUEUE starts anywhere; "
+                                 "running jobs finish, publishing goes on, nothing is lost or "
+                                 "charged"),
+                       ("resume", "jobs of QUEUE start again; what waited is published at "
+                                  "once")):
+        v = qsub.add_parser(verb, help=what.split(";")[0], description=what[0].upper() + what[1:]
+                            + ".")
+        v.add_argument("name", metavar="QUEUE")
+    qsub.add_parser("list", help="show every queue's settings",
+                    description="Every queue with its settings (jobq.queue); see "
+                    "`jobq queue set --help` for what each means.")
+    ql = qsub.add_parser("limits", help="show or change whether publishing to a new queue name "
+                                        "creates it, and the cap on the number of queues",
+                         description="Without flags, show both limits; with flags, change "
+                         "them.")
+    ql.add_argument("--auto-create", choices=("on", "off"), default=None,
+                    help="publishing to an unknown queue name creates it (on) or is refused")
+    ql.add_argument("--max-queues", type=int, default=None, metavar="N",
+                    help="refuse to create queues beyond this many")
+    qd = qsub.add_parser(
+        "delete", help="delete an idle queue, its finished jobs and its broker queue",
+        description="Delete QUEUE's settings, its finished jobs and their history, and its "
+        "queue on the broker. Refused while any of its jobs is queued or running (cancel them "
+        "first: jobq cancel --queue QUEUE) or a schedule enqueues into it.")
+    qd.add_argument("name", metavar="QUEUE")
+    qd.add_argument("--dry-run", action="store_true", help="only say what it would delete")
+    ks = sub.add_parser("keys", help="per key: queued, running, oldest wait",
+                        description="Per key of QUEUE (or of every queue): jobs waiting, "
+                        "running, and the oldest wait in seconds, most waiting first (at most "
+                        "1,000 rows). The same as SELECT * FROM jobq.key_stats.")
+    ks.add_argument("queue", metavar="QUEUE", nargs="?", default=None)
+    ks.set_defaults(run=keys)
+
+
+def _setting_values(args: argparse.Namespace) -> dict[str, Any]:
+    values = {}
+    for q in SETTINGS:
+        text = getattr(args, q.column)
+        if text is not None:
+            try:
+                values[q.column] = q.parse(text)
+            except argparse.ArgumentTypeError as exc:
+                raise BadInput(f"{q.flag} {exc}") from None
+    return values
+
+
+async def queue(settings: Settings, args: argparse.Namespace) -> None:
+    verb = args.queue_command
+    if verb == "set":
+        rows = [await admin_call(settings, "set_queue", args.name, _setting_values(args))]
+    elif verb in ("pause", "resume"):
+        rows = [await admin_call(settings, verb, args.name)]
+    elif verb == "limits":
+        auto = None if args.auto_create is None else args.auto_create == "on"
+        rows = [await admin_call(settings, "queue_limits", auto, args.max_queues)]
+    elif verb == "delete":
+        await _delete_queue(settings, args)
+        return
+    else:
+        rows = await admin_call(settings, "list_queues")
+    table([dict(r) for r in rows])
+
+
+async def _delete_queue(settings: Settings, args: argparse.Namespace) -> None:
+    from jobq.ops.uninstall import delete_broker_queue
+
+    if args.dry_run:
+        counts = await admin_call(settings, "counts", args.name)
+        live = counts.get("queued", 0) + counts.get("active", 0)
+        done = sum(counts.values()) - live
+        print(f"would delete queue {args.name} and its {done} finished job(s)" if not live else
+              f"would refuse: {live} job(s) of {args.name} are queued or running")
+        return
+    jobs = await admin_call(settings, "delete_queue", args.name)
+    await delete_broker_queue(settings, args.name)
+    print(f"deleted queue {args.name} and its {jobs} finished job(s)")
+
+
+async def keys(settings: Settings, args: argparse.Namespace) -> None:
+    table([dict(r) for r in await admin_call(settings, "keys", args.queue)])
