@@ -21,6 +21,14 @@
 --    jobs, and must be a set of string headers.
 -- 5. A schedule belongs to the login that stored it.
 
+-- Every table this migration changes, locked first and in one order: a
+-- lock taken part-way (CREATE INDEX's SHARE, then ALTER TABLE's ACCESS
+-- EXCLUSIVE on the same table) deadlocked with a running service's insert
+-- in the rolling-upgrade test. Waiting here is bounded by migrate's
+-- lock_timeout; it tries again.
+LOCK TABLE jobq.queue, jobq.job, jobq.job_dependency, jobq.job_trace, jobq.schedule
+    IN ACCESS EXCLUSIVE MODE;
+
 -- ── 1. dependencies ──
 
 ALTER TABLE jobq.job_dependency ADD COLUMN state text NOT NULL DEFAULT 'armed';

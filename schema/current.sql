@@ -903,19 +903,21 @@ END
 $_$;
 
 --
--- Name: q_enqueue_linked(text, jsonb, double precision, text, double precision, integer, text, double precision, uuid[], uuid, jsonb); Type: FUNCTION; Schema: jobq; Owner: -
+-- Name: q_enqueue_linked(text, jsonb, double precision, text, integer, text, double precision, double precision, uuid[], uuid, jsonb); Type: FUNCTION; Schema: jobq; Owner: -
 --
 
-CREATE FUNCTION jobq.q_enqueue_linked(text, jsonb, double precision, text, double precision, integer, text, double precision, uuid[], uuid, jsonb) RETURNS TABLE(id uuid)
+CREATE FUNCTION jobq.q_enqueue_linked(text, jsonb, double precision, text, integer, text, double precision, double precision, uuid[], uuid, jsonb) RETURNS TABLE(id uuid)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET plan_cache_mode TO 'force_custom_plan'
     AS $_$
 #variable_conflict use_column
 BEGIN
-RETURN QUERY WITH made AS (
-    SELECT jobq.enqueue($1::text, $2::jsonb, $3::float8, $4::text, $5::float8, $6::int,
-                        $7::text, $8::float8, $9::uuid[], $10::uuid) AS id
+RETURN QUERY WITH made AS (  -- the options named in the order of newjob.COLUMNS, one value each
+    SELECT jobq.enqueue(queue => $1::text, payload => $2::jsonb, delay_s => $3::float8,
+                        idempotency_key => $4::text, priority => $5::int, key => $6::text,
+                        debounce_s => $7::float8, relay_grace_s => $8::float8,
+                        after => $9::uuid[], workflow_id => $10::uuid) AS id
 ), stored AS (
     INSERT INTO jobq.job_trace (job_id, carrier)
     SELECT made.id, $11::jsonb FROM made WHERE $11::text IS NOT NULL
@@ -926,10 +928,10 @@ END
 $_$;
 
 --
--- Name: q_enqueue_many_traced(text[], jsonb[], double precision[], text[], double precision, integer[], text[], double precision[], text[]); Type: FUNCTION; Schema: jobq; Owner: -
+-- Name: q_enqueue_many_traced(text[], jsonb[], double precision[], text[], integer[], text[], double precision[], double precision, text[]); Type: FUNCTION; Schema: jobq; Owner: -
 --
 
-CREATE FUNCTION jobq.q_enqueue_many_traced(text[], jsonb[], double precision[], text[], double precision, integer[], text[], double precision[], text[]) RETURNS TABLE(id uuid)
+CREATE FUNCTION jobq.q_enqueue_many_traced(text[], jsonb[], double precision[], text[], integer[], text[], double precision[], double precision, text[]) RETURNS TABLE(id uuid)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET plan_cache_mode TO 'force_custom_plan'
@@ -937,8 +939,10 @@ CREATE FUNCTION jobq.q_enqueue_many_traced(text[], jsonb[], double precision[], 
 #variable_conflict use_column
 BEGIN
 RETURN QUERY WITH made AS (
-    SELECT id, n FROM jobq.enqueue_many($1::text[], $2::jsonb[], $3::float8[], $4::text[],
-                                        $5::float8, $6::int[], $7::text[], $8::float8[])
+    SELECT id, n FROM jobq.enqueue_many(queues => $1::text[], payloads => $2::jsonb[],
+                                        delays_s => $3::float8[], idempotency_keys => $4::text[],
+                                        priorities => $5::int[], keys => $6::text[],
+                                        debounces_s => $7::float8[], relay_grace_s => $8::float8)
 ), stored AS (
     INSERT INTO jobq.job_trace (job_id, carrier)
     SELECT made.id, t.carrier::jsonb
@@ -1373,10 +1377,10 @@ END
 $_$;
 
 --
--- Name: q_unpark_freed(uuid, uuid); Type: FUNCTION; Schema: jobq; Owner: -
+-- Name: q_unpark_freed(uuid, uuid, uuid); Type: FUNCTION; Schema: jobq; Owner: -
 --
 
-CREATE FUNCTION jobq.q_unpark_freed(uuid, uuid) RETURNS TABLE(id uuid, queue text, lock uuid)
+CREATE FUNCTION jobq.q_unpark_freed(uuid, uuid, uuid) RETURNS TABLE(id uuid, queue text, lock uuid)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET plan_cache_mode TO 'force_custom_plan'
@@ -1388,7 +1392,7 @@ RETURN QUERY WITH proof AS (
            q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL AS per_key
     FROM jobq.job j JOIN jobq.queue q ON q.name = j.queue
     WHERE j.id = $1 AND j.lock = $2 AND j.status COLLATE "C" <> 'active' AND NOT q.paused
-      AND NOT j.slot_freed
+      AND NOT j.slot_freed AND ($3::uuid IS NULL OR $3::uuid IS NOT NULL)
     FOR NO KEY UPDATE OF j
 ), spent AS (
     UPDATE jobq.job j SET slot_freed = true
@@ -2690,18 +2694,18 @@ REVOKE ALL ON FUNCTION jobq.q_complete(uuid[], uuid[], jsonb[]) FROM PUBLIC;
 GRANT ALL ON FUNCTION jobq.q_complete(uuid[], uuid[], jsonb[]) TO jobq_consumer;
 
 --
--- Name: FUNCTION q_enqueue_linked(text, jsonb, double precision, text, double precision, integer, text, double precision, uuid[], uuid, jsonb); Type: ACL; Schema: jobq; Owner: -
+-- Name: FUNCTION q_enqueue_linked(text, jsonb, double precision, text, integer, text, double precision, double precision, uuid[], uuid, jsonb); Type: ACL; Schema: jobq; Owner: -
 --
 
-REVOKE ALL ON FUNCTION jobq.q_enqueue_linked(text, jsonb, double precision, text, double precision, integer, text, double precision, uuid[], uuid, jsonb) FROM PUBLIC;
-GRANT ALL ON FUNCTION jobq.q_enqueue_linked(text, jsonb, double precision, text, double precision, integer, text, double precision, uuid[], uuid, jsonb) TO jobq_producer;
+REVOKE ALL ON FUNCTION jobq.q_enqueue_linked(text, jsonb, double precision, text, integer, text, double precision, double precision, uuid[], uuid, jsonb) FROM PUBLIC;
+GRANT ALL ON FUNCTION jobq.q_enqueue_linked(text, jsonb, double precision, text, integer, text, double precision, double precision, uuid[], uuid, jsonb) TO jobq_producer;
 
 --
--- Name: FUNCTION q_enqueue_many_traced(text[], jsonb[], double precision[], text[], double precision, integer[], text[], double precision[], text[]); Type: ACL; Schema: jobq; Owner: -
+-- Name: FUNCTION q_enqueue_many_traced(text[], jsonb[], double precision[], text[], integer[], text[], double precision[], double precision, text[]); Type: ACL; Schema: jobq; Owner: -
 --
 
-REVOKE ALL ON FUNCTION jobq.q_enqueue_many_traced(text[], jsonb[], double precision[], text[], double precision, integer[], text[], double precision[], text[]) FROM PUBLIC;
-GRANT ALL ON FUNCTION jobq.q_enqueue_many_traced(text[], jsonb[], double precision[], text[], double precision, integer[], text[], double precision[], text[]) TO jobq_producer;
+REVOKE ALL ON FUNCTION jobq.q_enqueue_many_traced(text[], jsonb[], double precision[], text[], integer[], text[], double precision[], double precision, text[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION jobq.q_enqueue_many_traced(text[], jsonb[], double precision[], text[], integer[], text[], double precision[], double precision, text[]) TO jobq_producer;
 
 --
 -- Name: FUNCTION q_fail(uuid[], uuid[], text[], boolean[], double precision[]); Type: ACL; Schema: jobq; Owner: -
@@ -2816,11 +2820,11 @@ REVOKE ALL ON FUNCTION jobq.q_step_record(uuid, uuid, text, text, jsonb) FROM PU
 GRANT ALL ON FUNCTION jobq.q_step_record(uuid, uuid, text, text, jsonb) TO jobq_consumer;
 
 --
--- Name: FUNCTION q_unpark_freed(uuid, uuid); Type: ACL; Schema: jobq; Owner: -
+-- Name: FUNCTION q_unpark_freed(uuid, uuid, uuid); Type: ACL; Schema: jobq; Owner: -
 --
 
-REVOKE ALL ON FUNCTION jobq.q_unpark_freed(uuid, uuid) FROM PUBLIC;
-GRANT ALL ON FUNCTION jobq.q_unpark_freed(uuid, uuid) TO jobq_consumer;
+REVOKE ALL ON FUNCTION jobq.q_unpark_freed(uuid, uuid, uuid) FROM PUBLIC;
+GRANT ALL ON FUNCTION jobq.q_unpark_freed(uuid, uuid, uuid) TO jobq_consumer;
 
 --
 -- Name: FUNCTION q_watch(uuid); Type: ACL; Schema: jobq; Owner: -
