@@ -21,6 +21,7 @@ calls, rows and buffers per call). --retained N first inserts N finished jobs
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import sys
@@ -32,7 +33,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from harness.pg_own import OwnServer  # noqa: E402
+from harness.pg_own import OwnServer
 
 STEADY_CONCURRENCY = 16
 WORKERS = 2
@@ -46,7 +47,7 @@ def _per_job(before: dict[str, int], after: dict[str, int], n: int) -> dict[str,
             "commits_per_job": d["xact_commit"] / n}
 
 
-def _top(pg: OwnServer, db: str, n: int, k: int = 6) -> list[dict[str, Any]]:
+def _top(pg: OwnServer, db: str, n: int, k: int = 14) -> list[dict[str, Any]]:
     out = []
     for s in pg.statements(db)[:k]:
         calls = max(1, int(s["calls"]))
@@ -74,15 +75,16 @@ def jobq_trial(pg: OwnServer, n: int, retained: int) -> dict[str, Any]:
         w.db.execute("VACUUM ANALYZE jobq.job")  # as after a TRUNCATE or a prune
         env = service_env(w.db_url, w.amqp_url, w.settings.namespace, JOBQ_LOG_LEVEL="WARNING")
         w.procs.reaper()
-        with pings(n) as (port, first, done):
-            cons = [w.procs.start("consume", "ping_app:app", "--concurrency",
-                                  str(STEADY_CONCURRENCY), PING_PORT=str(port))
-                    for _ in range(WORKERS)]
-            for c in cons:
-                c.worker_id()
+        with pings(n + 1) as (port, first, done):
+            for _ in range(WORKERS):
+                w.procs.start("consume", "ping_app:app", "--concurrency",
+                              str(STEADY_CONCURRENCY), PING_PORT=str(port))
+            asyncio.run(_one(w.settings))  # a probe job: the consumers are up
+            first()
             pg.reset_statements(db)
             time.sleep(0.5)  # the reset reaches the stats collector
             before, throttled = pg.database_stats(db), pg.throttled_s()
+            rel = pg.relation_stats(db)
             prod = run_json([sys.executable, str(HERE / "producer_jobq.py"), str(n),
                              str(STEADY_CONCURRENCY)], env)
             end = done()["last"]
@@ -92,9 +94,23 @@ def jobq_trial(pg: OwnServer, n: int, retained: int) -> dict[str, Any]:
                    "rate": round(n / (end - prod["t0"]), 1),
                    "throttled_s": round(pg.throttled_s() - throttled, 2),
                    **{k: round(v, 2) for k, v in _per_job(before, after, n).items()},
-                   "top": _top(pg, db, n)}
+                   "top": _top(pg, db, n) + _reads(rel, pg.relation_stats(db), n)}
         assert benchenv.ADMIN_URL.startswith(pg.admin_url().rsplit("/", 1)[0])
         return out
+
+
+def _reads(before: dict[str, int], after: dict[str, int], n: int) -> list[dict[str, Any]]:
+    """Where the rows read came from: per table (seq) and index, per job."""
+    per = {k: (after.get(k, 0) - before.get(k, 0)) / n for k in after}
+    return [{"reads_per_job": round(v, 2), "from": k}
+            for k, v in sorted(per.items(), key=lambda kv: -kv[1])[:6] if v > 0.05]
+
+
+async def _one(settings: Any) -> None:
+    from jobq.client.producer import Client
+
+    async with Client(settings) as c:
+        await c.publish("noop", {})
 
 
 def pgqueuer_trial(pg: OwnServer, n: int) -> dict[str, Any]:

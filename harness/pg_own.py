@@ -141,6 +141,15 @@ class OwnServer:
                                "pg_stat_database WHERE datname = current_database()")
         return dict(row)
 
+    def relation_stats(self, db: str) -> dict[str, int]:
+        """Per table and index: rows read by sequential scans, index entries
+        read (where the tuples each system reads come from)."""
+        rows = self._sql(db, "SELECT 'seq ' || relname AS what, seq_tup_read AS n "
+                             "FROM pg_stat_user_tables UNION ALL "
+                             "SELECT 'idx ' || indexrelname, idx_tup_read "
+                             "FROM pg_stat_user_indexes")
+        return {r["what"]: int(r["n"] or 0) for r in rows}
+
     def statements(self, db: str) -> list[dict[str, Any]]:
         """pg_stat_statements of ``db``, by total time."""
         return [dict(r) for r in self._sql(

@@ -664,7 +664,7 @@ RETURN QUERY WITH candidate AS (
         started_at = now(),
         isolated = false
     FROM candidate c, jobq.queue q
-    WHERE j.id = c.id AND q.name = j.queue
+    WHERE j.id = ANY($1::uuid[]) AND j.id = c.id AND q.name = j.queue
     RETURNING j.id, j.queue, j.payload, j.attempts, j.errors, j.stalls, j.lock, j.created_at,
               j.suspect, j.handoffs, q.lease_s, q.timeout_s, q.max_attempts,
               q.vanished_grace_s, q.history, q.max_result_bytes, false AS limited,
@@ -783,7 +783,8 @@ RETURN QUERY WITH better AS (  -- waiting jobs of a priority above 0: an empty i
         started_at = now(),
         isolated = false
     FROM ranked, jobq.queue q
-    WHERE j.id = ranked.id AND ranked.allowed
+    WHERE j.id = ANY(ARRAY(SELECT r.id FROM ranked r WHERE r.allowed))  -- by id, always
+      AND j.id = ranked.id AND ranked.allowed
       AND q.name = j.queue
     RETURNING j.id, j.queue, j.payload, j.attempts, j.errors, j.stalls, j.lock, j.created_at,
               j.suspect, j.handoffs, q.lease_s, q.timeout_s, q.max_attempts,
@@ -796,12 +797,14 @@ RETURN QUERY WITH better AS (  -- waiting jobs of a priority above 0: an empty i
     UPDATE jobq.job j  -- for the spell before (the producer's, late) misses it
     SET published_at = NULL, relay_after = 'infinity', lock = gen_random_uuid()
     FROM ranked
-    WHERE j.id = ranked.id AND NOT ranked.allowed
+    WHERE j.id = ANY(ARRAY(SELECT r.id FROM ranked r WHERE NOT r.allowed))
+      AND j.id = ranked.id AND NOT ranked.allowed
 ), handed AS (  -- overtaken by a higher priority: published again, new spell
     UPDATE jobq.job j
     SET published_at = NULL, relay_after = now(), lock = gen_random_uuid()
     FROM swap s
-    WHERE j.id = s.given AND j.status COLLATE "C" = 'queued'
+    WHERE j.id = ANY(ARRAY(SELECT w.given FROM swap w)) AND j.id = s.given
+      AND j.status COLLATE "C" = 'queued'
     RETURNING j.id, j.queue, j.lock
 ), spent AS (
     UPDATE jobq.queue q
@@ -892,7 +895,8 @@ RETURN QUERY WITH done AS (
         finished_at = now(),
         result = t.result
     FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) AS t(id, lock, result)
-    WHERE j.id = t.id
+    WHERE j.id = ANY($1::uuid[])  -- an index lookup whatever the statistics (issue #49)
+      AND j.id = t.id
       AND j.lock = t.lock
       AND j.status COLLATE "C" = 'active'
       AND j.lease_expires_at > now()
@@ -975,6 +979,7 @@ RETURN QUERY WITH failing AS (
     JOIN unnest($1::uuid[], $2::uuid[], $3::text[], $4::bool[], $5::float8[])
          AS t(id, lock, error, retry, delay_s) ON j.id = t.id
     JOIN jobq.queue q ON q.name = j.queue
+    WHERE j.id = ANY($1::uuid[])
 ), failed AS (
     UPDATE jobq.job j
     SET errors = j.errors + 1,
@@ -987,7 +992,8 @@ RETURN QUERY WITH failing AS (
         suspect = false,  -- it ran and returned an error: it does not crash workers
         finished_at = CASE WHEN f.again THEN NULL ELSE now() END
     FROM failing f, jobq.queue q
-    WHERE j.id = f.id
+    WHERE j.id = ANY($1::uuid[])
+      AND j.id = f.id
       AND j.lock = f.lock
       AND j.status COLLATE "C" = 'active'
       AND j.lease_expires_at > now()
@@ -1018,7 +1024,8 @@ CREATE FUNCTION jobq.q_finished_by(uuid[], uuid[]) RETURNS TABLE(id uuid, status
 BEGIN
 RETURN QUERY SELECT j.id, j.status
 FROM jobq.job j
-JOIN unnest($1::uuid[], $2::uuid[]) AS t(id, lock) ON j.id = t.id AND j.lock = t.lock;
+JOIN unnest($1::uuid[], $2::uuid[]) AS t(id, lock) ON j.id = t.id AND j.lock = t.lock
+WHERE j.id = ANY($1::uuid[]);
 END
 $_$;
 
@@ -1111,7 +1118,8 @@ WITH target AS (
     SELECT j.id
     FROM jobq.job j
     JOIN unnest($1::uuid[], $2::uuid[]) AS t(id, lock) ON j.id = t.id
-    WHERE j.lock IS NOT DISTINCT FROM t.lock
+    WHERE j.id = ANY($1::uuid[])
+      AND j.lock IS NOT DISTINCT FROM t.lock
       AND j.status COLLATE "C" = 'queued'
       AND j.published_at IS NULL
       AND j.waiting_on = 0  -- a waiting job's publish is its release's
@@ -1122,7 +1130,7 @@ WITH target AS (
 UPDATE jobq.job j
 SET published_at = now()
 FROM target
-WHERE j.id = target.id;
+WHERE j.id = ANY($1::uuid[]) AND j.id = target.id;
 END
 $_$;
 
@@ -1142,7 +1150,8 @@ WITH target AS (
     SELECT j.id
     FROM jobq.job j
     JOIN unnest($1::uuid[], $2::uuid[]) AS t(id, lock) ON j.id = t.id
-    WHERE j.lock = t.lock
+    WHERE j.id = ANY($1::uuid[])
+      AND j.lock = t.lock
       AND j.status COLLATE "C" = 'queued'
       AND j.published_at IS NULL
       AND j.run_at <= now()
@@ -1151,7 +1160,7 @@ WITH target AS (
 UPDATE jobq.job j
 SET published_at = now()
 FROM target
-WHERE j.id = target.id;
+WHERE j.id = ANY($1::uuid[]) AND j.id = target.id;
 END
 $_$;
 
@@ -1248,7 +1257,8 @@ RETURN QUERY WITH released AS (
         isolated = false,
         handoffs = j.handoffs + CASE WHEN $4 THEN 1 ELSE 0 END
     FROM unnest($1::uuid[], $2::uuid[]) AS t(id, lock), jobq.queue q
-    WHERE j.id = t.id
+    WHERE j.id = ANY($1::uuid[])
+      AND j.id = t.id
       AND j.lock = t.lock
       AND j.status COLLATE "C" = 'active'
       AND j.lease_expires_at > now()

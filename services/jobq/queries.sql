@@ -29,7 +29,12 @@
 -- statistics (analyzed while the table was empty, or while everything was
 -- queued) made claims walk job_queued_idx (15,658 rows read for 10 claims) and
 -- completions walk job_active_idx's dead entries: drain fell from ~3,000 to
--- ~1,700 jobs/s. tests/integration/test_plans.py holds every such statement to it.
+-- ~1,700 jobs/s. And each row it writes is named by `j.id = ANY(<the ids>)`
+-- in the statement that writes it (an array of ids, or ARRAY(SELECT ...) of a
+-- CTE's): an index condition the plan cannot drop. A join to unnest() alone
+-- left the planner free to walk the whole primary key and filter (issue #49:
+-- a completion read 3,674 buffers at 8,000 jobs, growing with the table).
+-- tests/integration/test_plans.py holds every such statement to both.
 --
 -- Contents (written by docs/generate.py; tests/unit/test_docs.py keeps it true):
 --   publish: enqueue_many, enqueue_many_traced, trace_of, enqueue_linked, held_back,
@@ -151,7 +156,8 @@ WITH target AS (
     SELECT j.id
     FROM jobq.job j
     JOIN unnest($1::uuid[], $2::uuid[]) AS t(id, lock) ON j.id = t.id
-    WHERE j.lock IS NOT DISTINCT FROM t.lock
+    WHERE j.id = ANY($1::uuid[])
+      AND j.lock IS NOT DISTINCT FROM t.lock
       AND j.status COLLATE "C" = 'queued'
       AND j.published_at IS NULL
       AND j.waiting_on = 0  -- a waiting job's publish is its release's
@@ -169,7 +175,7 @@ WITH target AS (
 UPDATE jobq.job j
 SET published_at = now()
 FROM target
-WHERE j.id = target.id;
+WHERE j.id = ANY($1::uuid[]) AND j.id = target.id;
 
 -- name: mark_republished
 -- grant: jobq_consumer
@@ -182,7 +188,8 @@ WITH target AS (
     SELECT j.id
     FROM jobq.job j
     JOIN unnest($1::uuid[], $2::uuid[]) AS t(id, lock) ON j.id = t.id
-    WHERE j.lock = t.lock
+    WHERE j.id = ANY($1::uuid[])
+      AND j.lock = t.lock
       AND j.status COLLATE "C" = 'queued'
       AND j.published_at IS NULL
       AND j.run_at <= now()
@@ -191,7 +198,7 @@ WITH target AS (
 UPDATE jobq.job j
 SET published_at = now()
 FROM target
-WHERE j.id = target.id;
+WHERE j.id = ANY($1::uuid[]) AND j.id = target.id;
 
 -- name: relay_take
 -- Reaper relay, inside a transaction that stays open until the broker
@@ -374,7 +381,8 @@ WITH better AS (  -- waiting jobs of a priority above 0: an empty index when non
         started_at = now(),
         isolated = false
     FROM ranked, jobq.queue q
-    WHERE j.id = ranked.id AND ranked.allowed
+    WHERE j.id = ANY(ARRAY(SELECT r.id FROM ranked r WHERE r.allowed))  -- by id, always
+      AND j.id = ranked.id AND ranked.allowed
       AND q.name = j.queue
     RETURNING j.id, j.queue, j.payload, j.attempts, j.errors, j.stalls, j.lock, j.created_at,
               j.suspect, j.handoffs, q.lease_s, q.timeout_s, q.max_attempts,
@@ -387,12 +395,14 @@ WITH better AS (  -- waiting jobs of a priority above 0: an empty index when non
     UPDATE jobq.job j  -- for the spell before (the producer's, late) misses it
     SET published_at = NULL, relay_after = 'infinity', lock = gen_random_uuid()
     FROM ranked
-    WHERE j.id = ranked.id AND NOT ranked.allowed
+    WHERE j.id = ANY(ARRAY(SELECT r.id FROM ranked r WHERE NOT r.allowed))
+      AND j.id = ranked.id AND NOT ranked.allowed
 ), handed AS (  -- overtaken by a higher priority: published again, new spell
     UPDATE jobq.job j
     SET published_at = NULL, relay_after = now(), lock = gen_random_uuid()
     FROM swap s
-    WHERE j.id = s.given AND j.status COLLATE "C" = 'queued'
+    WHERE j.id = ANY(ARRAY(SELECT w.given FROM swap w)) AND j.id = s.given
+      AND j.status COLLATE "C" = 'queued'
     RETURNING j.id, j.queue, j.lock
 ), spent AS (
     UPDATE jobq.queue q
@@ -458,7 +468,7 @@ WITH candidate AS (
         started_at = now(),
         isolated = false
     FROM candidate c, jobq.queue q
-    WHERE j.id = c.id AND q.name = j.queue
+    WHERE j.id = ANY($1::uuid[]) AND j.id = c.id AND q.name = j.queue
     RETURNING j.id, j.queue, j.payload, j.attempts, j.errors, j.stalls, j.lock, j.created_at,
               j.suspect, j.handoffs, q.lease_s, q.timeout_s, q.max_attempts,
               q.vanished_grace_s, q.history, q.max_result_bytes, false AS limited,
@@ -555,7 +565,8 @@ WITH done AS (
         finished_at = now(),
         result = t.result
     FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) AS t(id, lock, result)
-    WHERE j.id = t.id
+    WHERE j.id = ANY($1::uuid[])  -- an index lookup whatever the statistics (issue #49)
+      AND j.id = t.id
       AND j.lock = t.lock
       AND j.status COLLATE "C" = 'active'
       AND j.lease_expires_at > now()
@@ -569,7 +580,8 @@ SELECT id FROM done;
 -- job (a retried write whose first reply was lost)?
 SELECT j.id, j.status
 FROM jobq.job j
-JOIN unnest($1::uuid[], $2::uuid[]) AS t(id, lock) ON j.id = t.id AND j.lock = t.lock;
+JOIN unnest($1::uuid[], $2::uuid[]) AS t(id, lock) ON j.id = t.id AND j.lock = t.lock
+WHERE j.id = ANY($1::uuid[]);
 
 -- name: progress
 -- grant: jobq_consumer
@@ -651,6 +663,7 @@ WITH failing AS (
     JOIN unnest($1::uuid[], $2::uuid[], $3::text[], $4::bool[], $5::float8[])
          AS t(id, lock, error, retry, delay_s) ON j.id = t.id
     JOIN jobq.queue q ON q.name = j.queue
+    WHERE j.id = ANY($1::uuid[])
 ), failed AS (
     UPDATE jobq.job j
     SET errors = j.errors + 1,
@@ -663,7 +676,8 @@ WITH failing AS (
         suspect = false,  -- it ran and returned an error: it does not crash workers
         finished_at = CASE WHEN f.again THEN NULL ELSE now() END
     FROM failing f, jobq.queue q
-    WHERE j.id = f.id
+    WHERE j.id = ANY($1::uuid[])
+      AND j.id = f.id
       AND j.lock = f.lock
       AND j.status COLLATE "C" = 'active'
       AND j.lease_expires_at > now()
@@ -695,7 +709,8 @@ WITH released AS (
         isolated = false,
         handoffs = j.handoffs + CASE WHEN $4 THEN 1 ELSE 0 END
     FROM unnest($1::uuid[], $2::uuid[]) AS t(id, lock), jobq.queue q
-    WHERE j.id = t.id
+    WHERE j.id = ANY($1::uuid[])
+      AND j.id = t.id
       AND j.lock = t.lock
       AND j.status COLLATE "C" = 'active'
       AND j.lease_expires_at > now()

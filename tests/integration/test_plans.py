@@ -52,7 +52,24 @@ def _indexes_and_scans(plan: Any) -> tuple[set[str], set[str]]:
     text = json.dumps(plan)
     indexes = set(re.findall(r'"Index Name": "([^"]+)"', text))
     seq = set(re.findall(r'"Node Type": "Seq Scan", [^{}]*?"Relation Name": "([^"]+)"', text))
-    return indexes, seq
+    return indexes, seq | _unconditioned(plan)
+
+
+def _unconditioned(plan: Any) -> set[str]:
+    """Scans of jobq.job with no index condition: a walk of a whole index
+    that filters every entry (issue #49: a completion read 3,674 buffers
+    at 8,000 jobs, the claim 400, both growing with the table)."""
+    found: set[str] = set()
+    if isinstance(plan, dict):
+        if (plan.get("Relation Name") == "job" and plan.get("Node Type") in (
+                "Index Scan", "Index Only Scan") and "Index Cond" not in plan):
+            found.add(f"job via {plan.get('Index Name')} without an index condition")
+        for value in plan.values():
+            found |= _unconditioned(value)
+    elif isinstance(plan, list):
+        for p in plan:
+            found |= _unconditioned(p)
+    return found
 
 
 async def _load(conn: asyncpg.Connection, stats: str) -> list[Any]:
@@ -60,7 +77,7 @@ async def _load(conn: asyncpg.Connection, stats: str) -> list[Any]:
     await conn.execute("INSERT INTO jobq.queue (name) VALUES ('noop')")
     if stats == "vacant":  # no row at all: the first call of a new deployment
         return [uuid.uuid4() for _ in range(32)]
-    if stats == "empty":  # as on a new deployment
+    if stats in ("empty", "few"):  # as on a new deployment, after a TRUNCATE or a prune
         await conn.execute("VACUUM ANALYZE jobq.job")
     await conn.execute(
         "INSERT INTO jobq.job (queue, payload, status, lock, lease_expires_at, "
@@ -69,9 +86,9 @@ async def _load(conn: asyncpg.Connection, stats: str) -> list[Any]:
         "CASE WHEN s = 'active' THEN now() + interval '30 s' END, "
         "CASE WHEN s <> 'queued' OR i % 2 = 0 THEN now() END, "
         "CASE WHEN s IN ('completed', 'failed') THEN now() END "
-        "FROM generate_series(1, 40000) i, "
+        "FROM generate_series(1, $1) i, "
         "LATERAL (SELECT (ARRAY['queued','active','completed','failed'])[1 + i % 4] AS s)"
-        " x")
+        " x", 40 if stats == "few" else 40000)
     if stats == "backlog":  # analyzed while everything was queued, then drained
         await conn.execute("UPDATE jobq.job SET status = 'queued', lease_expires_at = NULL")
         await conn.execute("ANALYZE jobq.job")
@@ -103,12 +120,18 @@ def _literal(value: Any) -> str:
 SMALL = {"queue", "worker", "key_rate"}
 
 
+# A retried claim finds the rows it took by their tokens among this worker's
+# active rows (rare: a claim whose reply was lost): what runs, not the table.
+WALKS = {"claim_recover": {"job via job_active_idx without an index condition"}}
+
+
 def _bad(plans: dict[str, tuple[set[str], set[str]]],
          extra: dict[str, set[str]]) -> dict[str, Any]:
     return {name: (sorted(ix - ALLOWED_INDEXES - extra.get(name, set())),
-                   sorted(seq - SMALL))
+                   sorted(seq - SMALL - WALKS.get(name, set())))
             for name, (ix, seq) in plans.items()
-            if ix - ALLOWED_INDEXES - extra.get(name, set()) or seq - SMALL}
+            if ix - ALLOWED_INDEXES - extra.get(name, set())
+            or seq - SMALL - WALKS.get(name, set())}
 
 
 @pytest.mark.parametrize("stats", ["empty", "backlog", "fresh"])
@@ -140,7 +163,11 @@ def test_statements_by_id_use_the_primary_key(db_url: str, stats: str) -> None:
     assert not bad, f"statements naming rows by id planned through other paths: {bad}"
 
 
-@pytest.mark.parametrize("stats", ["vacant", "empty", "backlog", "fresh"])
+# "few": the plan made while the table holds a few rows, as a session's
+# first call after a fresh install, a TRUNCATE or a prune makes it; a
+# generic plan is then kept for the session's life (issue #49: the
+# completion's walked the whole primary key, 3,674 buffers at 8,000 jobs).
+@pytest.mark.parametrize("stats", ["vacant", "empty", "few", "backlog", "fresh"])
 def test_generic_plans_go_through_the_primary_key_whatever_the_statistics(
         db_url: str, stats: str) -> None:
     """The functions that keep one plan per session (``-- plan: generic``)

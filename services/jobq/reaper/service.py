@@ -108,7 +108,8 @@ class Reaper:
     async def connect(self, *, wait: bool = True) -> None:
         crash.configure(self.settings.crash_at)
         self.pool = await open_pool(self.settings.database_url, wait=wait, max_size=4,
-                                    app_name="jobq-reaper", idle_in_tx_s=IDLE_IN_TX_S,
+                                    index_paths=True, app_name="jobq-reaper",  # (db.py)
+                                    idle_in_tx_s=IDLE_IN_TX_S,
                                     pooled=self.settings.database_pooled)
         await self.broker.connect(wait=wait)
 
