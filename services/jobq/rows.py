@@ -167,3 +167,28 @@ class Probe:
             lease = idle_s if self.min_lease_s is None else self.min_lease_s
             cap = max(max_s, min(idle_s, lease))
         return cap if self.seconds is None else max(0.02, min(cap, self.seconds + slack_s))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DueSlot:
+    """A schedule whose next slot has come (schedules_due), with the
+    database clock's now."""
+
+    name: str
+    queue: str
+    cron: str | None
+    interval_s: float | None
+    timezone: str
+    enabled: bool
+    next_run_at: datetime
+    now: datetime
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Settled:
+    """What one call of the dependants duty did (settle_dependants); ``more``:
+    it stopped at its bound with work left."""
+
+    released: int
+    cancelled: int
+    more: bool

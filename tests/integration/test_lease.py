@@ -13,7 +13,9 @@ from harness.helpers import with_pool as run  # used by the tests below
 
 __all__ = ["claim", "new_job", "run", "status"]
 from jobq import lease
+from jobq.amqp.broker import Broker
 from jobq.lease import Failure, Lease
+from jobq.reaper.store import PgReaperStore
 from jobq.sql import Q
 
 
@@ -244,8 +246,7 @@ def test_reapers_prune_finished_jobs_by_their_queues_retention(db_url: str) -> N
             " finished_at = now() - CASE WHEN id = $2 THEN interval '10 s' "
             "ELSE interval '2 min' END WHERE id = ANY(ARRAY[$1, $2, $3]::uuid[])",
             old_done, new_done, old_failed)
-        reaper = Reaper(Settings(database_url=db_url))
-        reaper.pool = pool
+        reaper = Reaper(Settings(database_url=db_url), PgReaperStore(pool, Broker("", "unused")))
         assert await reaper.prune_expired() == 1
         left = {r["id"] for r in await pool.fetch("SELECT id FROM jobq.job")}
         assert left == {new_done, old_failed}  # failed are kept 7 days by default

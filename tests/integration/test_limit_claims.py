@@ -13,8 +13,13 @@ import pytest
 
 from harness.helpers import with_pool
 from jobq import lease
-from jobq.reaper import unpark as limits
+from jobq.db import execute
 from jobq.sql import Q
+
+
+async def unpark(pool: asyncpg.Pool) -> int:
+    """What one sweep of the reapers' unpark duty releases."""
+    return int((await execute(pool, Q["unpark"])).split()[-1])
 
 
 async def _batch(pool: asyncpg.Pool, n: int, **queue: Any) -> list[uuid.UUID]:
@@ -57,12 +62,12 @@ def test_parked_jobs_are_released_as_slots_free(db_url: str) -> None:
         ids = await _batch(pool, 6, max_running=2)
         rows = await lease.claim(pool, ids, "w", ["lim"])
         held = [r for r in rows if r is not None]
-        steps = [await limits.unpark(pool)]  # no slot free: nothing released
+        steps = [await unpark(pool)]  # no slot free: nothing released
         await pool.execute("UPDATE jobq.job SET status = 'completed' WHERE id = $1",
                            held[0].id)
-        steps.append(await limits.unpark(pool))  # one slot: one job
+        steps.append(await unpark(pool))  # one slot: one job
         await pool.execute("UPDATE jobq.queue SET max_running = NULL WHERE name = 'lim'")
-        steps.append(await limits.unpark(pool))  # no limit any more: all the rest
+        steps.append(await unpark(pool))  # no limit any more: all the rest
         return steps
 
     assert with_pool(db_url, body) == [0, 1, 3]
@@ -95,7 +100,7 @@ def test_a_late_publish_mark_does_not_strand_a_parked_job(db_url: str) -> None:
         # The producer's deferred mark, with the token it read at enqueue.
         await pool.execute(Q["mark_published"], ids, [None] * len(ids))
         await pool.execute("UPDATE jobq.queue SET max_running = NULL WHERE name = 'lim'")
-        return await limits.unpark(pool), await pool.fetchval(
+        return await unpark(pool), await pool.fetchval(
             "SELECT count(*) FROM jobq.job WHERE status = 'queued' AND published_at IS NULL "
             "AND relay_after <= now()")
 

@@ -16,34 +16,18 @@ a worker's completion or another queue's recovery.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
-import asyncpg
-
-from jobq.db import fetchrow, translated
-from jobq.sql import Q
+from jobq.reaper.store import ReaperStore
+from jobq.rows import Settled
 from jobq.telemetry import metrics
 
 log = logging.getLogger("jobq.reaper")
 
 
-@dataclass(frozen=True, slots=True)
-class Settled:
-    """What one call did (settle_dependants); ``more``: it stopped at its
-    bound with work left."""
-
-    released: int
-    cancelled: int
-    more: bool
-
-
-async def settle(pool: asyncpg.Pool, budget: int, rounds: int) -> Settled:
+async def settle(store: ReaperStore, budget: int, rounds: int) -> Settled:
     """Settle at most ``budget`` edges in ``rounds`` rounds (one level of a
     chain a round), in one short transaction."""
-    with translated():
-        row = await fetchrow(pool, Q["settle_dependants"], budget, rounds)
-    assert row is not None
-    done = Settled(int(row["released"]), int(row["cancelled"]), bool(row["more"]))
+    done = await store.settle(budget, rounds)
     if done.released or done.cancelled:
         metrics.SWEEP_ROWS.labels("released").inc(done.released)
         metrics.SWEEP_ROWS.labels("cancelled").inc(done.cancelled)

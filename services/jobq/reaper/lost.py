@@ -15,43 +15,27 @@ from __future__ import annotations
 
 import logging
 
-import asyncpg
-
-from jobq.amqp.broker import Broker
-from jobq.db import fetch, fetchval, translated
-from jobq.sql import Q
+from jobq.reaper.store import ReaperStore
 from jobq.telemetry import metrics
 from jobq.telemetry.logs import fields
 
 log = logging.getLogger("jobq.reaper")
 
 
-async def republish_lost(pool: asyncpg.Pool, broker: Broker, after_s: float) -> int:
+async def republish_lost(store: ReaperStore, after_s: float) -> int:
     """Hand rows published over ``after_s`` before their horizon and still
     waiting back to the relay; returns how many."""
-    with translated():
-        candidates = await fetch(pool, Q["lost_candidates"], after_s)
     total = 0
-    for row in candidates:
-        queue = row["queue"]
-        try:
-            empty = await broker.ready_count(queue) == 0
-        except Exception as exc:  # broker away: try again next time
-            log.debug("ready count of %s: %r", queue, exc)
+    for queue in await store.lost_candidates(after_s):
+        n = await store.republish_lost(queue, after_s)
+        if not n:
             continue
-        with translated():
-            before = await fetchval(pool, Q["lost_horizon"], queue, after_s, empty)
-            if before is None:
-                continue  # a backlog nobody has started on lately: nothing to tell
-            n = int(await fetchval(pool, Q["unpublish_lost"], queue, before, empty))
         total += n
         metrics.SWEEP_ROWS.labels("republished_lost").inc(n)
-        if n:
-            # What the check knows, not more: usually a consumer crashed with
-            # these ids prefetched, not a broker fault. Not an alarm.
-            why = ("its broker queue is empty" if empty
-                   else "jobs published after them have started")
-            log.info("queue %s: %d job(s) published over %.0fs ago have not started and %s; "
-                     "republishing their ids (a consumer drops a duplicate)", queue, n,
-                     after_s, why, extra=fields(event="republish_lost", queue=queue))
+        # What the check knows, not more: usually a consumer crashed with
+        # these ids prefetched, not a broker fault. Not an alarm.
+        log.info("queue %s: %d job(s) published over %.0fs ago have not started (their "
+                 "broker queue is empty, or jobs published after them have started); "
+                 "republishing their ids (a consumer drops a duplicate)", queue, n, after_s,
+                 extra=fields(event="republish_lost", queue=queue))
     return total

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import logging
 
-import asyncpg
-
-from jobq import lease
+from jobq.reaper.store import ReaperStore
 from jobq.status import Status
 from jobq.telemetry import metrics
 from jobq.telemetry.logs import fields
@@ -28,22 +26,24 @@ VERDICT = {"own": "charged a stall: it ran alone or isolated",
                      "handler's crash would have killed only its child"}
 
 
-async def cut_vanished(pool: asyncpg.Pool | None, vanished: list[str]) -> None:
-    """Cut the leases of workers whose session ended; their ids go to ``vanished``."""
-    assert pool is not None
-    for w in await lease.cut_vanished(pool):
-        vanished.append(w.worker_id)
+async def cut_vanished(store: ReaperStore) -> list[str]:
+    """Cut the leases of workers whose session ended; their ids."""
+    out = []
+    for w in await store.cut_vanished():
+        out.append(w.worker_id)
         log.warning("worker %s vanished (its database session ended): %d lease(s) cut to "
                     "the grace period", w.worker_id, w.jobs,
                     extra=fields(event="worker_vanished", worker=w.worker_id))
+    return out
 
 
-async def requeue_lapsed(pool: asyncpg.Pool | None, batch: int, reaper_id: str,
-                         requeued: list[str], failed: list[str]) -> None:
-    """Requeue every lapsed lease, ``batch`` at a time; ids go to the lists."""
-    assert pool is not None
+async def requeue_lapsed(store: ReaperStore, batch: int,
+                         reaper_id: str) -> tuple[list[str], list[str]]:
+    """Requeue every lapsed lease, ``batch`` at a time; (requeued, failed) ids."""
+    requeued: list[str] = []
+    failed: list[str] = []
     while True:
-        rows = await lease.requeue_lapsed(pool, batch, reaper_id)
+        rows = await store.requeue_lapsed(batch, reaper_id)
         for r in rows:
             if r.status == Status.FAILED:
                 metrics.JOBS_OF_DEATH.labels(r.queue).inc()
@@ -59,4 +59,4 @@ async def requeue_lapsed(pool: asyncpg.Pool | None, batch: int, reaper_id: str,
                                       worker=r.worker_id, stalls=r.stalls,
                                       suspect_stalls=r.suspect_stalls))
         if len(rows) < batch:
-            break
+            return requeued, failed

@@ -6,25 +6,21 @@ from __future__ import annotations
 
 import logging
 
-import asyncpg
-
-from jobq.db import execute
-from jobq.sql import Q
+from jobq.reaper.store import ReaperStore
 from jobq.telemetry import metrics
 
 log = logging.getLogger("jobq.reaper")
 
 
-async def prune_expired(pool: asyncpg.Pool, batch: int, max_batches: int) -> int:
+async def prune_expired(store: ReaperStore, batch: int, max_batches: int) -> int:
     """Delete up to ``max_batches`` batches of expired jobs; returns how many."""
     total = 0
     for _ in range(max_batches):
-        status = await execute(pool, Q["prune_expired"], batch)
-        n = int(status.split()[-1])
+        n = await store.prune_finished(batch)
         total += n
         if n < batch:
             break
-    await execute(pool, Q["key_rate_prune"])
+    await store.prune_keys()
     if total:
         metrics.SWEEP_ROWS.labels("pruned").inc(total)
         log.info("pruned %d finished job(s) past their queue's retention", total)
