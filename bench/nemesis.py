@@ -57,7 +57,8 @@ from harness import netns
 from harness.helpers import Proc, Procs, SyncDB, set_queue
 from jobq.client.producer import Client
 from jobq.newjob import NewJob
-from jobq.schedules import Schedule, set_schedule
+from jobq.ops.admin import set_schedule
+from jobq.schedules import Schedule
 from jobq.settings import Settings
 
 LEASE_S = 2.0

@@ -29,7 +29,7 @@ import asyncpg
 from benchenv import scratch
 
 from jobq.client.producer import Client
-from jobq.client.publisher import Row
+from jobq.client.store import Row
 from jobq.newjob import NewJob
 from jobq.settings import Settings
 

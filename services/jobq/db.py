@@ -239,6 +239,16 @@ async def execute(db: Database, query: str, *args: Any) -> str:
     return str(await db.execute(query, *args))
 
 
+async def ping(db: Database) -> bool:
+    """Whether the database answers (health checks)."""
+    return bool(await fetchval(db, Q["ping"]))
+
+
+async def now(db: Database) -> Any:
+    """The database clock: the only clock for leases, slots and deadlines."""
+    return await fetchval(db, Q["db_now"])
+
+
 async def prepare(conn: asyncpg.Connection | PooledConnection,
                   query: str) -> asyncpg.prepared_stmt.PreparedStatement[asyncpg.Record]:
     """Parse without running: parameter and result types (routines.py)."""

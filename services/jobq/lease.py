@@ -20,6 +20,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
 
@@ -202,6 +203,26 @@ async def release(pool: asyncpg.Pool, leases: Iterable[Lease],
 async def progress(pool: asyncpg.Pool, lease_: Lease, value: str) -> bool:
     """Store a running job's progress (JSON text); False if the lease is lost."""
     return bool(await fetch(pool, Q["progress"], lease_.job_id, lease_.lock, value))
+
+
+async def parents(pool: Database, job_id: uuid.UUID, lock: uuid.UUID) -> list[Any]:
+    """The jobs this one waited for, with their results (id, status, result
+    as JSON text); only for the holder of its live lease."""
+    return list(await fetch(pool, Q["parents"], job_id, lock))
+
+
+async def step_get(pool: Database, job_id: uuid.UUID, lock: uuid.UUID,
+                   name: str) -> tuple[str, str | None] | None:
+    """(function, result as JSON text) of a step this job recorded, if it did."""
+    rows = await fetch(pool, Q["step_get"], job_id, lock, name)
+    return (rows[0]["fn"], rows[0]["result"]) if rows else None
+
+
+async def step_record(pool: Database, job_id: uuid.UUID, lock: uuid.UUID, name: str,
+                      fn: str, result: str | None) -> bool:
+    """Record a step's result, fenced by the live lease; False: not recorded
+    (the lease is gone, or this run recorded it already)."""
+    return bool(await fetchval(pool, Q["step_record"], job_id, lock, name, fn, result))
 
 
 async def unpark_freed(pool: asyncpg.Pool, finished: Lease) -> list[Spell]:

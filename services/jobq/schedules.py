@@ -42,9 +42,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import asyncpg
 from cronsim import CronSim, CronSimError
 
-from jobq.db import execute, fetchrow, fetchval
 from jobq.errors import BadInput
-from jobq.telemetry.logs import fields
 
 log = logging.getLogger("jobq.schedules")
 
@@ -103,44 +101,6 @@ class Schedule:
         return (self.name, self.queue, json.dumps(self.payload if self.payload is not None
                                                   else {}), self.cron, self.timezone,
                 self.every_s, self.next_after(now, now), self.enabled)
-
-
-async def set_schedule(conn: Any, schedule: Schedule) -> None:
-    """Operators (``jobq schedule set``): create or change a schedule; an
-    unchanged one keeps its next slot. BadInput if the database refuses it
-    (a payload over the queue's limit)."""
-    from jobq.sql import Q
-
-    now = await fetchval(conn, Q["db_now"])
-    with refused(schedule.name):
-        await execute(conn, Q["schedule_set"], *schedule.row(now))  # (a trigger checks the payload)
-
-
-async def declare(conn: Any, schedules: list[Schedule]) -> int:
-    """Consumers: store the app's declarations; returns how many were
-    stored. One that is refused (an operator's schedule of that name, a
-    login that is not a producer, a payload over the limit) is logged once
-    and skipped: it never stops the consumer."""
-    from jobq.sql import Q
-
-    now = await fetchval(conn, Q["db_now"])
-    stored = 0
-    for s in schedules:
-        try:
-            with refused(s.name):
-                async with conn.transaction():
-                    row = await fetchrow(conn, Q["schedule_upsert"], *s.row(now))
-        except BadInput as exc:
-            log.warning("%s; not stored", exc, extra=fields(event="schedule_refused"))
-            continue
-        if row is None:
-            log.warning("schedule %s not stored: an operator set a schedule of that name "
-                        "(jobq schedule delete %s hands it to the app), or this login is "
-                        "not a producer (a schedule enqueues jobs: GRANT jobq_producer)",
-                        s.name, s.name, extra=fields(event="schedule_refused"))
-            continue
-        stored += 1
-    return stored
 
 
 @contextlib.contextmanager

@@ -14,9 +14,10 @@ import asyncpg
 
 from jobq.client.producer import Client
 from jobq.newjob import NewJob
+from jobq.ops.admin import set_schedule
 from jobq.reaper import Reaper
 from jobq.reaper.wakes import Wakes
-from jobq.schedules import Schedule, set_schedule
+from jobq.schedules import Schedule
 from jobq.settings import Settings
 
 IDLE_S = 2.0  # the default idle_sleep_s; the settings fixture's max_sleep_s is 0.2

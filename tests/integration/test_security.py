@@ -274,7 +274,8 @@ def test_a_refused_app_schedule_is_logged_and_skipped(db: SyncDB, logins: Any,
                                                     caplog: Any) -> None:
     """A consumer stores what it may and goes on: an operator's schedule of
     the same name, or one over its queue's limit, is one log line each."""
-    from jobq.schedules import Schedule, declare
+    from jobq.schedules import Schedule
+    from jobq.worker.store import declare_schedules as declare
 
     both = _login(logins, db, "jobq_consumer", "jobq_producer")
     set_queue(db, "tiny", max_payload_bytes=100)

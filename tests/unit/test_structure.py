@@ -133,3 +133,27 @@ def test_no_sql_is_written_outside_queries_sql() -> None:
                     and id(node) not in docstrings and node.value.lstrip().startswith(SQL_WORDS)):
                 inline.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {node.value[:40]!r}")
     assert inline == []
+
+
+# Typed stores (issue #48): a statement of queries.sql is run only by a
+# module whose concept is the database side of a role: the lease (lease.py),
+# each wing's store (client/, worker/, reaper/, dashboard/store.py), the
+# operators' verbs (ops/admin.py), the installer (migrate, routines,
+# uninstall) and the gateway (db.py: ping, the clock, the schema check).
+# Everything else calls those, so each role's statements are in one place.
+STATEMENT_RUNNERS = {"lease.py", "db.py", "sql.py", "client/store.py", "worker/store.py",
+                     "reaper/store.py", "dashboard/store.py", "ops/admin.py",
+                     "ops/migrate.py", "ops/routines.py", "ops/uninstall.py"}
+
+
+def test_only_stores_run_statements() -> None:
+    outside = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = str(path.relative_to(PACKAGE))
+        if name in STATEMENT_RUNNERS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name)
+                    and node.value.id == "Q"):
+                outside.append(f"{name}:{node.lineno}")
+    assert outside == []

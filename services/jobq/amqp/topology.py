@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from jobq.amqp.broker import Broker
-from jobq.db import fetch, open_pool
+from jobq.db import open_pool
 from jobq.errors import ConfigError
+from jobq.ops.admin import list_queues
 from jobq.settings import Settings
-from jobq.sql import Q
 
 
 async def declare(settings: Settings, extra: Sequence[str] = ()) -> list[str]:
@@ -26,7 +26,7 @@ async def declare(settings: Settings, extra: Sequence[str] = ()) -> list[str]:
     pool = await open_pool(settings.database_url, wait=False, app_name="jobq-declare",
                            pooled=settings.database_pooled)
     try:
-        names = [r["name"] for r in await fetch(pool, Q["queue_list"])]
+        names = [r["name"] for r in await list_queues(pool)]
     finally:
         await pool.close()
     queues = sorted(set(names) | set(extra))

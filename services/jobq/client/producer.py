@@ -23,16 +23,16 @@ import asyncpg
 from typing_extensions import Unpack
 
 from jobq.amqp.broker import Broker
+from jobq.client import store
 from jobq.client.publish import publish_and_mark
-from jobq.client.publisher import Marks, Rows, columns, publish
+from jobq.client.publisher import Marks, Rows, publish
 from jobq.client.workflow import Workflow, enqueue_linked, enqueue_one
-from jobq.db import fetch, fetchrow, open_pool, translated
+from jobq.db import open_pool, translated
 from jobq.errors import InvalidPayload
 from jobq.newjob import JobOptions, NewJob, new_job, validate
 from jobq.queues import BY_COLUMN
 from jobq.runtime import crash
 from jobq.settings import Settings
-from jobq.sql import Q
 from jobq.telemetry import tracing
 
 log = logging.getLogger("jobq.client.producer")
@@ -124,7 +124,7 @@ class Client:
         held: set[uuid.UUID] = set()
         if any(j.key is not None for j in jobs):  # a per-key cap may have parked some
             try:
-                held = {r["id"] for r in await fetch(self.pool, Q["held_back"], ids)}
+                held = await store.held_back(self.pool, ids)
             except Exception as exc:  # committed: publish all, the claim decides
                 log.debug("held_back: %r", exc)
         await publish(self.broker, self._marks,
@@ -155,8 +155,7 @@ class Client:
         stale = {j.queue for j, _ in big
                  if j.queue not in self._limits or now - self._limits[j.queue][1] > LIMITS_TTL_S}
         if stale:
-            rows = await fetch(self.pool, Q["queue_limits"], sorted(stale))
-            found = {r["name"]: r["max_payload_bytes"] for r in rows}
+            found = await store.payload_limits(self.pool, sorted(stale))
             for q in stale:  # a queue created by this publish gets the default
                 self._limits[q] = (found.get(q, DEFAULT_PAYLOAD_LIMIT), now)
         for job, text in big:
@@ -200,9 +199,7 @@ class Client:
         if job.after:
             with translated():
                 return await enqueue_one(conn, job, payload_json, job.after, 0.0)
-        statement, args = columns(Rows.of([job], [payload_json], tracing.carrier()), 0.0)
         with translated():
-            row = await fetchrow(conn, statement, *args)
-        assert row is not None
-        job_id: uuid.UUID = row["id"]
+            (job_id,) = await store.insert(conn, Rows.of([job], [payload_json],
+                                                         tracing.carrier()), 0.0)
         return job_id

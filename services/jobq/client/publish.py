@@ -17,8 +17,7 @@ from collections.abc import Sequence
 import asyncpg
 
 from jobq.amqp.broker import Broker
-from jobq.db import execute
-from jobq.sql import Q
+from jobq.client import store
 
 log = logging.getLogger("jobq.client.publish")
 
@@ -58,8 +57,7 @@ async def mark(pool: asyncpg.Pool, rows: Sequence[tuple[uuid.UUID, uuid.UUID | N
     if not rows:
         return
     try:
-        await execute(pool, Q["mark_republished" if own_spells else "mark_published"],
-                      [i for i, _ in rows], [lk for _, lk in rows])
+        await store.mark(pool, rows, own_spells)
     except Exception as exc:
         log.warning("published %d id(s), but could not mark them published (%s); the reaper "
                     "will publish them again (a harmless duplicate)", len(rows), exc)

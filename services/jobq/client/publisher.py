@@ -27,39 +27,16 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
 
 import asyncpg
 
 from jobq.amqp.broker import Broker
+from jobq.client import store
 from jobq.client.publish import mark, publish_ids
-from jobq.db import fetch
+from jobq.client.store import Row
 from jobq.errors import BadInput
-from jobq.newjob import NewJob, arrays
+from jobq.newjob import NewJob
 from jobq.runtime.batch import Coalescer
-from jobq.sql import Q
-
-
-@dataclass(frozen=True)
-class Row:
-    """A job to insert: its options, its checked payload text, and the
-    publisher's trace context (tracing.py) or None."""
-
-    job: NewJob
-    text: str
-    trace: str | None = None
-
-
-def columns(rows: Sequence[Row], grace_s: float) -> tuple[str, tuple[Any, ...]]:
-    """The statement and its arguments: one array per option (newjob.COLUMNS),
-    then the grace; with any trace context, the statement that also stores
-    those."""
-    args = (*arrays([r.job for r in rows], [r.text for r in rows]), grace_s)
-    traces = [r.trace for r in rows]
-    if any(t is not None for t in traces):
-        return Q["enqueue_many_traced"], (*args, traces)
-    return Q["enqueue_many"], args
 
 
 class Rows:
@@ -83,9 +60,7 @@ class Rows:
     async def commit(self, rows: list[Row], grace_s: float) -> list[uuid.UUID]:
         """Commit ``rows`` now, on their own, with ``grace_s`` (0: the
         relay's to publish; jobq.enqueue_many NOTIFYs the reapers)."""
-        statement, args = columns(rows, grace_s)
-        got = await fetch(self._pool, statement, *args)
-        return [r["id"] for r in got]
+        return await store.insert(self._pool, rows, grace_s)
 
     async def _commit(self, rows: list[Row]) -> list[uuid.UUID]:
         return await self.commit(rows, self._grace)

@@ -24,9 +24,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from jobq.db import connection, fetchrow
+from jobq.client import store
+from jobq.client.store import JobState
+from jobq.db import connection
 from jobq.errors import BadInput, JobqError
-from jobq.sql import Q
 
 TERMINAL = ("completed", "failed", "cancelled")
 RECHECK_S = 2.0  # a waiter re-reads the row this often, NOTIFY or not
@@ -63,10 +64,10 @@ def encode(value: Any, limit: int) -> str | None:
     return text
 
 
-def _outcome(row: Any) -> Any:
-    if row["status"] == "completed":
-        return json.loads(row["result"]) if row["result"] is not None else None
-    raise JobFailed(row["id"], row["status"], row["last_error"])
+def _outcome(row: JobState) -> Any:
+    if row.status == "completed":
+        return json.loads(row.result) if row.result is not None else None
+    raise JobFailed(row.id, row.status, row.last_error)
 
 
 async def wait(pool: Any, job_id: uuid.UUID,
@@ -83,14 +84,14 @@ async def wait(pool: Any, job_id: uuid.UUID,
     async with connection(pool) as conn:
         await conn.add_listener("jobq_finished", on_notify)
         try:
-            row = await fetchrow(conn, Q["watch"], job_id)
+            row = await store.watch(conn, job_id)
             if row is None:
                 raise BadInput(f"no job {job_id}")
             # A notification is a hint, not the answer: any login may NOTIFY
             # jobq_finished with any id. Re-read the row, and wait on unless
             # it is terminal, until the deadline.
             deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
-            while row["status"] not in TERMINAL:
+            while row.status not in TERMINAL:
                 left = None if deadline is None else deadline - asyncio.get_running_loop().time()
                 if left is not None and left <= 0:
                     timed_out = True  # raised outside: connection() would call it an outage
@@ -101,7 +102,7 @@ async def wait(pool: Any, job_id: uuid.UUID,
                 except TimeoutError:
                     pass  # read it again: the rare end that sent nothing (above)
                 ended.clear()  # before the re-read: an end after it sets it again
-                row = await fetchrow(conn, Q["watch"], job_id)  # (a producer reads no row)
+                row = await store.watch(conn, job_id)  # (a producer reads no row)
                 if row is None:  # pruned meanwhile
                     raise BadInput(f"no job {job_id}")
         finally:

@@ -25,10 +25,10 @@ from typing import Any, TypedDict
 import asyncpg
 from typing_extensions import Unpack
 
-from jobq.db import PooledConnection, connection, fetchval
+from jobq.client import store
+from jobq.db import PooledConnection, connection
 from jobq.errors import BadInput
-from jobq.newjob import COLUMNS, NewJob, options_of
-from jobq.sql import Q
+from jobq.newjob import NewJob, options_of
 from jobq.telemetry import tracing
 
 
@@ -144,7 +144,4 @@ async def enqueue_one(conn: asyncpg.Connection | PooledConnection, job: NewJob, 
     # now (grace 0: relayed at once, a reaper woken by NOTIFY), not after
     # the grace a client-published job gets.
     grace = 0.0 if after else relay_grace_s
-    job_id: uuid.UUID = await fetchval(
-        conn, Q["enqueue_linked"], *(get(job, text) for _, get in COLUMNS), grace,
-        list(after) or None, job.workflow_id, tracing.carrier())
-    return job_id
+    return await store.insert_linked(conn, job, text, after, grace, tracing.carrier())

@@ -17,11 +17,11 @@ import uvicorn
 
 from jobq import roles
 from jobq.dashboard.sessions import allowed_hosts, guarded
+from jobq.dashboard.store import is_reader
 from jobq.dashboard.web import Dashboard, make_app
-from jobq.db import fetchval, open_pool, translated
+from jobq.db import open_pool, translated
 from jobq.errors import ConfigError
 from jobq.settings import Settings
-from jobq.sql import Q
 
 log = logging.getLogger("jobq.dashboard")
 
@@ -30,7 +30,7 @@ async def _reader_role(url: str, prefix: str) -> str | None:
     with translated():
         conn = await asyncpg.connect(url, timeout=10)
     try:
-        member = await fetchval(conn, roles.rename(Q["reader_member"], prefix))
+        member = await is_reader(conn, prefix)
     finally:
         await conn.close()
     return roles.name("reader", prefix) if member else None

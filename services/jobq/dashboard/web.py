@@ -25,10 +25,9 @@ from starlette.routing import Route
 
 from jobq.dashboard import charts
 from jobq.dashboard.sessions import COOKIE, CSP, SESSION_S, Sessions
-from jobq.db import fetch
+from jobq.dashboard.store import Reads
 from jobq.errors import JobqError
 from jobq.ops import admin
-from jobq.sql import Q
 
 LIMIT = 200  # rows per list page
 # What an action's redirect may say (?done=...): a fixed text, never one
@@ -46,6 +45,7 @@ class Dashboard:
                  refresh_s: int = 5, *, signin_to_view: bool = False,
                  secure_cookie: bool = False) -> None:
         self.read, self.act = read, act
+        self.reads = Reads(read)
         self.sessions = Sessions(token, secure_cookie)
         self.refresh_s = refresh_s
         self.signin_to_view = signin_to_view and bool(token)
@@ -77,8 +77,8 @@ class Dashboard:
     async def queues(self, request: Request) -> Response:
         if gate := self._viewer(request):
             return gate
-        rows = await fetch(self.read, Q["dash_queues"])
-        per_minute = await fetch(self.read, Q["dash_throughput"])
+        rows = await self.reads.queues()
+        per_minute = await self.reads.throughput()
         series = charts.per_queue(per_minute)
         return self._page(request, "queues.html", queues=[
             {**dict(r), "done_1m": series.get(r["queue"], [0])[0],
@@ -87,7 +87,7 @@ class Dashboard:
     async def running(self, request: Request) -> Response:
         if gate := self._viewer(request):
             return gate
-        rows = await fetch(self.read, Q["dash_running"], LIMIT)
+        rows = await self.reads.running(LIMIT)
         return self._page(request, "running.html", jobs=[
             {**dict(r), "progress": _json(r["progress"])} for r in rows])
 
@@ -95,13 +95,13 @@ class Dashboard:
         if gate := self._viewer(request):
             return gate
         return self._page(request, "stalled.html",
-                          jobs=await fetch(self.read, Q["dash_stalled"], LIMIT))
+                          jobs=await self.reads.stalled(LIMIT))
 
     async def failed(self, request: Request) -> Response:
         if gate := self._viewer(request):
             return gate
         return self._page(request, "failed.html",
-                          jobs=await fetch(self.read, Q["dash_failed"], LIMIT))
+                          jobs=await self.reads.failed(LIMIT))
 
     async def job(self, request: Request) -> Response:
         if gate := self._viewer(request):
@@ -111,17 +111,17 @@ class Dashboard:
         except ValueError:
             return self._page(request, "missing.html", refresh=False, status=404,
                               what="not a job id")
-        rows = await fetch(self.read, Q["dash_job"], job_id)
-        if not rows:
+        row = await self.reads.job(job_id)
+        if row is None:
             return self._page(request, "missing.html", refresh=False, status=404,
                               what=f"no job {job_id}")
-        job = dict(rows[0])
+        job = dict(row)
         for k in ("payload", "progress", "result"):
             job[k] = _json(job[k])
-        events = await fetch(self.read, Q["history"], job_id)
+        events = await self.reads.history(job_id)
         return self._page(request, "job.html", job=job, events=events,
-                          links=await fetch(self.read, Q["job_links"], job_id),
-                          steps=await fetch(self.read, Q["job_steps"], job_id),
+                          links=await self.reads.links(job_id),
+                          steps=await self.reads.steps(job_id),
                           runs=sum(1 for e in events if e["event"] == "claimed"),
                           message=DONE.get(request.query_params.get("done", ""), ""))
 
@@ -135,9 +135,9 @@ class Dashboard:
         except ValueError:
             return self._page(request, "missing.html", refresh=False, status=404,
                               what=f"{text[:80]!r} is not a job id (a UUID)")
-        if await fetch(self.read, Q["dash_job"], wanted):
+        if await self.reads.job(wanted) is not None:
             return RedirectResponse(f"/job/{wanted}", status_code=303)
-        if await fetch(self.read, Q["workflow_jobs"], wanted):
+        if await self.reads.workflow(wanted):
             return RedirectResponse(f"/workflow/{wanted}", status_code=303)
         return self._page(request, "missing.html", refresh=False, status=404,
                           what=f"no job or workflow {wanted}")
@@ -146,7 +146,7 @@ class Dashboard:
         if gate := self._viewer(request):
             return gate
         wid = request.path_params["id"]
-        steps = await fetch(self.read, Q["workflow_jobs"], wid)
+        steps = await self.reads.workflow(wid)
         if not steps:
             return self._page(request, "missing.html", refresh=False, status=404,
                               what=f"no workflow {wid}")
@@ -156,8 +156,8 @@ class Dashboard:
         if gate := self._viewer(request):
             return gate
         return self._page(request, "workers.html",
-                          workers=await fetch(self.read, Q["dash_workers"]),
-                          reapers=await fetch(self.read, Q["dash_reapers"]))
+                          workers=await self.reads.workers(),
+                          reapers=await self.reads.reapers())
 
     # ── sign-in and actions ──
 

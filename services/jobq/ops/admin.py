@@ -17,10 +17,11 @@ from typing import Any
 import asyncpg
 
 from jobq import lease
-from jobq.db import execute, fetch, fetchval
+from jobq.db import Database, execute, fetch, fetchval, now
 from jobq.errors import BadInput, UnknownJob
 from jobq.queues import changes, check_queue_name
 from jobq.rows import Spell, of
+from jobq.schedules import Schedule, refused
 from jobq.sql import Q
 
 log = logging.getLogger("jobq.ops.admin")
@@ -63,6 +64,24 @@ async def resume(pool: asyncpg.Pool, name: str, who: str | None = None) -> Any:
         raise BadInput(f"no queue named {name!r} (jobq queue list shows them)")
     log.warning("queue %s resumed by %s", name, who)
     return {"queue": name, "paused": False, "released": rows[0]["released"], "by": who}
+
+
+async def set_schedule(db: Database, schedule: Schedule) -> None:
+    """Create or change a schedule (``jobq schedule set``); an unchanged one
+    keeps its next slot. BadInput if the database refuses it (a payload over
+    the queue's limit: a trigger checks it)."""
+    at = await now(db)
+    with refused(schedule.name):
+        await execute(db, Q["schedule_set"], *schedule.row(at))
+
+
+async def delete_schedule(pool: asyncpg.Pool, name: str) -> None:
+    if not await fetch(pool, Q["schedule_delete"], name):
+        raise BadInput(f"no schedule named {name!r}")
+
+
+async def schedules(pool: asyncpg.Pool) -> list[Any]:
+    return await fetch(pool, Q["schedule_list"])
 
 
 async def keys(pool: asyncpg.Pool, queue: str | None) -> list[Any]:

@@ -11,9 +11,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 import asyncpg
 
-from jobq.db import fetchval
+from jobq.db import ping
 from jobq.runtime.health import Check, HealthServer
-from jobq.sql import Q
 
 if TYPE_CHECKING:
     from jobq.settings import Settings
@@ -34,7 +33,7 @@ async def database_answers(pool: asyncpg.Pool | None) -> bool:
     if pool is None:
         return False
     try:
-        return bool(await asyncio.wait_for(fetchval(pool, Q["ping"]), 2))
+        return await asyncio.wait_for(ping(pool), 2)
     except Exception:
         return False
 

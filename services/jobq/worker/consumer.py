@@ -29,15 +29,13 @@ from collections.abc import Awaitable, Callable
 
 import asyncpg
 
-from jobq import schedules
 from jobq.amqp.broker import Broker
 from jobq.amqp.connect import start_when_possible
-from jobq.db import connection, execute, open_pool
+from jobq.db import connection, open_pool
 from jobq.errors import ConfigError
 from jobq.handlers import Handlers
 from jobq.runtime.lifecycle import database_answers, lifecycle
 from jobq.settings import Settings
-from jobq.sql import Q
 from jobq.telemetry import metrics
 from jobq.telemetry.logs import fields
 from jobq.worker.completer import Completer
@@ -47,7 +45,7 @@ from jobq.worker.intake import Intake
 from jobq.worker.processes import ProcessPool
 from jobq.worker.registry import Registry
 from jobq.worker.run import Run, Stop
-from jobq.worker.store import PgStore, warm
+from jobq.worker.store import PgStore, declare_schedules, ensure_queue, warm
 from jobq.worker.tally import Tally
 
 log = logging.getLogger("jobq.consumer")
@@ -142,10 +140,10 @@ class Consumer:
             lambda conn: warm(conn, self.worker_id, self.queues))
         await self.broker.connect(wait=True)
         for q in self.queues:
-            await execute(pool, Q["queue_ensure"], q)
+            await ensure_queue(pool, q)
         if self.app.schedules:  # periodic jobs the app declares (fired by the reapers)
             async with connection(pool) as conn:
-                await schedules.declare(conn, list(self.app.schedules.values()))
+                await declare_schedules(conn, list(self.app.schedules.values()))
         if self.cfg.pool == "process":
             assert self.app_spec is not None
             self.processes = ProcessPool(

@@ -23,11 +23,11 @@ from collections.abc import Callable
 
 import asyncpg
 
-from jobq.db import SESSION_SETTINGS, execute, fetchval, missing_right
+from jobq.db import SESSION_SETTINGS, missing_right
 from jobq.errors import ConfigError
 from jobq.runtime.backoff import Backoff
-from jobq.sql import Q
 from jobq.telemetry.logs import fields
+from jobq.worker import store
 
 log = logging.getLogger("jobq.consumer")
 
@@ -64,19 +64,19 @@ class Registry:
                 # server holding its advisory lock, or re-registering is
                 # refused until it ends: the server checks the client is still
                 # there while a statement runs.
-                await execute(conn, Q["client_check_interval"])
+                await store.session_checks_clients(conn)
             ended = asyncio.Event()
             conn.add_termination_listener(lambda _c: ended.set())
             key = random.randrange(1, 2**31)
-            while not await fetchval(conn, Q["worker_lock"], key):
+            while not await store.lock_session(conn, key):
                 key = random.randrange(1, 2**31)
-            if await fetchval(conn, Q["worker_register"], self.worker_id, socket.gethostname(),
-                                   os.getpid(), key) is None:
+            if not await store.register(conn, self.worker_id, socket.gethostname(), os.getpid(),
+                                        key):
                 # Our earlier session may still hold its lock for a moment
                 # after a broken connection: the loop tries again.
                 raise RuntimeError(f"worker id {self.worker_id} is registered by a live "
                                    "session")
-            await execute(conn, Q["worker_pool"], self.worker_id, self.pool_kind)
+            await store.say_pool(conn, self.worker_id, self.pool_kind)
             self.conn = conn
             self.registered.set()
             self._on_registered()
@@ -129,7 +129,7 @@ class Registry:
             try:
                 # The heartbeat is stopped before this, and the loop only
                 # waits for the session to end: nothing else uses conn now.
-                await asyncio.wait_for(execute(conn, Q["worker_gone"], self.worker_id), 5)
+                await asyncio.wait_for(store.deregister(conn, self.worker_id), 5)
             except Exception as exc:  # best effort: the reaper copes either way
                 log.debug("deregister: %r", exc)
         if self._task is not None:

@@ -28,10 +28,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from jobq import lease
 from jobq.client.results import ResultInvalid, encode
-from jobq.db import fetch, fetchval
 from jobq.errors import LeaseLost, StepRefused
-from jobq.sql import Q
 
 
 def fn_name(fn: Callable[..., Any]) -> str:
@@ -51,7 +50,7 @@ class JobLink:
         self.loop = asyncio.get_running_loop()
 
     async def parents(self) -> dict[uuid.UUID, Any]:
-        rows = await fetch(self.pool, Q["parents"], self.job_id, self.lock)
+        rows = await lease.parents(self.pool, self.job_id, self.lock)
         return {r["id"]: (json.loads(r["result"]) if r["result"] is not None else None)
                 for r in rows}
 
@@ -87,7 +86,7 @@ class JobLink:
             text = encode(value, self.max_result_bytes)
         except ResultInvalid as exc:
             raise StepRefused(f"step {name!r}: {exc}") from None
-        if await fetchval(self.pool, Q["step_record"], self.job_id, self.lock, name, who, text):
+        if await lease.step_record(self.pool, self.job_id, self.lock, name, who, text):
             return json.loads(text) if text is not None else None
         again = await self._recorded(name, who)  # a retried record whose reply was lost
         if again is None:
@@ -96,11 +95,11 @@ class JobLink:
 
     async def _recorded(self, name: str, who: str) -> tuple[Any] | None:
         """(result,) if this job recorded the step; BadInput if with another fn."""
-        rows = await fetch(self.pool, Q["step_get"], self.job_id, self.lock, name)
-        row = rows[0] if rows else None
+        row = await lease.step_get(self.pool, self.job_id, self.lock, name)
         if row is None:
             return None
-        if row["fn"] != who:
-            raise StepRefused(f"step {name!r} was recorded by {row['fn']}, not {who}: a step name "
-                           "names one function")
-        return (json.loads(row["result"]) if row["result"] is not None else None,)
+        fn, result = row
+        if fn != who:
+            raise StepRefused(f"step {name!r} was recorded by {fn}, not {who}: a step name "
+                              "names one function")
+        return (json.loads(result) if result is not None else None,)

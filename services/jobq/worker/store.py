@@ -4,10 +4,13 @@ The worker's units (intake, executor, completer, heartbeat) reach the
 database and the broker only through :class:`WorkerStore`: the lease's
 fenced statements with typed rows, and publishing the ids of rows it just
 put back in line. :class:`PgStore` is the real thing (``lease.py``'s
-statements on the pool and the registry session, ``relay.py``'s publish and
-mark); ``tests/unit/fake_store.py`` is a fake with the same rules (a token
+statements on the pool and the registry session, ``client/publish.py``'s
+publish and mark); ``harness/fake_store.py`` is a fake with the same rules (a token
 fences every write, a lapsed lease is gone), so the worker's flow is unit
-tested without services.
+tested without services. The registry session's statements (register,
+the session lock, deregister) and the consumer's start-up writes (its
+queues, the app's schedules) are here too: this module is the worker's
+whole database side.
 """
 
 from __future__ import annotations
@@ -24,13 +27,14 @@ import asyncpg
 from jobq import lease
 from jobq.amqp.broker import Broker
 from jobq.client.publish import publish_and_mark
-from jobq.db import execute, fetch, fetchval, session_broken
-from jobq.errors import ConfigError, DatabaseUnavailable, UnavailableError
+from jobq.db import PooledConnection, execute, fetch, fetchrow, fetchval, now, session_broken
+from jobq.errors import BadInput, ConfigError, DatabaseUnavailable, UnavailableError
 from jobq.lease import Failure, Lease, Renewal
 from jobq.rows import ChildDeath, Claim, Failed, Miss, Spell
+from jobq.schedules import Schedule, refused
 from jobq.sql import Q
 from jobq.telemetry import metrics
-from jobq.worker.registry import Registry
+from jobq.telemetry.logs import fields
 from jobq.worker.steps import JobLink
 
 log = logging.getLogger("jobq.consumer")
@@ -96,11 +100,78 @@ async def warm(conn: asyncpg.Connection, worker_id: str, queues: Sequence[str]) 
         log.debug("warm-up of a new session: %r", exc)
 
 
+class Session(Protocol):
+    """The worker's registry session, as the store renews on it (registry.py)."""
+
+    conn: asyncpg.Connection | None
+
+    def reset(self) -> None: ...
+
+
+# ── the registry session's statements (registry.py) ──
+
+async def session_checks_clients(conn: asyncpg.Connection) -> None:
+    """PostgreSQL 14 and later: a statement running for a client that went
+    away ends within a second."""
+    await execute(conn, Q["client_check_interval"])
+
+
+async def lock_session(conn: asyncpg.Connection, key: int) -> bool:
+    """Take the session-level advisory lock ``key`` (False: someone holds it)."""
+    return bool(await fetchval(conn, Q["worker_lock"], key))
+
+
+async def register(conn: asyncpg.Connection, worker_id: str, host: str, pid: int,
+                   key: int) -> bool:
+    """Register the worker from the session holding lock ``key`` (False: a
+    live session registered that id)."""
+    return await fetchval(conn, Q["worker_register"], worker_id, host, pid, key) is not None
+
+
+async def say_pool(conn: asyncpg.Connection, worker_id: str, kind: str) -> None:
+    await execute(conn, Q["worker_pool"], worker_id, kind)
+
+
+async def deregister(conn: asyncpg.Connection, worker_id: str) -> None:
+    """Graceful stop: the worker released its leases; nothing to cut."""
+    await execute(conn, Q["worker_gone"], worker_id)
+
+
+async def declare_schedules(conn: asyncpg.Connection | PooledConnection,
+                            schedules: Sequence[Schedule]) -> int:
+    """Store the app's declared schedules; how many were stored. One that is
+    refused (an operator's schedule of that name, a login that is not a
+    producer, a payload over the limit) is logged once and skipped: it never
+    stops the consumer."""
+    at, stored = await now(conn), 0
+    for s in schedules:
+        try:
+            with refused(s.name):
+                async with conn.transaction():
+                    row = await fetchrow(conn, Q["schedule_upsert"], *s.row(at))
+        except BadInput as exc:
+            log.warning("%s; not stored", exc, extra=fields(event="schedule_refused"))
+            continue
+        if row is None:
+            log.warning("schedule %s not stored: an operator set a schedule of that name "
+                        "(jobq schedule delete %s hands it to the app), or this login is "
+                        "not a producer (a schedule enqueues jobs: GRANT jobq_producer)",
+                        s.name, s.name, extra=fields(event="schedule_refused"))
+            continue
+        stored += 1
+    return stored
+
+
+async def ensure_queue(pool: asyncpg.Pool, queue: str) -> None:
+    """Create a queue this consumer handles, with default settings."""
+    await execute(pool, Q["queue_ensure"], queue)
+
+
 class PgStore:
     """The worker's statements on PostgreSQL; renewals on the registry's
     session, everything else on the pool."""
 
-    def __init__(self, pool: asyncpg.Pool, broker: Broker, registry: Registry,
+    def __init__(self, pool: asyncpg.Pool, broker: Broker, registry: Session,
                  worker_id: str, queues: Sequence[str]) -> None:
         self.pool = pool
         self.broker = broker

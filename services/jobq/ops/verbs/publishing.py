@@ -60,9 +60,8 @@ def register(sub: Any) -> None:
 
 async def publish(settings: Settings, args: argparse.Namespace) -> None:
     from jobq.client.producer import Client
-    from jobq.db import fetch
+    from jobq.client.store import payload_limits
     from jobq.newjob import NewJob, validate
-    from jobq.sql import Q
 
     if args.key is not None and args.idempotency_key is None:
         # --key once was the idempotency key; an old script's --key now
@@ -79,7 +78,7 @@ async def publish(settings: Settings, args: argparse.Namespace) -> None:
         validate(jobs[0])  # before connecting
     async with Client(settings) as client:
         assert client.pool is not None
-        known = await fetch(client.pool, Q["queue_limits"], [args.queue])
+        known = await payload_limits(client.pool, [args.queue])
         for i in range(0, len(jobs), BULK_BATCH):
             try:
                 ids = await client.publish_many(jobs[i:i + BULK_BATCH], relay=args.lines)

@@ -7,12 +7,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from jobq.db import connection, fetch, open_pool
+from jobq.db import open_pool
 from jobq.errors import BadInput
+from jobq.ops import admin
 from jobq.ops.common import decode, table
-from jobq.schedules import Schedule, set_schedule
+from jobq.schedules import Schedule
 from jobq.settings import Settings
-from jobq.sql import Q
 
 
 def register(sub: Any) -> None:
@@ -59,13 +59,11 @@ async def run(settings: Settings, args: argparse.Namespace) -> list[dict[str, An
                            pooled=settings.database_pooled)
     try:
         if s is not None:
-            async with connection(pool) as conn:
-                await set_schedule(conn, s)
+            await admin.set_schedule(pool, s)
         elif args.verb == "delete":
-            if not await fetch(pool, Q["schedule_delete"], args.name):
-                raise BadInput(f"no schedule named {args.name!r}")
+            await admin.delete_schedule(pool, args.name)
             return []
-        rows = await fetch(pool, Q["schedule_list"])
+        rows = await admin.schedules(pool)
         if args.verb == "set":
             rows = [r for r in rows if r["name"] == args.name]
         return [{"name": r["name"], "queue": r["queue"],
