@@ -21,7 +21,7 @@ from typing import Any
 
 from jobq.errors import DatabaseUnavailable
 from jobq.lease import Failure, Lease, Renewal
-from jobq.rows import ChildDeath, Claim, Failed, Miss, Spell
+from jobq.rows import ChildDeath, Claim, Claimed, Failed, Miss, Spell
 from jobq.worker.steps import JobLink
 
 
@@ -108,7 +108,7 @@ class FakeStore:
     # ── WorkerStore ──
 
     async def claim(self, ids: Sequence[uuid.UUID], locks: Sequence[uuid.UUID],
-                    retried: bool, handed: list[Spell]) -> list[Claim | None]:
+                    retried: bool) -> Claimed:
         self._enter("claim", list(ids))
         if any(self.rows[i].poison for i in ids if i in self.rows):
             import asyncpg
@@ -128,7 +128,7 @@ class FakeStore:
                 row.expires, row.attempts = now() + row.lease_s, row.attempts + 1
             out.append(self._claim_row(row))
         self._leave("claim")
-        return out
+        return Claimed(out, [])
 
     def _claim_row(self, row: FakeRow) -> Claim:
         assert row.lock is not None

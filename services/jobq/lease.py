@@ -1,9 +1,12 @@
-"""The lease: the only code that writes lease columns (status, lock,
-lease_expires_at, stalls, isolated) of ``jobq.job``; the SQL is in
-``queries.sql``. Workers' writes are fenced by their token; the reaper's
-are under FOR UPDATE SKIP LOCKED; operators' (cancel, retry) are guarded by
-the status they move from. ``published_at`` is set only by ``relay.py``;
-a transition that puts a row back in line clears it in the same statement.
+"""The lease: the statements by which a worker, and an operator, move a
+job's lease columns (status, lock, lease_expires_at, stalls, isolated); the
+SQL is in ``queries.sql``. Workers' writes are fenced by their token;
+operators' (cancel, retry) are guarded by the status they move from. The
+only other writers of these columns are the reapers' (``reaper/store.py``:
+requeue a lapsed lease, cut an overdue one, unpark), each under FOR UPDATE
+SKIP LOCKED and re-checked under the lock. ``published_at`` is set only by
+the publish marks (``client/store.py``); a transition that puts a row back
+in line clears it in the same statement.
 
 A consumer holds a :class:`Lease` per job it runs. Besides the database's
 deadline, each lease keeps a local *trusted until* on the event loop's
@@ -25,7 +28,7 @@ from typing import Any
 import asyncpg
 
 from jobq.db import Database, execute, fetch, fetchval, translated
-from jobq.rows import ChildDeath, Claim, Failed, Lapsed, Miss, Spell, Vanished, of
+from jobq.rows import ChildDeath, Claim, Claimed, Failed, Lapsed, Miss, Spell, Vanished, of
 from jobq.sql import Q
 from jobq.status import Status
 
@@ -84,21 +87,24 @@ async def complete_in(conn: Database, job_id: uuid.UUID, lock: uuid.UUID) -> boo
 
 async def claim(pool: asyncpg.Pool, ids: Sequence[uuid.UUID], worker_id: str,
                 queues: Sequence[str], locks: Sequence[uuid.UUID] | None = None,
-                retried: bool = False, handed: list[Spell] | None = None
-                ) -> list[Claim | None]:
-    """Claim the given ids with these lock tokens (fresh ones if None);
-    returns, per id, the claim row it brought (its own, or a higher-priority
-    job's in its place) or None. ``retried``: an earlier attempt with the
-    same tokens may have committed unseen; its rows count as ours.
-    ``handed``: receives (id, queue, lock) of delivered jobs that a higher
-    priority overtook; the caller publishes them again."""
+                retried: bool = False) -> list[Claim | None]:
+    """:func:`claim_batch`'s rows alone (tests and one-off tools)."""
+    return (await claim_batch(pool, ids, worker_id, queues, locks, retried)).rows
+
+
+async def claim_batch(pool: asyncpg.Pool, ids: Sequence[uuid.UUID], worker_id: str,
+                      queues: Sequence[str], locks: Sequence[uuid.UUID] | None = None,
+                      retried: bool = False) -> Claimed:
+    """Claim the given ids with these lock tokens (fresh ones if None).
+    ``retried``: an earlier attempt with the same tokens may have committed
+    unseen; its rows count as ours."""
     locks = list(locks) if locks is not None else [uuid.uuid4() for _ in ids]
     rows = await fetch(pool, Q["claim"], list(ids), worker_id, list(queues), locks)
     by_via: dict[uuid.UUID, Claim] = {}
+    handed: list[Spell] = []
     for r in rows:
         if r["handed"]:
-            if handed is not None:
-                handed.append(Spell(r["id"], r["queue"], r["lock"]))
+            handed.append(Spell(r["id"], r["queue"], r["lock"]))
         else:
             by_via[r["via"]] = of(Claim, r)
     if retried and len(by_via) < len(set(ids)):
@@ -108,7 +114,7 @@ async def claim(pool: asyncpg.Pool, ids: Sequence[uuid.UUID], worker_id: str,
             by_via[r["via"]] = of(Claim, r)
     # The same id twice in one batch (a duplicate delivery) is claimed once:
     # only its first occurrence gets the row.
-    return [by_via.pop(i, None) for i in ids]
+    return Claimed([by_via.pop(i, None) for i in ids], handed)
 
 
 async def claim_misses(pool: asyncpg.Pool, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Miss]:

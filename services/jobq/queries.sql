@@ -2,8 +2,11 @@
 -- A test prepares each one against the migrated schema.
 --
 -- Lease rules, readable here as a whole:
---   * claim sets a fresh random lock token and a deadline from the database
---     clock (now() + the queue's lease_s);
+--   * claim sets a fresh lock token (a random UUID the consumer drew for
+--     that delivery, so a claim retried after a lost reply knows its rows)
+--     and a deadline from the database clock (now() + the queue's lease_s);
+--     every other new token (a spell put back in line, parked, handed on,
+--     unparked) is drawn by the database (gen_random_uuid());
 --   * every later write by a worker (renew, complete, fail, release) is fenced
 --     by  id AND lock = token AND status = 'active' AND lease_expires_at > now();
 --     zero rows means the lease is lost: the caller stops, it never retries;
@@ -272,6 +275,27 @@ SELECT id, 'published', 'by the reaper relay' FROM marked WHERE history;
 -- release them to the relay as slots and tokens free up, so a full queue or
 -- key is neither lost nor spun on, and a key with a backlog holds only its
 -- cap's worth of messages in the broker: the fairness between keys.
+--
+-- Map of the statement (four statements in one call; the last does the work):
+--   1. lock the limited queues' rows (queue order)     -> a fresh snapshot
+--   2. make the batch's key_lock rows                  (per-key limits only)
+--   3. lock them in (queue, key) order                 (per-key limits only)
+--   4. better     waiting jobs of a priority above 0, best first per queue
+--                 (SKIP LOCKED: two claims never take the same one)
+--      delivered  the delivered ids as they are now (read only if `better`)
+--      swap       delivered id -> the better job taken in its place
+--      candidate  the rows to claim (delivered, swapped), locked in id order,
+--                 re-checked under the lock: queued, due, not waiting
+--      allowance  per limited queue: how many may start now (cap, tokens)
+--      keyed      per key of a per-key-limited queue: the same, per key
+--      ranked     each candidate allowed or not, best first within the limits
+--      claimed    UPDATE: the allowed rows active, token, deadline  -> rows
+--      parked     UPDATE: the refused rows out of the relay, new token
+--      handed     UPDATE: swapped-out delivered jobs back in line  -> rows
+--      spent      the queues' rate tokens used
+--      key_spent  the keys' rate tokens used
+--      logged     'claimed' in job_event when the queue keeps history
+--   result: claimed rows (handed false) UNION ALL handed rows (handed true)
 -- NO KEY UPDATE, so enqueues (their foreign key's KEY SHARE) never wait.
 SELECT name FROM jobq.queue
 WHERE name = ANY($3::text[]) AND (max_running IS NOT NULL OR rate_per_s IS NOT NULL OR paused)

@@ -72,6 +72,16 @@ class Claim:
     via: uuid.UUID
 
 
+class Claimed(NamedTuple):
+    """What one claim did (``claim``): per delivered id, the row it brought
+    (its own job, or a higher-priority job's in its place) or None; and the
+    spells of delivered jobs a higher priority overtook, back in line, which
+    the caller publishes again."""
+
+    rows: list[Claim | None]
+    handed: list[Spell]
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Miss:
     """Why a delivered id was not claimable (claim_misses)."""

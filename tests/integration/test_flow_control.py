@@ -42,9 +42,9 @@ def test_a_delivery_brings_the_best_waiting_job_and_hands_its_own_back(db_url: s
         low = await enqueue(pool, "q", 3)
         (high,) = await enqueue(pool, "q", priority=5)
         (mid,) = await enqueue(pool, "q", priority=2)
-        handed: list[Any] = []
-        got = [r for r in await lease.claim(pool, low[:2], "w", ["q"], handed=handed)
-               if r is not None]
+        first = await lease.claim_batch(pool, low[:2], "w", ["q"])
+        handed = first.handed
+        got = [r for r in first.rows if r is not None]
         assert len(got) == 2
         # the two deliveries ran the priority-5 and the priority-2 jobs, best first
         assert [r.id for r in got] == [high, mid] or [r.id for r in got] == [mid, high]
@@ -54,8 +54,9 @@ def test_a_delivery_brings_the_best_waiting_job_and_hands_its_own_back(db_url: s
             r = await row(pool, jid)
             assert r["status"] == "queued" and r["published_at"] is None and r["lock"] == token
         # nothing better waits now: a delivery runs its own job
-        (own,) = await lease.claim(pool, [low[2]], "w", ["q"], handed=handed)
-        assert own is not None and own.id == low[2] and len(handed) == 2
+        again = await lease.claim_batch(pool, [low[2]], "w", ["q"])
+        (own,) = again.rows
+        assert own is not None and own.id == low[2] and again.handed == []
 
     run(db_url, body)
 

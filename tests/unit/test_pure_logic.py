@@ -55,7 +55,8 @@ def test_a_lost_session_cuts_trust_to_the_grace_and_a_lost_lease_is_never_extend
 def test_the_next_renewal_is_due_for_the_lease_renewed_longest_ago() -> None:
     async def go() -> float:
         runs: dict[uuid.UUID, Run] = {}
-        hb = Heartbeat(runs, ConsumerSettings(), "w", Tally(), None)  # type: ignore[arg-type]
+        hb = Heartbeat(ConsumerSettings(), "w", Tally(), None)  # type: ignore[arg-type]
+        hb.watch(runs)
         for sent_at, lease_s in ((10.0, 30.0), (12.0, 3.0)):
             le = lease_at(sent_at, lease_s)
             job: Job[Any] = Job(le.job_id, "q", {}, 1, le.lock, "w")

@@ -24,12 +24,9 @@ from jobq.telemetry import tracing as tracing_mod
 from jobq.worker import executor as executor_mod
 from jobq.worker import intake as intake_mod
 from jobq.worker import progress as progress_mod
-from jobq.worker.completer import Completer
-from jobq.worker.executor import Executor
-from jobq.worker.heartbeat import Heartbeat
-from jobq.worker.intake import Intake
-from jobq.worker.run import Run, Stop
+from jobq.worker.run import Stop
 from jobq.worker.tally import Tally
+from jobq.worker.units import assemble
 
 
 class Channel:
@@ -73,15 +70,12 @@ class World:
         self.store = FakeStore(["q"])
         self.cfg = ConsumerSettings(**cfg)
         self.tally = Tally()
-        self.runs: dict[uuid.UUID, Run] = {}
-        self.slots = asyncio.Semaphore(concurrency)
         self.stop = asyncio.Event()
-        self.hb = Heartbeat(self.runs, self.cfg, "w", self.tally, self.store)
-        self.completer = Completer(self.store, self.hb, self.tally, "w")
-        self.executor = Executor(self.app, self.cfg, concurrency, "w", self.store, self.hb,
-                                 self.completer, self.tally, self.slots, self.runs)
-        self.intake = Intake(self.store, ["q"], self.slots, self.stop, self.tally,
-                             self.executor.start)
+        units = assemble(self.app, self.cfg, self.store, worker_id="w", queues=["q"],
+                         concurrency=concurrency, tally=self.tally, stop=self.stop)
+        self.hb, self.completer = units.heartbeat, units.completer
+        self.executor, self.intake = units.executor, units.intake
+        self.runs = self.executor.runs
         self.channel = Channel()
         self._tag = 0
         self._tasks: list[asyncio.Task[None]] = []

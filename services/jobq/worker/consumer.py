@@ -25,7 +25,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 import asyncpg
 
@@ -47,6 +47,7 @@ from jobq.worker.registry import Registry
 from jobq.worker.run import Run, Stop
 from jobq.worker.store import PgStore, declare_schedules, ensure_queue, warm
 from jobq.worker.tally import Tally
+from jobq.worker.units import assemble
 
 log = logging.getLogger("jobq.consumer")
 
@@ -81,13 +82,11 @@ class Consumer:
         self.worker_id = new_worker_id()
         self.tally = Tally()
         self.counters = self.tally.counters
-        self.runs: dict[uuid.UUID, Run] = {}
         self._notifies: set[asyncio.Task[None]] = set()  # worker_busy NOTIFYs in flight
         self._woke_at = -WAKE_EVERY_S
         self.broker = Broker(settings.amqp_url, settings.namespace, settings.amqp_heartbeat_s)
         self.ready = asyncio.Event()
         self._stop = asyncio.Event()
-        self._slots = asyncio.Semaphore(self.concurrency)
         self._dead = False  # a supervised task died: liveness fails
         self._problem: str | None = None
         self.pool: asyncpg.Pool | None = None
@@ -98,6 +97,11 @@ class Consumer:
         self._heartbeat: Heartbeat | None = None
         self._completer: Completer | None = None
         metrics.IN_FLIGHT.set_function(lambda: len(self.runs))  # computed when scraped
+
+    @property
+    def runs(self) -> Mapping[uuid.UUID, Run]:
+        """The jobs running here (the executor owns them)."""
+        return self.executor.runs if self.executor is not None else {}
 
     def request_stop(self) -> None:
         if not self._stop.is_set():
@@ -155,12 +159,12 @@ class Consumer:
                                  on_lost=self._session_lost, on_registered=self._registered,
                                  pool_kind=self.cfg.pool)
         store = PgStore(pool, self.broker, self.registry, self.worker_id, self.queues)
-        hb = self._heartbeat = Heartbeat(self.runs, self.cfg, self.worker_id, self.tally, store)
-        completer = self._completer = Completer(store, hb, self.tally, self.worker_id)
-        self.executor = Executor(self.app, self.cfg, self.concurrency, self.worker_id, store, hb,
-                                 completer, self.tally, self._slots, self.runs, self.processes)
-        self.intake = Intake(store, self.queues, self._slots, self._stop, self.tally,
-                             self.executor.start, lambda: self._claimed(store))
+        units = assemble(self.app, self.cfg, store, worker_id=self.worker_id,
+                         queues=self.queues, concurrency=self.concurrency, tally=self.tally,
+                         stop=self._stop, processes=self.processes,
+                         on_claimed=lambda: self._claimed(store))
+        self._heartbeat, self._completer = units.heartbeat, units.completer
+        self.executor, self.intake = units.executor, units.intake
         self.registry.start()
         await self.registry.wait_registered()
 

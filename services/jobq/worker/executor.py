@@ -29,6 +29,7 @@ import functools
 import json
 import logging
 import uuid
+from types import MappingProxyType
 from typing import Any
 
 from jobq.handlers import Handlers
@@ -61,7 +62,7 @@ class JobqFault(Exception):
 class Executor:
     def __init__(self, app: Handlers, cfg: ConsumerSettings, concurrency: int, worker_id: str,
                  store: WorkerStore, heartbeat: Heartbeat, completer: Completer,
-                 tally: Tally, slots: asyncio.Semaphore, runs: dict[uuid.UUID, Run],
+                 tally: Tally, slots: asyncio.Semaphore,
                  processes: ProcessPool | None = None) -> None:
         self.app = app
         self.cfg = cfg
@@ -73,8 +74,9 @@ class Executor:
         self.tally = tally
         # The one owner of this process's runs: added at the claim, removed at
         # their end (or by forget(), after the drain released them); the
-        # heartbeat reads them.
-        self.runs = runs
+        # heartbeat reads them through a view that cannot change them.
+        self.runs: dict[uuid.UUID, Run] = {}
+        heartbeat.watch(MappingProxyType(self.runs))
         self._slots = slots
         self._processes = processes
         self._threads = concurrent.futures.ThreadPoolExecutor(

@@ -21,6 +21,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from jobq.errors import ConfigError
@@ -40,9 +41,11 @@ BUSY_RETRY_S = 0.2  # a lease whose row was held by someone else: tried again th
 
 
 class Heartbeat:
-    def __init__(self, runs: Mapping[uuid.UUID, Run], cfg: ConsumerSettings, worker_id: str,
-                 tally: Tally, store: WorkerStore) -> None:
-        self.runs = runs  # read only: the executor owns the runs (adds, removes)
+    def __init__(self, cfg: ConsumerSettings, worker_id: str, tally: Tally,
+                 store: WorkerStore) -> None:
+        # Read only: the executor owns the runs (adds, removes) and hands
+        # this a view of them when it is built (watch()).
+        self.runs: Mapping[uuid.UUID, Run] = MappingProxyType({})
         self.cfg = cfg
         self.worker_id = worker_id
         self.tally = tally
@@ -51,6 +54,10 @@ class Heartbeat:
         self._next = float("inf")  # loop time the next renewal is planned for
         self._now = False
         self._side: set[asyncio.Task[None]] = set()
+
+    def watch(self, runs: Mapping[uuid.UUID, Run]) -> None:
+        """The runs to renew and fence: the executor's, as a read-only view."""
+        self.runs = runs
 
     # ── per run ──
 

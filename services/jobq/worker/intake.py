@@ -45,7 +45,7 @@ from collections.abc import Callable
 from jobq.amqp.deliveries import Settleable
 from jobq.db import is_data_error, is_transient
 from jobq.errors import ConfigError
-from jobq.rows import Claim, Spell
+from jobq.rows import Claim
 from jobq.runtime import crash
 from jobq.runtime.backoff import Backoff
 from jobq.telemetry.logs import fields
@@ -263,9 +263,9 @@ class Intake:
 
     async def _claim(self, ids: list[uuid.UUID], locks: list[uuid.UUID],
                      retried: bool = False) -> list[Claim | None]:
-        handed: list[Spell] = []  # delivered jobs a higher priority overtook
-        rows = await self.store.claim(ids, locks, retried, handed)
-        if handed:
+        claimed = await self.store.claim(ids, locks, retried)
+        rows, handed = claimed.rows, claimed.handed
+        if handed:  # delivered jobs a higher priority overtook: back in line
             self.tally.note("overtaken", len(handed))
             await self.store.publish(handed)
         misses = [i for i, r in zip(ids, rows) if r is None]

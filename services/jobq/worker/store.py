@@ -30,7 +30,7 @@ from jobq.client.publish import publish_and_mark
 from jobq.db import PooledConnection, execute, fetch, fetchrow, fetchval, now, session_broken
 from jobq.errors import BadInput, ConfigError, DatabaseUnavailable, UnavailableError
 from jobq.lease import Failure, Lease, Renewal
-from jobq.rows import ChildDeath, Claim, Failed, Miss, Spell
+from jobq.rows import ChildDeath, Claimed, Failed, Miss, Spell
 from jobq.schedules import Schedule, refused
 from jobq.sql import Q
 from jobq.telemetry import metrics
@@ -45,7 +45,7 @@ class WorkerStore(Protocol):
     matches no row (False, None, or an id left out) means the lease is lost."""
 
     async def claim(self, ids: Sequence[uuid.UUID], locks: Sequence[uuid.UUID],
-                    retried: bool, handed: list[Spell]) -> list[Claim | None]: ...
+                    retried: bool) -> Claimed: ...
 
     async def claim_misses(self, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Miss]: ...
 
@@ -180,10 +180,10 @@ class PgStore:
         self.queues = list(queues)
 
     async def claim(self, ids: Sequence[uuid.UUID], locks: Sequence[uuid.UUID],
-                    retried: bool, handed: list[Spell]) -> list[Claim | None]:
+                    retried: bool) -> Claimed:
         started = time.perf_counter()
-        got = await lease.claim(self.pool, ids, self.worker_id, self.queues, locks, retried,
-                                handed)
+        got = await lease.claim_batch(self.pool, ids, self.worker_id, self.queues, locks,
+                                      retried)
         metrics.CLAIM_SECONDS.observe(time.perf_counter() - started)
         return got
 
