@@ -66,7 +66,16 @@ def test_priority_jobs_overtake_a_standing_backlog(db: SyncDB, procs: Procs,
     print(f"priority 5 into a backlog ({left} of 2000 still waiting): start after publish "
           f"p50 {waits[24]:.3f} s, p99 {waits[48]:.3f} s, max {waits[-1]:.3f} s")
     assert left > 500, "the backlog drained: the case was not exercised"
-    assert waits[-1] < 1.0, waits
+    # Event-based, not a time bound: while an urgent job waited (published,
+    # not started), how many backlog jobs started? The claims already in
+    # flight at its publish, at most (2 consumers x 8); without overtaking it
+    # would wait behind the >500 still queued.
+    passed = db.fetch(
+        "SELECT (SELECT count(*) FROM test_run b WHERE b.job_id = ANY($2) "
+        "        AND b.started_at > j.created_at AND b.started_at < min(r.started_at)) AS n "
+        "FROM jobq.job j JOIN test_run r ON r.job_id = j.id WHERE j.id = ANY($1) "
+        "GROUP BY j.id, j.created_at", ids, backlog)
+    assert max(p["n"] for p in passed) <= 2 * 8 * 2, sorted(p["n"] for p in passed)
 
 
 def test_a_keys_backlog_holds_up_no_other_key_nor_outlives_a_killed_worker(

@@ -50,7 +50,7 @@ def test_stalled_job_is_visible_before_the_reaper_and_its_history_says_why_it_ra
     a.kill()
     # No reaper yet: SQL alone shows the job as stalled, not running.
     wait_until(lambda: db.val("SELECT count(*) FROM jobq.stalled WHERE id = $1", jid) == 1,
-               3, "the job in jobq.stalled")
+               15, "the job in jobq.stalled")
     stats = db.fetchrow("SELECT * FROM jobq.queue_stats WHERE queue = 'work'")
     assert (stats["stalled"], stats["running"]) == (1, 0)
     assert db.fetchrow("SELECT * FROM jobq.overdue")["overdue_leases"] == 1
@@ -115,7 +115,10 @@ def test_cancel_a_running_job_stops_its_handler_at_the_next_renewal(db: SyncDB, 
 def test_retry_prune_and_errors_of_the_cli(db: SyncDB, procs: Procs, settings: Settings,
                                            env: dict[str, str]) -> None:
     set_queue(db, "work", lease_s=1, max_attempts=1)
-    procs.reaper()
+    # The CLI's prune is under test: the reaper's own retention (every 60 s,
+    # keep_completed_s 1 day) would delete the back-dated rows first on a
+    # machine slow enough that this test passes the minute.
+    procs.reaper(JOBQ_REAPER__PRUNE_EVERY_S="0")
     port = free_port()
     procs.consumer(JOBQ_HEALTH_PORT=str(port)).worker_id()
     (bad,) = publish(settings, "work", [{"fail_times": 1}])

@@ -56,7 +56,9 @@ def test_a_dying_child_is_charged_to_its_own_job_only(db: SyncDB, procs: Procs, 
     first, second = runs(db, killer)
     assert first["outcome"] is None and second["outcome"] == "returned"
     again_s = (second["started_at"] - first["started_at"]).total_seconds()
-    assert again_s < 1.0, again_s  # the parent knew at once: no lease wait
+    # The parent knew at once: no wait for the 30 s lease. Any bound well
+    # under the lease tells them apart, however loaded the machine.
+    assert again_s < 30 / 3, again_s
     assert first["pid"] != second["pid"] and dead(first["pid"])  # its child was replaced
     row = job(db, killer)
     assert (row["stalls"], row["attempts"]) == (1, 2)

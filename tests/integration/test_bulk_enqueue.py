@@ -41,7 +41,9 @@ def test_a_bulk_enqueue_returns_at_the_commit_and_the_relay_publishes_it(
             woke = time.monotonic()
             assert wakes.told and woke - started < LONG_SLEEP_S / 2, (
                 f"the bulk commit woke no reaper (slept {woke - started:.2f}s)")
-            assert woke - committed < 1.0, f"woken {woke - committed:.2f}s after the commit"
+            # Soon after the commit: within what the insert itself took (or 1 s).
+            assert woke - committed < max(1.0, committed - started), (
+                f"woken {woke - committed:.2f}s after the commit")
         row = await conn.fetchrow(
             "SELECT count(*) AS n, count(*) FILTER (WHERE published_at IS NULL "
             "AND relay_after <= now()) AS relays FROM jobq.job WHERE id = ANY($1)", ids)

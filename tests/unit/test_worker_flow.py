@@ -538,7 +538,9 @@ def test_a_lost_session_cuts_the_trust_to_the_grace() -> None:
             w.deliver(jid)
             await w.until(lambda: w.status(jid) == "active")
             w.hb.session_lost(asyncio.get_running_loop().time())
-            await w.until(lambda: w.tally.counters["lease_lost"] == 1, within=1)
+            # Trust cut to the 0.2 s grace, not the lease's 30 s: any bound
+            # well under the lease tells them apart on a loaded machine.
+            await w.until(lambda: w.tally.counters["lease_lost"] == 1, within=10)
     run(go())
 
 
