@@ -35,13 +35,7 @@ def drain(w: Any, n: int, consumers: int) -> float:
     """run.drain, with the backlog made by plain SQL that every build's
     schema takes (enqueue_many's first five arguments) and published by that
     build's reaper before its consumers start."""
-    w.db.execute("SELECT jobq.enqueue_many(array_fill('noop'::text, ARRAY[$1::int]), "
-                 "array_fill('{}'::jsonb, ARRAY[$1::int]), array_fill(0::float8, ARRAY[$1::int]),"
-                 " array_fill(NULL::text, ARRAY[$1::int]), 0)", n)
-    reaper = w.procs.reaper()
-    wait_until(lambda: w.db.val("SELECT count(*) FROM jobq.job WHERE published_at IS NULL")
-               == 0, 120, "the backlog published", interval=0.2)
-    reaper.kill()
+    drain_backlog_published(w, n)
     started = [w.procs.start("consume", "noop_app:app", "--concurrency", str(CONCURRENCY))
                for _ in range(consumers)]
     wait_until(lambda: w.db.val("SELECT count(*) FROM jobq.job WHERE status = 'completed'")
@@ -49,6 +43,17 @@ def drain(w: Any, n: int, consumers: int) -> float:
     for p in started:
         p.kill()
     return db_rate(w.db, "started_at")
+
+
+def drain_backlog_published(w: Any, n: int) -> None:
+    """n no-op jobs in the queue and in the broker, nobody consuming."""
+    w.db.execute("SELECT jobq.enqueue_many(array_fill('noop'::text, ARRAY[$1::int]), "
+                 "array_fill('{}'::jsonb, ARRAY[$1::int]), array_fill(0::float8, ARRAY[$1::int]),"
+                 " array_fill(NULL::text, ARRAY[$1::int]), 0)", n)
+    reaper = w.procs.reaper()
+    wait_until(lambda: w.db.val("SELECT count(*) FROM jobq.job WHERE published_at IS NULL")
+               == 0, 120, "the backlog published", interval=0.2)
+    reaper.kill()
 
 
 def main() -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -40,12 +41,26 @@ log = logging.getLogger("jobq.consumer")
 MAX_CARRIER_BYTES = 4096  # jobq.job_trace's CHECK: a header set, not a payload
 
 
+_seen = {"on": False}
+# A provider named in the environment is made on the first get_tracer_provider().
+_FROM_ENV = bool(os.environ.get("OTEL_PYTHON_TRACER_PROVIDER"))
+
+
 def enabled() -> bool:
-    """True when OpenTelemetry is installed and a tracer provider is set."""
+    """True when OpenTelemetry is installed and a tracer provider is set.
+    Called once a job: a set provider stays set (OpenTelemetry sets it once).
+    While none is set, get_tracer_provider() reads os.environ on every call
+    (~1 % of a no-op job's consumer CPU, py-spy, issue #49): the module's
+    global says as much without it (the full look where it is missing)."""
     if not INSTALLED:
         return False
+    if _seen["on"]:
+        return True
+    if getattr(trace, "_TRACER_PROVIDER", "?") is None and not _FROM_ENV:
+        return False
     provider = trace.get_tracer_provider()
-    return not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+    _seen["on"] = not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+    return _seen["on"]
 
 
 def carrier() -> str | None:
