@@ -68,6 +68,8 @@ async def _work(job: Job) -> Any:
             raise Retry("come back later", delay_s=float(p["retry_in"]))
         if p.get("fail_now"):
             raise Fail("cannot ever work")
+        if p.get("deep_key"):
+            settings_lookup({})
         if p.get("bad_step"):  # a step result that is not JSON: refused on every run
             await job.step("bad", _not_json)
     except asyncio.CancelledError:
@@ -78,6 +80,16 @@ async def _work(job: Job) -> Any:
 
 def _not_json() -> object:
     return {1, 2}
+
+
+def settings_lookup(config: dict[str, Any]) -> Any:
+    """{"deep_key": true}: a KeyError two frames below the handler, whose
+    traceback must name this file, these functions and their lines."""
+    return read_setting(config, "x")
+
+
+def read_setting(config: dict[str, Any], name: str) -> Any:
+    return config[name]
 
 
 @app.handler("work")
@@ -162,6 +174,8 @@ def sync_handler(job: Job) -> None:
     path = os.path.join(os.environ.get("JOBQ_TEST_RUNLOG", "/tmp"), f"sync-{job.id}")
     with open(path, "a") as f:
         f.write(f"start {job.attempt} {job.worker_id}\n")
+    if (job.payload or {}).get("deep_key"):
+        settings_lookup({})
     deadline = time.monotonic() + float((job.payload or {}).get("sleep", 0))
     while time.monotonic() < deadline:
         time.sleep(0.05)  # a CPU- or IO-bound sync handler
@@ -193,6 +207,8 @@ def proc(job: Job) -> None:
     if p.get("hang_on_attempt") and job.attempt <= int(p["hang_on_attempt"]):
         time.sleep(3600)
     time.sleep(float(p.get("sleep", 0)))
+    if p.get("deep_key"):
+        settings_lookup({})
     total = 0
     for i in range(int(p.get("work", 0))):
         total += i * i  # CPU-bound: a fixed amount of work, holding the GIL

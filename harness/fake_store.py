@@ -20,8 +20,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from jobq.errors import DatabaseUnavailable
-from jobq.lease import Failure, Lease, Renewal
-from jobq.rows import ChildDeath, Claim, Claimed, Failed, Miss, Spell
+from jobq.lease import Failure, Lease
+from jobq.rows import ChildDeath, Claim, Claimed, Failed, Miss, Renewal, Spell
 from jobq.worker.steps import JobLink
 
 

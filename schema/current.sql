@@ -959,10 +959,10 @@ END
 $_$;
 
 --
--- Name: q_fail(uuid[], uuid[], text[], boolean[], double precision[]); Type: FUNCTION; Schema: jobq; Owner: -
+-- Name: q_fail(uuid[], uuid[], text[], boolean[], double precision[], text[]); Type: FUNCTION; Schema: jobq; Owner: -
 --
 
-CREATE FUNCTION jobq.q_fail(uuid[], uuid[], text[], boolean[], double precision[]) RETURNS TABLE(id uuid, status text, retry_in_s double precision)
+CREATE FUNCTION jobq.q_fail(uuid[], uuid[], text[], boolean[], double precision[], text[] DEFAULT NULL::text[]) RETURNS TABLE(id uuid, status text, retry_in_s double precision)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET plan_cache_mode TO 'force_generic_plan'
@@ -971,13 +971,14 @@ CREATE FUNCTION jobq.q_fail(uuid[], uuid[], text[], boolean[], double precision[
 #variable_conflict use_column
 BEGIN
 RETURN QUERY WITH failing AS (
-    SELECT j.id, t.lock, t.error,
+    SELECT j.id, t.lock, t.error, t.tb,
            t.retry AND j.errors + 1 < q.max_attempts AS again,
            now() + make_interval(secs => coalesce(t.delay_s,
                least(q.backoff_max_s, q.backoff_base_s * power(2, j.errors)))) AS retry_at
     FROM jobq.job j
-    JOIN unnest($1::uuid[], $2::uuid[], $3::text[], $4::bool[], $5::float8[])
-         AS t(id, lock, error, retry, delay_s) ON j.id = t.id
+    JOIN unnest($1::uuid[], $2::uuid[], $3::text[], $4::bool[], $5::float8[],
+                coalesce($6::text[], '{}'))
+         AS t(id, lock, error, retry, delay_s, tb) ON j.id = t.id
     JOIN jobq.queue q ON q.name = j.queue
     WHERE j.id = ANY($1::uuid[])
 ), failed AS (
@@ -985,6 +986,7 @@ RETURN QUERY WITH failing AS (
     SET errors = j.errors + 1,
         status = CASE WHEN f.again THEN 'queued' ELSE 'failed' END,
         last_error = f.error,
+        last_traceback = f.tb,
         lease_expires_at = NULL,
         run_at = CASE WHEN f.again THEN f.retry_at ELSE j.run_at END,
         relay_after = CASE WHEN f.again THEN f.retry_at ELSE j.relay_after END,
@@ -1841,6 +1843,8 @@ CREATE TABLE jobq.job (
     workflow_id uuid,
     debounced boolean DEFAULT false NOT NULL,
     slot_freed boolean DEFAULT false NOT NULL,
+    last_traceback text,
+    CONSTRAINT job_last_traceback_size CHECK ((octet_length(last_traceback) <= 16384)),
     CONSTRAINT job_status_check CHECK ((status = ANY (ARRAY['queued'::text, 'active'::text, 'completed'::text, 'failed'::text, 'cancelled'::text])))
 )
 WITH (fillfactor='80');
@@ -1857,7 +1861,8 @@ CREATE VIEW jobq.failed AS
     job.stalls,
     job.last_error,
     job.finished_at,
-    job.payload
+    job.payload,
+    job.last_traceback
    FROM jobq.job
   WHERE (job.status = 'failed'::text);
 
@@ -2718,11 +2723,11 @@ REVOKE ALL ON FUNCTION jobq.q_enqueue_many_traced(text[], jsonb[], double precis
 GRANT ALL ON FUNCTION jobq.q_enqueue_many_traced(text[], jsonb[], double precision[], text[], integer[], text[], double precision[], double precision, text[]) TO jobq_producer;
 
 --
--- Name: FUNCTION q_fail(uuid[], uuid[], text[], boolean[], double precision[]); Type: ACL; Schema: jobq; Owner: -
+-- Name: FUNCTION q_fail(uuid[], uuid[], text[], boolean[], double precision[], text[]); Type: ACL; Schema: jobq; Owner: -
 --
 
-REVOKE ALL ON FUNCTION jobq.q_fail(uuid[], uuid[], text[], boolean[], double precision[]) FROM PUBLIC;
-GRANT ALL ON FUNCTION jobq.q_fail(uuid[], uuid[], text[], boolean[], double precision[]) TO jobq_consumer;
+REVOKE ALL ON FUNCTION jobq.q_fail(uuid[], uuid[], text[], boolean[], double precision[], text[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION jobq.q_fail(uuid[], uuid[], text[], boolean[], double precision[], text[]) TO jobq_consumer;
 
 --
 -- Name: FUNCTION q_finished_by(uuid[], uuid[]); Type: ACL; Schema: jobq; Owner: -

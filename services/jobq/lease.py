@@ -28,7 +28,7 @@ from typing import Any
 import asyncpg
 
 from jobq.db import Database, execute, fetch, fetchval, translated
-from jobq.rows import ChildDeath, Claim, Claimed, Failed, Lapsed, Miss, Spell, Vanished, of
+from jobq.rows import ChildDeath, Claim, Claimed, Failed, Lapsed, Miss, Renewal, Spell, Vanished, of
 from jobq.sql import Q
 from jobq.status import Status
 
@@ -122,16 +122,6 @@ async def claim_misses(pool: asyncpg.Pool, ids: Sequence[uuid.UUID]) -> dict[uui
     return {r["id"]: of(Miss, r) for r in rows}
 
 
-@dataclass(frozen=True)
-class Renewal:
-    """What one renewal statement did: the leases it extended, and those it
-    left alone because another transaction held their row right then (still
-    ours: tried again soon). A lease in neither is lost."""
-
-    renewed: frozenset[uuid.UUID]
-    busy: frozenset[uuid.UUID] = frozenset()
-
-
 async def renew(conn: Database, leases: Sequence[Lease], worker_id: str) -> Renewal:
     """One statement for all leases, on the registry session (not pooled).
     It never waits for a row lock (queries.sql: renew)."""
@@ -171,6 +161,7 @@ class Failure:
     error: str
     retry: bool
     delay_s: float | None = None
+    traceback: str | None = None  # where it failed (worker/tracebacks.py)
 
 
 async def fail(pool: asyncpg.Pool, failures: Sequence[Failure]) -> list[Failed | None]:
@@ -183,7 +174,7 @@ async def fail(pool: asyncpg.Pool, failures: Sequence[Failure]) -> list[Failed |
         pool, Q["fail"],
         [f.lease.job_id for f in ordered], [f.lease.lock for f in ordered],
         [f.error[:4000] for f in ordered], [f.retry for f in ordered],
-        [f.delay_s for f in ordered])
+        [f.delay_s for f in ordered], [f.traceback for f in ordered])
     by_id: dict[uuid.UUID, Failed] = {r["id"]: of(Failed, r) for r in rows}
     missed = [f.lease for f in failures if f.lease.job_id not in by_id]
     if missed:

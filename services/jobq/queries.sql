@@ -667,7 +667,7 @@ WITH watched AS (
     SELECT j.id FROM jobq.job j WHERE j.id = $1
     ON CONFLICT (job_id) DO NOTHING
 )
-SELECT j.id, j.status, j.result, j.last_error
+SELECT j.id, j.status, j.result, j.last_error, j.last_traceback
 FROM jobq.job j
 WHERE j.id = $1;
 
@@ -678,14 +678,17 @@ WHERE j.id = $1;
 -- max_attempts runs have failed (and retry = true), else failed. The retry is
 -- published by the reaper's relay once run_at comes (published_at = NULL,
 -- relay_after = run_at). Backoff: backoff_base_s * 2^(errors so far).
+-- $6: the failures' tracebacks (schema 0025), kept in last_traceback.
+-- optional: $6
 WITH failing AS (
-    SELECT j.id, t.lock, t.error,
+    SELECT j.id, t.lock, t.error, t.tb,
            t.retry AND j.errors + 1 < q.max_attempts AS again,
            now() + make_interval(secs => coalesce(t.delay_s,
                least(q.backoff_max_s, q.backoff_base_s * power(2, j.errors)))) AS retry_at
     FROM jobq.job j
-    JOIN unnest($1::uuid[], $2::uuid[], $3::text[], $4::bool[], $5::float8[])
-         AS t(id, lock, error, retry, delay_s) ON j.id = t.id
+    JOIN unnest($1::uuid[], $2::uuid[], $3::text[], $4::bool[], $5::float8[],
+                coalesce($6::text[], '{}'))
+         AS t(id, lock, error, retry, delay_s, tb) ON j.id = t.id
     JOIN jobq.queue q ON q.name = j.queue
     WHERE j.id = ANY($1::uuid[])
 ), failed AS (
@@ -693,6 +696,7 @@ WITH failing AS (
     SET errors = j.errors + 1,
         status = CASE WHEN f.again THEN 'queued' ELSE 'failed' END,
         last_error = f.error,
+        last_traceback = f.tb,
         lease_expires_at = NULL,
         run_at = CASE WHEN f.again THEN f.retry_at ELSE j.run_at END,
         relay_after = CASE WHEN f.again THEN f.retry_at ELSE j.relay_after END,
@@ -1708,7 +1712,8 @@ SELECT status FROM jobq.job WHERE id = $1;
 -- name: job_get
 SELECT id, queue, payload, status, lock, worker_id, lease_expires_at, attempts, errors, stalls,
        last_error, idempotency_key, run_at, published_at, created_at, started_at,
-       finished_at, progress, progress_at, result, priority, key, waiting_on, workflow_id
+       finished_at, progress, progress_at, result, priority, key, waiting_on, workflow_id,
+       last_traceback
 FROM jobq.job
 WHERE id = $1;
 
@@ -1814,7 +1819,7 @@ LIMIT $1;
 SELECT id, queue, payload, status, worker_id, attempts, errors, stalls, suspect_stalls,
        last_error, idempotency_key, run_at, created_at, started_at, finished_at,
        extract(epoch FROM lease_expires_at - now())::float8 AS lease_left_s, progress, result,
-       workflow_id
+       workflow_id, last_traceback
 FROM jobq.job
 WHERE id = $1;
 

@@ -72,6 +72,16 @@ class Claim:
     via: uuid.UUID
 
 
+@dataclasses.dataclass(frozen=True)
+class Renewal:
+    """What one renewal statement did (renew): the leases it extended, and
+    those it left alone because another transaction held their row right
+    then (still ours: tried again soon). A lease in neither is lost."""
+
+    renewed: frozenset[uuid.UUID]
+    busy: frozenset[uuid.UUID] = frozenset()
+
+
 class Claimed(NamedTuple):
     """What one claim did (``claim``): per delivered id, the row it brought
     (its own job, or a higher-priority job's in its place) or None; and the

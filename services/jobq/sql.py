@@ -5,6 +5,11 @@ its documentation. Code refers to statements by name (``Q["claim"]``), never
 with ad-hoc SQL strings, so every statement can be read in one file and is
 prepared against the schema by a test.
 
+``-- optional: $n`` (in a granted block) gives the function's parameters
+from $n on the default NULL: a caller of the previous release, which knew
+fewer, still calls it during a rolling upgrade (the statement must read a
+NULL there as "not given").
+
 A block may also say ``-- grant: jobq_consumer[, jobq_producer]``: roles that
 run it without any right on the tables it touches. ``jobq migrate`` installs
 such a statement as a SECURITY DEFINER function ``jobq.q_<name>`` (see
@@ -34,6 +39,7 @@ _NAME = re.compile(r"^--\s*name:\s*([a-z_0-9]+)\s*$", re.MULTILINE)
 _GRANT = re.compile(r"^--\s*grant:\s*(.+?)\s*$")
 _GENERIC = re.compile(r"^--\s*plan:\s*generic\s*$")
 _FAST = re.compile(r"^--\s*fast:\s*([a-z_0-9]+)\s*$")
+_OPTIONAL = re.compile(r"^--\s*optional:\s*\$(\d+)\s*$", re.MULTILINE)
 _PARAM = re.compile(r"\$(\d+)")
 ROLE = re.compile(r"^jobq_[a-z]+$")
 
@@ -110,11 +116,19 @@ def call(name: str, statement: str) -> str:
     return f"SELECT * FROM {function_name(name)}({args})"
 
 
-_BODY, _GRANTS, GENERIC_PLAN, _FASTS = parse(
-    resources.files("jobq").joinpath("queries.sql").read_text(encoding="utf-8"))
+def optional(text: str) -> dict[str, int]:
+    """name -> the first parameter a previous release's caller may leave out."""
+    parts = _NAME.split(text)
+    return {name: int(m.group(1)) for name, body in zip(parts[1::2], parts[2::2])
+            if (m := _OPTIONAL.search(body))}
+
+
+_TEXT = resources.files("jobq").joinpath("queries.sql").read_text(encoding="utf-8")
+_BODY, _GRANTS, GENERIC_PLAN, _FASTS = parse(_TEXT)
 BODY: Mapping[str, str] = MappingProxyType(_BODY)
 GRANTS: Mapping[str, tuple[str, ...]] = MappingProxyType(_GRANTS)
 FAST: Mapping[str, str] = MappingProxyType(_FASTS)
+OPTIONAL: Mapping[str, int] = MappingProxyType(optional(_TEXT))
 
 # A fast path's block runs only inside its function (routines.py), so it
 # has no entry here; tests prepare it with the function's parameter types.

@@ -145,6 +145,9 @@ def test_retry_from_the_failed_page_and_payloads_shown_as_text(
     assert evil in page.locator("#payload").inner_text()  # as text, not markup
     assert page.locator("#payload script, #payload b").count() == 0
     assert page.title() != "owned" and not dialogs
+    # Where it failed (issue #50): the last failure's traceback, as text.
+    tb = page.locator("#traceback").inner_text()
+    assert "in _work" in tb and tb.rstrip().endswith("RuntimeError: boom on attempt 1"), tb
 
     # No retry without signing in, nor from another origin (CSRF).
     assert page.locator("button.retry").count() == 0

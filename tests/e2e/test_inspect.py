@@ -124,6 +124,9 @@ def test_retry_prune_and_errors_of_the_cli(db: SyncDB, procs: Procs, settings: S
     (bad,) = publish(settings, "work", [{"fail_times": 1}])
     wait_until(lambda: job(db, bad)["status"] == "failed", 10, "the job fails")
     assert db.val("SELECT count(*) FROM jobq.failed WHERE id = $1", bad) == 1
+    shown = run_cli(env, "inspect", str(bad)).stdout  # where it failed (issue #50)
+    assert "last traceback:" in shown and "in _work" in shown, shown
+    assert 'raise RuntimeError(f"boom on attempt {job.attempt}")' in shown, shown
     out = run_cli(env, "retry", str(bad))
     assert out.returncode == 0, out.stderr
     wait_until(lambda: job(db, bad)["status"] == "completed", 10, "retried job completes")

@@ -248,3 +248,19 @@ def test_a_child_killed_while_idle_is_replaced_and_charges_nobody(
     assert [job(db, j)["stalls"] for j in ids] == [0] * 6
     wait_until(lambda: len(_children(consumer.pid)) == 2, 10, "the pool back to two")
     assert not set(_children(consumer.pid)) & set(victims)
+
+
+def test_a_child_handlers_traceback_is_kept_with_its_job(db: SyncDB, procs: Procs,
+                                                        settings: Settings) -> None:
+    """Issue #50: the traceback is formatted in the child, where its frames
+    are, and kept with the job like a thread or async handler's."""
+    set_queue(db, "proc", lease_s=30, max_attempts=1)
+    procs.reaper()
+    pool_consumer(procs, 1)
+    (jid,) = publish(settings, "proc", [{"deep_key": True}])
+    wait_until(lambda: job(db, jid)["status"] == "failed", 20, "the job failed")
+    row = db.fetchrow("SELECT last_error, last_traceback FROM jobq.job WHERE id = $1", jid)
+    assert "KeyError: 'x'" in row["last_error"], row
+    tb = row["last_traceback"]
+    assert tb.index("in settings_lookup") < tb.index("in read_setting"), tb
+    assert 'harness/apps.py", line' in tb and tb.rstrip().endswith("KeyError: 'x'"), tb

@@ -12,7 +12,7 @@ import asyncpg
 from harness.helpers import with_pool as run  # used by the tests below
 
 __all__ = ["claim", "new_job", "run", "status"]
-from jobq import lease
+from jobq import lease, rows
 from jobq.amqp.broker import Broker
 from jobq.lease import Failure, Lease
 from jobq.reaper.store import PgReaperStore
@@ -74,14 +74,14 @@ def test_fenced_writes_need_the_token_and_a_live_lease(db_url: str) -> None:
         mine = await claim(pool, jid)
         assert mine is not None
         forged = Lease(jid, "q", uuid.uuid4(), 30, 0.15, 0.0)
-        assert await lease.renew(pool, [forged], "w1") == lease.Renewal(frozenset())
+        assert await lease.renew(pool, [forged], "w1") == rows.Renewal(frozenset())
         assert await lease.complete(pool, [forged]) == [False]
         assert await lease.fail(pool, [Failure(forged, "x", True)]) == [None]
         assert await lease.release(pool, [forged]) == []
         assert (await lease.renew(pool, [mine], "w1")).renewed == {jid}
         await lapse(pool, jid)
         # Lapsed, even if no reaper came yet: the lease is gone for good.
-        assert await lease.renew(pool, [mine], "w1") == lease.Renewal(frozenset())
+        assert await lease.renew(pool, [mine], "w1") == rows.Renewal(frozenset())
         assert await lease.complete(pool, [mine]) == [False]
         assert (await status(pool, jid))["status"] == "active"
 
@@ -98,7 +98,7 @@ def test_a_renewal_never_waits_for_a_row_another_transaction_holds(db_url: str) 
         async with pool.acquire() as other, other.transaction():
             await other.execute("SELECT 1 FROM jobq.job WHERE id = $1 FOR NO KEY UPDATE", held)
             got = await asyncio.wait_for(lease.renew(pool, [a, b], "w1"), 5)
-        assert got == lease.Renewal(frozenset({free}), frozenset({held}))
+        assert got == rows.Renewal(frozenset({free}), frozenset({held}))
         assert (await lease.renew(pool, [a, b], "w1")).renewed == {held, free}
 
     run(db_url, body)

@@ -36,9 +36,11 @@ RECHECK_S = 2.0  # a waiter re-reads the row this often, NOTIFY or not
 class JobFailed(JobqError):
     """The job ended without a result: failed or cancelled."""
 
-    def __init__(self, job_id: uuid.UUID, status: str, error: str | None) -> None:
+    def __init__(self, job_id: uuid.UUID, status: str, error: str | None,
+                 traceback: str | None = None) -> None:
         super().__init__(f"job {job_id} {status}: {error or 'no reason recorded'}")
         self.job_id, self.status, self.error = job_id, status, error
+        self.traceback = traceback  # where the handler's last failure was raised
 
 
 class ResultInvalid(Exception):
@@ -67,7 +69,7 @@ def encode(value: Any, limit: int) -> str | None:
 def _outcome(row: JobState) -> Any:
     if row.status == "completed":
         return json.loads(row.result) if row.result is not None else None
-    raise JobFailed(row.id, row.status, row.last_error)
+    raise JobFailed(row.id, row.status, row.last_error, row.last_traceback)
 
 
 async def wait(pool: Any, job_id: uuid.UUID,

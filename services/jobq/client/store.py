@@ -37,6 +37,7 @@ class JobState:
     status: str
     result: str | None
     last_error: str | None
+    last_traceback: str | None = None
 
 
 async def insert(db: Database, rows: Sequence[Row], grace_s: float) -> list[uuid.UUID]:
@@ -87,4 +88,5 @@ async def watch(db: Database, job_id: uuid.UUID) -> JobState | None:
     row: Any = await fetchrow(db, Q["watch"], job_id)
     if row is None:
         return None
-    return JobState(row["id"], row["status"], row["result"], row["last_error"])
+    return JobState(row["id"], row["status"], row["result"], row["last_error"],
+                    row["last_traceback"])

@@ -22,7 +22,17 @@ from typing import Any
 
 from jobq import roles
 from jobq.db import execute, fetch, fetchrow, fetchval, prepare
-from jobq.sql import BODY, FAST, GENERIC_PLAN, GRANTS, Q, arity, function_name, statements
+from jobq.sql import (
+    BODY,
+    FAST,
+    GENERIC_PLAN,
+    GRANTS,
+    OPTIONAL,
+    Q,
+    arity,
+    function_name,
+    statements,
+)
 
 log = logging.getLogger("jobq.ops.migrate")
 
@@ -60,6 +70,9 @@ async def definition(conn: Any, name: str, prefix: str = roles.DEFAULT) -> tuple
         raise ValueError(f"queries.sql: {name}: parameters must be numbered $1..$n without gaps")
     cols = stmt.get_attributes()
     args = ", ".join(params)
+    first_optional = OPTIONAL.get(name, len(params) + 1)
+    declared = ", ".join(f"{t} DEFAULT NULL" if i >= first_optional else t
+                         for i, t in enumerate(params, 1))
     if cols:
         names = [a.name for a in cols]
         if len(set(names)) != len(names):
@@ -71,7 +84,7 @@ async def definition(conn: Any, name: str, prefix: str = roles.DEFAULT) -> tuple
         returns = "void"
     if "$jobq$" in body:
         raise ValueError(f"queries.sql: {name}: the text $jobq$ is reserved")
-    create = (f"CREATE FUNCTION {function_name(name)}({args}) RETURNS {returns}\n"
+    create = (f"CREATE FUNCTION {function_name(name)}({declared}) RETURNS {returns}\n"
               f"LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = {PINNED_PATH}\n"
               f"{GENERIC_SETTING if name in GENERIC_PLAN else PLAN_SETTING}\n"
               f"AS $jobq$\n{plpgsql(body, bool(cols), lean_path(name, prefix))}\n$jobq$")
@@ -115,7 +128,7 @@ def checksums(schema_version: int, prefix: str = roles.DEFAULT) -> dict[str, str
     """What each function is made from: its statement, its roles, and the
     schema it was typed against (a migration can change a column's type)."""
     return {name: hashlib.sha256(
-                f"{GENERATOR}\n{BODY[name]}\n{lean_path(name)}\n{','.join(granted)}\n"
+                f"{GENERATOR}\n{BODY[name]}\n{lean_path(name)}\n{OPTIONAL.get(name)}\n{','.join(granted)}\n"
                 f"{schema_version}{' generic' if name in GENERIC_PLAN else ''}"
                 f"{'' if prefix == roles.DEFAULT else ' ' + prefix}".encode())
             .hexdigest() for name, granted in GRANTS.items()}

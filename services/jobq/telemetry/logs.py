@@ -28,8 +28,15 @@ def printable(text: str, limit: int = 4000) -> str:
 
 
 def fields(**kw: Any) -> dict[str, Any]:
-    """``log.info("msg", extra=fields(job=..., queue=...))``"""
-    return {"f": kw}
+    """``log.info("msg", extra=fields(job=..., queue=...))``; ``traceback``:
+    a failed job's, printed under the line (indented: no line of it can pass
+    for a log line of its own) or as the JSON field ``traceback``."""
+    tb = kw.pop("traceback", None)
+    return {"f": kw, "jobq_traceback": tb}
+
+
+def _indented(text: str) -> str:
+    return "\n".join("    " + printable(ln, 1000) for ln in text.rstrip("\n").splitlines())
 
 
 class _TextFormatter(logging.Formatter):
@@ -43,6 +50,8 @@ class _TextFormatter(logging.Formatter):
             line += " " + kv
         if record.exc_info and record.levelno >= logging.ERROR:
             line += "\n" + self.formatException(record.exc_info)
+        if tb := getattr(record, "jobq_traceback", None):
+            line += "\n" + _indented(tb)
         return line
 
 
@@ -58,6 +67,8 @@ class _JsonFormatter(logging.Formatter):
                     for k, v in (getattr(record, "f", None) or {}).items()})
         if record.exc_info and record.levelno >= logging.ERROR:
             doc["exc"] = self.formatException(record.exc_info)
+        if tb := getattr(record, "jobq_traceback", None):
+            doc["traceback"] = tb
         return json.dumps(doc)
 
 

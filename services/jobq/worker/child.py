@@ -46,7 +46,7 @@ from jobq.client.results import ResultInvalid, encode
 from jobq.errors import Fail, Retry
 from jobq.job import Job
 from jobq.telemetry import current
-from jobq.worker import frames
+from jobq.worker import frames, tracebacks
 from jobq.worker.validation import validation_failure
 
 PR_SET_PDEATHSIG = 1
@@ -61,17 +61,19 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(0)
 
 
-def describe(exc: BaseException) -> tuple[str, str, str, float | None]:
-    """An exception as plain data the parent rebuilds (it may not unpickle)."""
+def describe(exc: BaseException) -> tuple[str, str, str, float | None, str | None]:
+    """An exception as plain data the parent rebuilds (it may not unpickle),
+    with its traceback formatted here, where its frames are."""
+    tb = tracebacks.text_of(exc)
     if isinstance(exc, Retry):
-        return ("error", "retry", str(exc), exc.delay_s)
+        return ("error", "retry", str(exc), exc.delay_s, tb)
     if isinstance(exc, Fail):
-        return ("error", "fail", str(exc), None)
+        return ("error", "fail", str(exc), None, tb)
     if isinstance(exc, ValidationError):
-        return ("error", "other", f"ValidationError: {exc}", None)
+        return ("error", "other", f"ValidationError: {exc}", None, tb)
     text = str(exc)
     return ("error", "other", f"{type(exc).__name__}: {text}" if text else type(exc).__name__,
-            None)
+            None, tb)
 
 
 def rebuild(fields: dict[str, Any], payload: Any) -> Job:
@@ -109,7 +111,7 @@ def run_one(app: Any, queue: str, fields: dict[str, Any], max_result_bytes: int)
             value = handler.fn(job)
         return ["ok", encode(value, max_result_bytes)]
     except ResultInvalid as exc:
-        return ["error", "fail", str(exc), None]
+        return ["error", "fail", str(exc), None, None]
     except BaseException as exc:
         return list(describe(exc))
 

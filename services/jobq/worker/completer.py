@@ -14,6 +14,7 @@ a whole lease, and charged a stall, because jobq's own write failed
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import logging
 from collections.abc import Awaitable, Callable, Sequence
@@ -30,6 +31,7 @@ from jobq.runtime.backoff import Backoff
 from jobq.runtime.batch import Coalescer
 from jobq.status import Status
 from jobq.telemetry.logs import fields, printable
+from jobq.worker import tracebacks
 from jobq.worker.heartbeat import Heartbeat
 from jobq.worker.run import Run
 from jobq.worker.store import WorkerStore
@@ -54,7 +56,7 @@ class PayloadUndecodable(Exception):
     """The stored payload cannot be decoded (too deep, a huge number): it never will be."""
 
 
-def failure_for(run: Run, exc: BaseException) -> Failure | None:
+def _verdict(run: Run, exc: BaseException) -> Failure | None:
     """What a handler's exception means for the job; None: the lease is lost."""
     le, queue = run.lease, run.job.queue
     if isinstance(exc, Retry):
@@ -74,6 +76,17 @@ def failure_for(run: Run, exc: BaseException) -> Failure | None:
     name = type(exc).__name__
     text = printable(str(exc))
     return Failure(le, f"{name}: {text}" if text else name, True)
+
+
+def failure_for(run: Run, exc: BaseException) -> Failure | None:
+    """What a handler's exception means for the job, with where it was
+    raised; None: the lease is lost."""
+    failure = _verdict(run, exc)
+    if failure is None:
+        return None
+    # A child process's handler: the child formatted its own (processes.py).
+    tb = getattr(exc, "remote_traceback", None) or tracebacks.text_of(exc)
+    return dataclasses.replace(failure, traceback=tb)
 
 
 class Completer:
@@ -190,9 +203,9 @@ class Completer:
                                   attempt=job.attempt, worker=self.worker_id))
         else:
             self.tally.count("failed", job.queue)
-            log.warning("failed: %s", failure.error[:500], extra=fields(
+            log.error("failed: %s", failure.error[:500], extra=fields(
                 event="failed", job=job.id, queue=job.queue, attempt=job.attempt,
-                worker=self.worker_id))
+                worker=self.worker_id, traceback=failure.traceback))
 
     async def child_died(self, run: Run, why: str) -> None:
         """Its child process died running it: charge it, requeue it now."""

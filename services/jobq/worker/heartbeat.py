@@ -25,7 +25,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from jobq.errors import ConfigError
-from jobq.lease import Renewal
+from jobq.rows import Renewal
 from jobq.settings import ConsumerSettings
 from jobq.telemetry import metrics
 from jobq.telemetry.logs import fields

@@ -252,9 +252,8 @@ def _answer(msg: list[Any]) -> Any:
     """The child's answer as the handler's return value or its exception."""
     if msg[0] == "ok":  # the result as JSON text, checked against the limit
         return json.loads(msg[1]) if msg[1] is not None else None
-    _, kind, text, delay_s = msg
-    if kind == "retry":
-        raise Retry(text, delay_s=delay_s)
-    if kind == "fail":
-        raise Fail(text)
-    raise HandlerError(text)
+    _, kind, text, delay_s, tb = msg
+    exc: Exception = (Retry(text, delay_s=delay_s) if kind == "retry" else
+                      Fail(text) if kind == "fail" else HandlerError(text))
+    exc.remote_traceback = tb  # type: ignore[attr-defined]  # the child's frames
+    raise exc

@@ -29,8 +29,8 @@ from jobq.amqp.broker import Broker
 from jobq.client.publish import publish_and_mark
 from jobq.db import PooledConnection, execute, fetch, fetchrow, fetchval, now, session_broken
 from jobq.errors import BadInput, ConfigError, DatabaseUnavailable, UnavailableError
-from jobq.lease import Failure, Lease, Renewal
-from jobq.rows import ChildDeath, Claimed, Failed, Miss, Spell
+from jobq.lease import Failure, Lease
+from jobq.rows import ChildDeath, Claimed, Failed, Miss, Renewal, Spell
 from jobq.schedules import Schedule, refused
 from jobq.sql import Q
 from jobq.telemetry import metrics

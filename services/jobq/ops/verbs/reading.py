@@ -22,8 +22,9 @@ def register(sub: Any) -> None:
     ins = sub.add_parser("inspect", help="show one job row and its history, or a workflow",
                          description="The job's row and its history, oldest first: who "
                          "claimed it, why it stalled or was released, who completed it — the "
-                         "answer to 'why did this run twice?'. Control characters in payloads "
-                         "and errors are shown escaped.")
+                         "answer to 'why did this run twice?'; then the last failure's "
+                         "traceback, if it has one. Control characters in payloads and errors "
+                         "are shown escaped.")
     ins.add_argument("id", metavar="ID")
     ins.set_defaults(run=inspect)
 
@@ -54,9 +55,13 @@ async def inspect(settings: Settings, args: argparse.Namespace) -> None:
         table([{**dict(r), "after": " ".join(str(a)[:8] for a in r["after"])} for r in steps])
         return
     fields_ = dict(row)  # a Record iterates over its values, not its keys
+    tb = fields_.pop("last_traceback", None)
     width = max(len(k) for k in fields_)
     for k, v in fields_.items():
         print(f"{k:<{width}}  {printable(str(v))}")  # payloads and errors are user data
+    if tb:  # where the last failure was raised, a line each, escaped like the rest
+        print("\nlast traceback:")
+        print("\n".join("  " + printable(ln, 1000) for ln in tb.rstrip("\n").splitlines()))
     print()
     table([{"at": e["at"].strftime("%Y-%m-%d %H:%M:%S.%f")[:-3], "event": e["event"],
              "worker": e["worker_id"], "attempt": e["attempt"], "detail": e["detail"]}
