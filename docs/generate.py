@@ -190,6 +190,8 @@ RIGHTS = {
     "enqueue_many_traced": "enqueue a batch with the caller's trace contexts, written only "
                            "for the jobs this call returns",
     "fail": "record a handler failure (retry or fail); only with the live lease's token",
+    "snooze": "put a job back for a while without counting the run (Snooze, RateLimited: "
+              "and hold its key); only with the live lease's token",
     "finished_by": "did this token already finish the job (a retried write)",
     "held_back": "which of the login's own new jobs a per-key cap parked",
     "isolate": "mark a suspect's run isolated; only with the live lease's token",

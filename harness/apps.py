@@ -14,7 +14,7 @@ from typing import Any
 import asyncpg
 from pydantic import BaseModel
 
-from jobq import App, Fail, Job, Retry, job_context
+from jobq import App, Fail, Job, RateLimited, Retry, Snooze, job_context
 
 app = App()
 _pool: asyncpg.Pool | None = None
@@ -70,12 +70,28 @@ async def _work(job: Job) -> Any:
             raise Fail("cannot ever work")
         if p.get("deep_key"):
             settings_lookup({})
+        await _flow(job, p, await _runs(job))
         if p.get("bad_step"):  # a step result that is not JSON: refused on every run
             await job.step("bad", _not_json)
     except asyncio.CancelledError:
         await asyncio.shield(end(job, "cancelled"))
         raise
     await end(job, "returned")
+
+
+async def _runs(job: Job) -> int:
+    """How many runs of this job started, this one included (test_run)."""
+    pool = await _db()
+    return int(await pool.fetchval("SELECT count(*) FROM test_run WHERE job_id = $1", job.id))
+
+
+async def _flow(job: Job, p: dict[str, Any], run: int) -> None:
+    """{"snooze_runs": n, "snooze_s": s}: the first n runs snooze s seconds;
+    {"rate_limit_s": s}: the first run is rate limited for s seconds."""
+    if p.get("snooze_runs") and run <= int(p["snooze_runs"]):
+        raise Snooze(p.get("snooze_s", 0.2), f"run {run} snoozed")
+    if p.get("rate_limit_s") is not None and run == 1:
+        raise RateLimited(float(p["rate_limit_s"]), "429 from the API")
 
 
 def _not_json() -> object:
@@ -209,6 +225,8 @@ def proc(job: Job) -> None:
     time.sleep(float(p.get("sleep", 0)))
     if p.get("deep_key"):
         settings_lookup({})
+    runs = asyncio.run(_once("SELECT count(*) FROM test_run WHERE job_id = $1", job.id))
+    asyncio.run(_flow(job, p, int(runs)))
     total = 0
     for i in range(int(p.get("work", 0))):
         total += i * i  # CPU-bound: a fixed amount of work, holding the GIL

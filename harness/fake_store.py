@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from jobq.errors import DatabaseUnavailable
+from jobq.errors import MAX_SNOOZES, DatabaseUnavailable
 from jobq.lease import Failure, Lease
 from jobq.rows import ChildDeath, Claim, Claimed, Failed, Miss, Renewal, Spell
 from jobq.worker.steps import JobLink
@@ -51,6 +51,7 @@ class FakeRow:
     progress: str | None = None
     poison: bool = False  # its claim raises a data error (SQLSTATE 22)
     locked: bool = False  # another transaction holds the row: renewals skip it (busy)
+    snoozes: int = 0
 
 
 def now() -> float:
@@ -195,6 +196,20 @@ class FakeStore:
                 out.append(Failed(row.id, "failed", None))
         self._leave("fail")
         return out
+
+    async def snooze(self, lease_: Lease, seconds: float, hold: bool,
+                     why: str) -> Failed | None:
+        """queries.sql's snooze, without the key hold (no claim here reads one)."""
+        self._enter("snooze", (lease_.job_id, seconds, hold, why))
+        row = self._held(lease_.job_id, lease_.lock)
+        if row is None:
+            return None
+        if row.snoozes >= MAX_SNOOZES:
+            row.status, row.error = "failed", f"snoozed {MAX_SNOOZES} times"
+            return Failed(row.id, "failed", None)
+        row.status, row.run_at, row.snoozes = "queued", now() + seconds, row.snoozes + 1
+        row.attempts -= 1
+        return Failed(row.id, "queued", seconds)
 
     async def release(self, leases: Sequence[Lease], why: str,
                       handoff: bool) -> list[Spell]:

@@ -643,7 +643,10 @@ IF (SELECT NOT EXISTS (
        AND NOT EXISTS (
            SELECT 1 FROM jobq.job x
            WHERE x.queue = ANY($3::text[]) AND x.status COLLATE "C" = 'queued'
-             AND x.priority > 0)) THEN
+             AND x.priority > 0)
+       AND NOT EXISTS (  -- a live RateLimited hold (schema 0026): one index probe
+           SELECT 1 FROM jobq.key_hold h
+           WHERE h.queue = ANY($3::text[]) AND h.until > now())) THEN
 RETURN QUERY WITH candidate AS (
     SELECT j.id
     FROM jobq.job j
@@ -764,15 +767,24 @@ RETURN QUERY WITH better AS (  -- waiting jobs of a priority above 0: an empty i
     LEFT JOIN jobq.key_rate r ON r.queue = k.queue AND r.key = k.key
     CROSS JOIN LATERAL (SELECT jobq.key_tokens(q, r.tokens, r.at) AS tokens) kt
     WHERE q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL
+), hold AS (  -- jobq.RateLimited: the key's (or the whole queue's) hold, if live
+    SELECT c.id, max(h.until) AS until
+    FROM candidate c
+    JOIN jobq.key_hold h ON h.queue = c.queue AND h.key IN ('', coalesce(c.key, ''))
+    WHERE h.until > now()
+    GROUP BY c.id
 ), ranked AS (
-    SELECT c.id, c.queue, c.key, c.via,
-           (a.n IS NULL OR row_number() OVER (
-               PARTITION BY c.queue ORDER BY c.priority DESC, c.id) <= a.n)
+    SELECT c.id, c.queue, c.key, c.via, hd.until AS held_until,
+           hd.until IS NULL
+           AND (a.n IS NULL OR row_number() OVER (
+               PARTITION BY c.queue ORDER BY hd.until IS NOT NULL, c.priority DESC, c.id) <= a.n)
            AND (k.n IS NULL OR row_number() OVER (
-               PARTITION BY c.queue, c.key ORDER BY c.priority DESC, c.id) <= k.n) AS allowed
+               PARTITION BY c.queue, c.key ORDER BY hd.until IS NOT NULL, c.priority DESC, c.id)
+                <= k.n) AS allowed
     FROM candidate c
     LEFT JOIN allowance a ON a.name = c.queue
     LEFT JOIN keyed k ON k.queue = c.queue AND k.key = c.key
+    LEFT JOIN hold hd ON hd.id = c.id
 ), claimed AS (
     UPDATE jobq.job j
     SET status = 'active',
@@ -797,8 +809,16 @@ RETURN QUERY WITH better AS (  -- waiting jobs of a priority above 0: an empty i
     UPDATE jobq.job j  -- for the spell before (the producer's, late) misses it
     SET published_at = NULL, relay_after = 'infinity', lock = gen_random_uuid()
     FROM ranked
-    WHERE j.id = ANY(ARRAY(SELECT r.id FROM ranked r WHERE NOT r.allowed))
-      AND j.id = ranked.id AND NOT ranked.allowed
+    WHERE j.id = ANY(ARRAY(SELECT r.id FROM ranked r
+                           WHERE NOT r.allowed AND r.held_until IS NULL))
+      AND j.id = ranked.id AND NOT ranked.allowed AND ranked.held_until IS NULL
+), held AS (  -- held by a RateLimited: due when the hold ends, published by the relay
+    UPDATE jobq.job j
+    SET run_at = ranked.held_until, relay_after = ranked.held_until, published_at = NULL,
+        lock = gen_random_uuid()
+    FROM ranked
+    WHERE j.id = ANY(ARRAY(SELECT r.id FROM ranked r WHERE r.held_until IS NOT NULL))
+      AND j.id = ranked.id AND ranked.held_until IS NOT NULL
 ), handed AS (  -- overtaken by a higher priority: published again, new spell
     UPDATE jobq.job j
     SET published_at = NULL, relay_after = now(), lock = gen_random_uuid()
@@ -1350,6 +1370,66 @@ END
 $_$;
 
 --
+-- Name: q_snooze(uuid, uuid, double precision, boolean, integer, text); Type: FUNCTION; Schema: jobq; Owner: -
+--
+
+CREATE FUNCTION jobq.q_snooze(uuid, uuid, double precision, boolean, integer, text) RETURNS TABLE(id uuid, status text, snoozes integer, retry_in_s double precision)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_custom_plan'
+    AS $_$
+#variable_conflict use_column
+BEGIN
+RETURN QUERY WITH mine AS (
+    SELECT j.id, j.queue, coalesce(j.key, '') AS hold_key, j.snoozes >= $5 AS spent,
+           now() + make_interval(secs => $3::float8) AS until
+    FROM jobq.job j
+    WHERE j.id = $1
+      AND j.lock = $2
+      AND j.status COLLATE "C" = 'active'
+      AND j.lease_expires_at > now()
+    FOR NO KEY UPDATE OF j
+), held AS (
+    INSERT INTO jobq.key_hold AS h (queue, key, until)
+    SELECT m.queue, m.hold_key, m.until FROM mine m WHERE $4 AND NOT m.spent
+    ON CONFLICT (queue, key) DO UPDATE SET until = greatest(h.until, excluded.until)
+), expired AS (
+    DELETE FROM jobq.key_hold h
+    WHERE $4 AND h.queue = (SELECT queue FROM mine) AND h.until < now() - interval '1 minute'
+), snoozed AS (
+    UPDATE jobq.job j
+    SET status = CASE WHEN m.spent THEN 'failed' ELSE 'queued' END,
+        attempts = CASE WHEN m.spent THEN j.attempts ELSE greatest(j.attempts - 1, 0) END,
+        snoozes = j.snoozes + CASE WHEN m.spent THEN 0 ELSE 1 END,
+        errors = j.errors + CASE WHEN m.spent THEN 1 ELSE 0 END,
+        last_error = CASE WHEN m.spent THEN format('snoozed %s times: the cap (jobq.Snooze)', $5)
+                          ELSE j.last_error END,
+        lease_expires_at = NULL,
+        run_at = CASE WHEN m.spent THEN j.run_at ELSE m.until END,
+        relay_after = CASE WHEN m.spent THEN j.relay_after ELSE m.until END,
+        published_at = NULL,
+        suspect = false,
+        finished_at = CASE WHEN m.spent THEN now() END
+    FROM mine m
+    WHERE j.id = $1 AND j.id = m.id
+    RETURNING j.id, j.queue, j.status, j.worker_id, j.attempts, j.snoozes, j.run_at,
+              j.last_error
+), logged AS (
+    INSERT INTO jobq.job_event (job_id, event, worker_id, attempt, detail)
+    SELECT s.id, CASE WHEN s.status = 'failed' THEN 'failed'
+                      WHEN $4 THEN 'rate_limited' ELSE 'snoozed' END,
+           s.worker_id, s.attempts + CASE WHEN s.status = 'failed' THEN 0 ELSE 1 END,
+           CASE WHEN s.status = 'failed' THEN s.last_error
+                ELSE format('%s; until %s', $6::text, s.run_at) END
+    FROM snoozed s JOIN jobq.queue q ON q.name = s.queue
+    WHERE q.history
+)
+SELECT id, status, snoozes, extract(epoch FROM run_at - now())::float8 AS retry_in_s
+FROM snoozed;
+END
+$_$;
+
+--
 -- Name: q_step_get(uuid, uuid, text); Type: FUNCTION; Schema: jobq; Owner: -
 --
 
@@ -1437,7 +1517,7 @@ $_$;
 -- Name: q_watch(uuid); Type: FUNCTION; Schema: jobq; Owner: -
 --
 
-CREATE FUNCTION jobq.q_watch(uuid) RETURNS TABLE(id uuid, status text, result jsonb, last_error text)
+CREATE FUNCTION jobq.q_watch(uuid) RETURNS TABLE(id uuid, status text, result jsonb, last_error text, last_traceback text)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET plan_cache_mode TO 'force_custom_plan'
@@ -1449,7 +1529,7 @@ RETURN QUERY WITH watched AS (
     SELECT j.id FROM jobq.job j WHERE j.id = $1
     ON CONFLICT (job_id) DO NOTHING
 )
-SELECT j.id, j.status, j.result, j.last_error
+SELECT j.id, j.status, j.result, j.last_error, j.last_traceback
 FROM jobq.job j
 WHERE j.id = $1;
 END
@@ -1844,6 +1924,7 @@ CREATE TABLE jobq.job (
     debounced boolean DEFAULT false NOT NULL,
     slot_freed boolean DEFAULT false NOT NULL,
     last_traceback text,
+    snoozes integer DEFAULT 0 NOT NULL,
     CONSTRAINT job_last_traceback_size CHECK ((octet_length(last_traceback) <= 16384)),
     CONSTRAINT job_status_check CHECK ((status = ANY (ARRAY['queued'::text, 'active'::text, 'completed'::text, 'failed'::text, 'cancelled'::text])))
 )
@@ -1878,7 +1959,7 @@ CREATE TABLE jobq.job_event (
     worker_id text,
     attempt integer,
     detail text,
-    CONSTRAINT job_event_event_check CHECK ((event = ANY (ARRAY['enqueued'::text, 'published'::text, 'claimed'::text, 'completed'::text, 'retry'::text, 'failed'::text, 'released'::text, 'stalled'::text, 'lease_lost'::text, 'cancelled'::text, 'retried'::text, 'republished'::text, 'worker_vanished'::text, 'isolated'::text, 'child_died'::text])))
+    CONSTRAINT job_event_event_check CHECK ((event = ANY (ARRAY['enqueued'::text, 'published'::text, 'claimed'::text, 'completed'::text, 'retry'::text, 'failed'::text, 'released'::text, 'stalled'::text, 'lease_lost'::text, 'cancelled'::text, 'retried'::text, 'republished'::text, 'worker_vanished'::text, 'isolated'::text, 'child_died'::text, 'snoozed'::text, 'rate_limited'::text, 'superseded'::text, 'suspended'::text, 'woken'::text, 'signalled'::text, 'spawned'::text])))
 );
 
 --
@@ -1980,6 +2061,16 @@ CREATE TABLE jobq.job_trace (
 CREATE TABLE jobq.job_watch (
     job_id uuid NOT NULL,
     at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
+-- Name: key_hold; Type: TABLE; Schema: jobq; Owner: -
+--
+
+CREATE TABLE jobq.key_hold (
+    queue text NOT NULL,
+    key text NOT NULL,
+    until timestamp with time zone NOT NULL
 );
 
 --
@@ -2292,6 +2383,13 @@ ALTER TABLE ONLY jobq.job_watch
     ADD CONSTRAINT job_watch_pkey PRIMARY KEY (job_id);
 
 --
+-- Name: key_hold key_hold_pkey; Type: CONSTRAINT; Schema: jobq; Owner: -
+--
+
+ALTER TABLE ONLY jobq.key_hold
+    ADD CONSTRAINT key_hold_pkey PRIMARY KEY (queue, key);
+
+--
 -- Name: key_lock key_lock_pkey; Type: CONSTRAINT; Schema: jobq; Owner: -
 --
 
@@ -2476,6 +2574,12 @@ CREATE INDEX job_unpublished_idx ON jobq.job USING btree (relay_after) WHERE ((s
 --
 
 CREATE INDEX job_workflow_idx ON jobq.job USING btree (workflow_id) WHERE (workflow_id IS NOT NULL);
+
+--
+-- Name: key_hold_live_idx; Type: INDEX; Schema: jobq; Owner: -
+--
+
+CREATE INDEX key_hold_live_idx ON jobq.key_hold USING btree (queue, until);
 
 --
 -- Name: schedule_due_idx; Type: INDEX; Schema: jobq; Owner: -
@@ -2821,6 +2925,13 @@ REVOKE ALL ON FUNCTION jobq.q_schedule_upsert(text, text, jsonb, text, text, dou
 GRANT ALL ON FUNCTION jobq.q_schedule_upsert(text, text, jsonb, text, text, double precision, timestamp with time zone, boolean) TO jobq_consumer;
 
 --
+-- Name: FUNCTION q_snooze(uuid, uuid, double precision, boolean, integer, text); Type: ACL; Schema: jobq; Owner: -
+--
+
+REVOKE ALL ON FUNCTION jobq.q_snooze(uuid, uuid, double precision, boolean, integer, text) FROM PUBLIC;
+GRANT ALL ON FUNCTION jobq.q_snooze(uuid, uuid, double precision, boolean, integer, text) TO jobq_consumer;
+
+--
 -- Name: FUNCTION q_step_get(uuid, uuid, text); Type: ACL; Schema: jobq; Owner: -
 --
 
@@ -3030,6 +3141,12 @@ GRANT SELECT ON TABLE jobq.job_trace TO jobq_consumer;
 --
 
 GRANT SELECT ON TABLE jobq.job_watch TO jobq_reader;
+
+--
+-- Name: TABLE key_hold; Type: ACL; Schema: jobq; Owner: -
+--
+
+GRANT SELECT ON TABLE jobq.key_hold TO jobq_reader;
 
 --
 -- Name: TABLE key_lock; Type: ACL; Schema: jobq; Owner: -

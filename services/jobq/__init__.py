@@ -13,7 +13,7 @@ from jobq.client.results import JobFailed
 from jobq.client.sync import ClientClosed, SyncClient
 from jobq.client.task import Task
 from jobq.client.workflow import Workflow
-from jobq.errors import Fail, InvalidPayload, JobqError, LeaseLost, Retry
+from jobq.errors import Fail, InvalidPayload, JobqError, LeaseLost, RateLimited, Retry, Snooze
 from jobq.job import Job, Status
 from jobq.newjob import NewJob
 from jobq.settings import Settings
@@ -30,8 +30,10 @@ __all__ = [
            "JobqError",
            "LeaseLost",
            "NewJob",
+           "RateLimited",
            "Retry",
            "Settings",
+           "Snooze",
            "Status",
            "SyncClient",
            "Task",

@@ -16,7 +16,9 @@
     │                         longer ours (lapsed, reaped, cancelled)
     └── HandlerSignal         raised *by handlers* to say what they want
         ├── Retry             run again later (counts an attempt)
-        └── Fail              fail now, no more attempts
+        ├── Fail              fail now, no more attempts
+        ├── Snooze            run again later, no attempt counted
+        └── RateLimited       as Snooze, and hold the job's key fleet-wide
 
 Driver exceptions (asyncpg, aio-pika) are translated only at the edges, in
 ``db.py``, ``broker_connect.py`` and ``broker.py``, with ``raise ... from exc``.
@@ -99,3 +101,31 @@ class Retry(HandlerSignal):
 
 class Fail(HandlerSignal):
     """Fail the job now, without further attempts."""
+
+
+MAX_SNOOZES = 100  # a job snoozed more often than this fails: nothing snoozes forever
+
+
+class SignalInvalid(ValueError):
+    """A handler signal built with bad arguments (a negative or NaN snooze):
+    the job fails at once with this text; retrying would build it again."""
+
+
+class Snooze(HandlerSignal):
+    """Run the job again after ``seconds``, without counting an attempt or
+    recording a failure (River's JobSnooze, Oban's {:snooze, s}). The job's
+    ``snoozes`` count goes up; past MAX_SNOOZES the job fails."""
+
+    def __init__(self, seconds: float, reason: str = "") -> None:
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) \
+                or not 0 <= seconds < MAX_DELAY_S:
+            raise SignalInvalid(f"{type(self).__name__}(seconds) takes a finite number of "
+                                f"seconds from 0 to under a year, got {seconds!r}")
+        super().__init__(reason or f"snoozed {seconds:g} s")
+        self.seconds = float(seconds)
+
+
+class RateLimited(Snooze):
+    """What an API said (HTTP 429, "try in 10 s"): the job is put back
+    without being charged, like Snooze, and no job of its key (of its
+    queue, when it has no key) starts anywhere in the fleet until then."""

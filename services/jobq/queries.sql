@@ -44,7 +44,7 @@
 --       queue_limits, mark_published, mark_republished, relay_take, relay_defer, relay_mark
 --   claim and run: claim, claim_plain, claim_recover, claim_misses, renew
 --   run and finish: complete, finished_by, progress, parents, step_get, step_record, watch,
---       fail, release
+--       fail, snooze, release
 --   reap: requeue_lapsed, isolate, child_died, quarantine, lost_candidates, lost_horizon,
 --       unpublish_lost, unpark, unpark_freed, settle_dependants, schedules_due, schedule_fire,
 --       schedule_set, schedule_upsert, schedule_skip, db_now, schedule_list, schedule_delete,
@@ -288,9 +288,12 @@ SELECT id, 'published', 'by the reaper relay' FROM marked WHERE history;
 --                 re-checked under the lock: queued, due, not waiting
 --      allowance  per limited queue: how many may start now (cap, tokens)
 --      keyed      per key of a per-key-limited queue: the same, per key
+--      hold       the candidates whose key (or queue) a RateLimited holds now
 --      ranked     each candidate allowed or not, best first within the limits
+--                 (a held one never)
 --      claimed    UPDATE: the allowed rows active, token, deadline  -> rows
 --      parked     UPDATE: the refused rows out of the relay, new token
+--      held       UPDATE: held rows delayed to the hold's end, new token
 --      handed     UPDATE: swapped-out delivered jobs back in line  -> rows
 --      spent      the queues' rate tokens used
 --      key_spent  the keys' rate tokens used
@@ -385,15 +388,24 @@ WITH better AS (  -- waiting jobs of a priority above 0: an empty index when non
     LEFT JOIN jobq.key_rate r ON r.queue = k.queue AND r.key = k.key
     CROSS JOIN LATERAL (SELECT jobq.key_tokens(q, r.tokens, r.at) AS tokens) kt
     WHERE q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL
+), hold AS (  -- jobq.RateLimited: the key's (or the whole queue's) hold, if live
+    SELECT c.id, max(h.until) AS until
+    FROM candidate c
+    JOIN jobq.key_hold h ON h.queue = c.queue AND h.key IN ('', coalesce(c.key, ''))
+    WHERE h.until > now()
+    GROUP BY c.id
 ), ranked AS (
-    SELECT c.id, c.queue, c.key, c.via,
-           (a.n IS NULL OR row_number() OVER (
-               PARTITION BY c.queue ORDER BY c.priority DESC, c.id) <= a.n)
+    SELECT c.id, c.queue, c.key, c.via, hd.until AS held_until,
+           hd.until IS NULL
+           AND (a.n IS NULL OR row_number() OVER (
+               PARTITION BY c.queue ORDER BY hd.until IS NOT NULL, c.priority DESC, c.id) <= a.n)
            AND (k.n IS NULL OR row_number() OVER (
-               PARTITION BY c.queue, c.key ORDER BY c.priority DESC, c.id) <= k.n) AS allowed
+               PARTITION BY c.queue, c.key ORDER BY hd.until IS NOT NULL, c.priority DESC, c.id)
+                <= k.n) AS allowed
     FROM candidate c
     LEFT JOIN allowance a ON a.name = c.queue
     LEFT JOIN keyed k ON k.queue = c.queue AND k.key = c.key
+    LEFT JOIN hold hd ON hd.id = c.id
 ), claimed AS (
     UPDATE jobq.job j
     SET status = 'active',
@@ -419,8 +431,16 @@ WITH better AS (  -- waiting jobs of a priority above 0: an empty index when non
     UPDATE jobq.job j  -- for the spell before (the producer's, late) misses it
     SET published_at = NULL, relay_after = 'infinity', lock = gen_random_uuid()
     FROM ranked
-    WHERE j.id = ANY(ARRAY(SELECT r.id FROM ranked r WHERE NOT r.allowed))
-      AND j.id = ranked.id AND NOT ranked.allowed
+    WHERE j.id = ANY(ARRAY(SELECT r.id FROM ranked r
+                           WHERE NOT r.allowed AND r.held_until IS NULL))
+      AND j.id = ranked.id AND NOT ranked.allowed AND ranked.held_until IS NULL
+), held AS (  -- held by a RateLimited: due when the hold ends, published by the relay
+    UPDATE jobq.job j
+    SET run_at = ranked.held_until, relay_after = ranked.held_until, published_at = NULL,
+        lock = gen_random_uuid()
+    FROM ranked
+    WHERE j.id = ANY(ARRAY(SELECT r.id FROM ranked r WHERE r.held_until IS NOT NULL))
+      AND j.id = ranked.id AND ranked.held_until IS NOT NULL
 ), handed AS (  -- overtaken by a higher priority: published again, new spell
     UPDATE jobq.job j
     SET published_at = NULL, relay_after = now(), lock = gen_random_uuid()
@@ -471,7 +491,10 @@ SELECT NOT EXISTS (
        AND NOT EXISTS (
            SELECT 1 FROM jobq.job x
            WHERE x.queue = ANY($3::text[]) AND x.status COLLATE "C" = 'queued'
-             AND x.priority > 0);
+             AND x.priority > 0)
+       AND NOT EXISTS (  -- a live RateLimited hold (schema 0026): one index probe
+           SELECT 1 FROM jobq.key_hold h
+           WHERE h.queue = ANY($3::text[]) AND h.until > now());
 WITH candidate AS (
     SELECT j.id
     FROM jobq.job j
@@ -720,6 +743,63 @@ WITH failing AS (
     FROM failed WHERE history
 )
 SELECT id, status, extract(epoch FROM run_at - now())::float8 AS retry_in_s FROM failed;
+
+-- name: snooze
+-- grant: jobq_consumer
+-- jobq.Snooze / jobq.RateLimited (issue #51, schema 0026): the run ends
+-- without counting: back to queued after $3 seconds with attempts - 1 (the
+-- claim counted the run), snoozes + 1, no error recorded, published by the
+-- relay when due. $4 (RateLimited): also hold the job's key (the whole queue,
+-- key '', when it has none) until then, fleet-wide: the claim refuses its
+-- jobs meanwhile. A job snoozed $5 times already fails instead
+-- (errors.MAX_SNOOZES): nothing snoozes forever by mistake. Fenced by the
+-- lease like every worker write; expired holds of the queue are dropped here.
+WITH mine AS (
+    SELECT j.id, j.queue, coalesce(j.key, '') AS hold_key, j.snoozes >= $5 AS spent,
+           now() + make_interval(secs => $3::float8) AS until
+    FROM jobq.job j
+    WHERE j.id = $1
+      AND j.lock = $2
+      AND j.status COLLATE "C" = 'active'
+      AND j.lease_expires_at > now()
+    FOR NO KEY UPDATE OF j
+), held AS (
+    INSERT INTO jobq.key_hold AS h (queue, key, until)
+    SELECT m.queue, m.hold_key, m.until FROM mine m WHERE $4 AND NOT m.spent
+    ON CONFLICT (queue, key) DO UPDATE SET until = greatest(h.until, excluded.until)
+), expired AS (
+    DELETE FROM jobq.key_hold h
+    WHERE $4 AND h.queue = (SELECT queue FROM mine) AND h.until < now() - interval '1 minute'
+), snoozed AS (
+    UPDATE jobq.job j
+    SET status = CASE WHEN m.spent THEN 'failed' ELSE 'queued' END,
+        attempts = CASE WHEN m.spent THEN j.attempts ELSE greatest(j.attempts - 1, 0) END,
+        snoozes = j.snoozes + CASE WHEN m.spent THEN 0 ELSE 1 END,
+        errors = j.errors + CASE WHEN m.spent THEN 1 ELSE 0 END,
+        last_error = CASE WHEN m.spent THEN format('snoozed %s times: the cap (jobq.Snooze)', $5)
+                          ELSE j.last_error END,
+        lease_expires_at = NULL,
+        run_at = CASE WHEN m.spent THEN j.run_at ELSE m.until END,
+        relay_after = CASE WHEN m.spent THEN j.relay_after ELSE m.until END,
+        published_at = NULL,
+        suspect = false,
+        finished_at = CASE WHEN m.spent THEN now() END
+    FROM mine m
+    WHERE j.id = $1 AND j.id = m.id
+    RETURNING j.id, j.queue, j.status, j.worker_id, j.attempts, j.snoozes, j.run_at,
+              j.last_error
+), logged AS (
+    INSERT INTO jobq.job_event (job_id, event, worker_id, attempt, detail)
+    SELECT s.id, CASE WHEN s.status = 'failed' THEN 'failed'
+                      WHEN $4 THEN 'rate_limited' ELSE 'snoozed' END,
+           s.worker_id, s.attempts + CASE WHEN s.status = 'failed' THEN 0 ELSE 1 END,
+           CASE WHEN s.status = 'failed' THEN s.last_error
+                ELSE format('%s; until %s', $6::text, s.run_at) END
+    FROM snoozed s JOIN jobq.queue q ON q.name = s.queue
+    WHERE q.history
+)
+SELECT id, status, snoozes, extract(epoch FROM run_at - now())::float8 AS retry_in_s
+FROM snoozed;
 
 -- name: release
 -- grant: jobq_consumer
@@ -1496,6 +1576,8 @@ WITH q AS (
     WHERE e.job_id = j.id AND j.queue = ok.name
 ), jobs AS (
     DELETE FROM jobq.job j USING ok WHERE j.queue = ok.name RETURNING j.id
+), holds AS (
+    DELETE FROM jobq.key_hold h USING ok WHERE h.queue = ok.name
 ), gone AS (
     DELETE FROM jobq.queue WHERE name IN (SELECT name FROM ok) RETURNING name
 )
@@ -1681,11 +1763,14 @@ SELECT r.name, (SELECT count(*) FROM released) AS released,
 FROM resumed r;
 
 -- name: key_stats
--- jobq keys [QUEUE]: per key, what waits, what runs, the oldest wait.
-SELECT queue, key, queued, running, round(oldest_wait_s::numeric, 1)::float8 AS oldest_wait_s
-FROM jobq.key_stats
-WHERE $1::text IS NULL OR queue = $1
-ORDER BY queue, queued DESC, key
+-- jobq keys [QUEUE]: per key, what waits, what runs, the oldest wait, and
+-- until when a jobq.RateLimited holds it (schema 0026).
+SELECT s.queue, s.key, s.queued, s.running,
+       round(s.oldest_wait_s::numeric, 1)::float8 AS oldest_wait_s, h.until AS held_until
+FROM jobq.key_stats s
+LEFT JOIN jobq.key_hold h ON h.queue = s.queue AND h.key = s.key AND h.until > now()
+WHERE $1::text IS NULL OR s.queue = $1
+ORDER BY s.queue, s.queued DESC, s.key
 LIMIT 1000;
 
 -- name: queue_limits_get
@@ -1713,7 +1798,7 @@ SELECT status FROM jobq.job WHERE id = $1;
 SELECT id, queue, payload, status, lock, worker_id, lease_expires_at, attempts, errors, stalls,
        last_error, idempotency_key, run_at, published_at, created_at, started_at,
        finished_at, progress, progress_at, result, priority, key, waiting_on, workflow_id,
-       last_traceback
+       snoozes, last_traceback
 FROM jobq.job
 WHERE id = $1;
 
@@ -1817,7 +1902,7 @@ LIMIT $1;
 
 -- name: dash_job
 SELECT id, queue, payload, status, worker_id, attempts, errors, stalls, suspect_stalls,
-       last_error, idempotency_key, run_at, created_at, started_at, finished_at,
+       snoozes, last_error, idempotency_key, run_at, created_at, started_at, finished_at,
        extract(epoch FROM lease_expires_at - now())::float8 AS lease_left_s, progress, result,
        workflow_id, last_traceback
 FROM jobq.job

@@ -11,7 +11,8 @@ validated by the handler's model, a sync handler runs in a thread,
 ``job.progress`` records values, ``job.step`` runs each step once per job
 (a second ``run_job`` of the same ``MemoryJob`` returns stored steps, as a re-run
 after a crash would), ``job.parents()`` returns what you give, and
-``Retry`` / ``Fail`` / any other exception propagates, for ``pytest.raises``.
+``Retry`` / ``Fail`` / ``Snooze`` / ``RateLimited`` / any other exception
+propagates, for ``pytest.raises``.
 
 ``InMemoryClient`` records what code under test publishes (the async
 client's ``publish`` / ``publish_many`` and the ``SyncClient``'s, without

@@ -4,6 +4,7 @@ cancellation, metrics and structured logs, on real services and processes."""
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from typing import Any
@@ -137,14 +138,20 @@ def test_retry_prune_and_errors_of_the_cli(db: SyncDB, procs: Procs, settings: S
     assert metric(port, 'jobq_jobs_completed_total{queue="work"}') == 1
     assert metric(port, 'jobq_handler_duration_seconds_count{outcome="ok",queue="work"}') == 1
 
+    (napper,) = publish(settings, "work", [{"snooze_runs": 1, "snooze_s": 0.2}])
+    wait_until(lambda: job(db, napper)["status"] == "completed", 10, "the snoozed job ends")
+    shown = run_cli(env, "inspect", str(napper)).stdout  # a snooze is no failure (issue #51)
+    assert re.search(r"^snoozes\s+1$", shown, re.M), shown
+    assert re.search(r"^errors\s+0$", shown, re.M), shown
+
     publish(settings, "work", [{} for _ in range(5)])
-    wait_until(lambda: db.val("SELECT count(*) FROM jobq.job WHERE status = 'completed'") == 6,
+    wait_until(lambda: db.val("SELECT count(*) FROM jobq.job WHERE status = 'completed'") == 7,
                10, "all complete")
     db.execute("UPDATE jobq.job SET finished_at = now() - interval '2 days'")
     (fresh,) = publish(settings, "work", [{}])
     wait_until(lambda: job(db, fresh)["status"] == "completed", 10, "fresh completes")
     out = run_cli(env, "prune", "--older-than", "1d", "--batch", "2")
-    assert out.returncode == 0 and "pruned 6" in out.stdout, out.stdout + out.stderr
+    assert out.returncode == 0 and "pruned 7" in out.stdout, out.stdout + out.stderr
     assert db.val("SELECT count(*) FROM jobq.job") == 1
     assert db.val("SELECT count(*) FROM jobq.job_event WHERE job_id <> $1", fresh) == 0
     for bad_duration in ("soon", "-3d", "7x"):

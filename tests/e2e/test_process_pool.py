@@ -264,3 +264,20 @@ def test_a_child_handlers_traceback_is_kept_with_its_job(db: SyncDB, procs: Proc
     tb = row["last_traceback"]
     assert tb.index("in settings_lookup") < tb.index("in read_setting"), tb
     assert 'harness/apps.py", line' in tb and tb.rstrip().endswith("KeyError: 'x'"), tb
+
+
+def test_a_child_handler_can_snooze_and_rate_limit(db: SyncDB, procs: Procs,
+                                                  settings: Settings) -> None:
+    """Issue #51: jobq.Snooze and jobq.RateLimited cross the child channel
+    with their seconds; neither run is counted."""
+    set_queue(db, "proc", lease_s=30, max_attempts=1)
+    procs.reaper()
+    pool_consumer(procs, 2)
+    snoozed, limited = publish(settings, "proc", [{"snooze_runs": 1, "snooze_s": 0.2},
+                                                  {"rate_limit_s": 0.5}])
+    for jid in (snoozed, limited):
+        wait_until(lambda: all(job(db, j)["status"] == "completed" for j in (jid,)), 30,
+                   "the job completed")
+        row = db.fetchrow("SELECT attempts, snoozes, errors FROM jobq.job WHERE id = $1", jid)
+        assert (row["attempts"], row["snoozes"], row["errors"]) == (1, 1, 0), dict(row)
+    assert db.val("SELECT count(*) FROM jobq.key_hold WHERE queue = 'proc' AND key = ''") == 1

@@ -60,7 +60,7 @@ def test_every_python_block_is_named_and_each_is_tested() -> None:
     named = {p.relative_to(ROOT).as_posix(): sorted(python_blocks(p)) for p in PAGES}
     assert {k: v for k, v in named.items() if v} == {
         "README.md": ["myapp.py", "publish_example.py"],
-        "docs/how-to/flow-control.md": ["flow_example.py"],
+        "docs/how-to/flow-control.md": ["flow_example.py", "handler_flow_example.py"],
         "docs/how-to/frameworks.md": sorted([
             "handles_example.py", "examples/django_project/signup/views.py",
             "examples/django_project/signup/tasks.py", "psycopg_example.py",
@@ -99,6 +99,24 @@ def test_the_flow_control_script_runs_as_written(tmp_path: Path, env: dict[str, 
     assert db.val("SELECT count(*) FROM jobq.job WHERE key = 'tenant-42'") == 3
     assert db.val("SELECT payload->>'q' FROM jobq.job WHERE queue = 'search'") == "job"
     assert db.val("SELECT count(*) FROM jobq.job WHERE queue = 'search'") == 1
+
+
+def test_the_handler_flow_example_snoozes_and_holds_as_written(
+        tmp_path: Path, env: dict[str, str], db: SyncDB, procs: Any, settings: Any) -> None:
+    from harness.helpers import publish
+
+    _write(tmp_path, "docs/how-to/flow-control.md", "handler_flow_example.py")
+    procs.start("consume", "handler_flow_example:app",
+                PYTHONPATH=f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}")
+    early, throttled = publish(settings, "invoices", [{"ready": False}, {"throttled": True}])
+    wait_until(lambda: db.val("SELECT count(*) FROM jobq.job WHERE snoozes = 1") == 2, 30,
+               "both put back")
+    rows = {r["id"]: r for r in db.fetch(
+        "SELECT id, attempts, extract(epoch FROM run_at - now()) AS due_in FROM jobq.job")}
+    assert rows[early]["attempts"] == rows[throttled]["attempts"] == 0
+    assert 25 < rows[early]["due_in"] <= 30 and 5 < rows[throttled]["due_in"] <= 10
+    assert db.val("SELECT count(*) FROM jobq.key_hold WHERE queue = 'invoices' "
+                  "AND key = '' AND until > now()") == 1
 
 
 def test_the_workflow_example_publishes_and_runs_as_written(

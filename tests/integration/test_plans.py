@@ -116,9 +116,10 @@ def _literal(value: Any) -> str:
     return "'" + str(value).replace("'", "''") + "'"
 
 
-# Small tables a plan may read whole: queues, workers, and the per-key rate
-# buckets (keys active in the last hour; the reapers prune the rest).
-SMALL = {"queue", "worker", "key_rate"}
+# Small tables a plan may read whole: queues, workers, the per-key rate
+# buckets (keys active in the last hour; the reapers prune the rest) and the
+# RateLimited holds (each RateLimited of a queue drops its expired ones).
+SMALL = {"queue", "worker", "key_rate", "key_hold"}
 
 
 # A retried claim finds the rows it took by their tokens among this worker's
@@ -157,7 +158,7 @@ def test_statements_by_id_use_the_primary_key(db_url: str, stats: str) -> None:
     # by id still go through the key.
     bad = _bad(asyncio.run(go()), {
         "claim": {"job_active_idx", "job_active_key_idx", "job_priority_idx", "key_rate_pkey",
-                  "key_lock_pkey"},
+                  "key_lock_pkey", "key_hold_live_idx"},
         # a row claimed in place of a delivered id is found by its token among
         # this worker's active rows (rare: a claim retried after a lost reply)
         "claim_recover": {"job_active_idx"}})
@@ -207,7 +208,7 @@ def test_generic_plans_go_through_the_primary_key_whatever_the_statistics(
 
     bad = _bad(asyncio.run(go()), {
         "claim": {"job_active_idx", "job_active_key_idx", "job_priority_idx", "key_rate_pkey",
-                  "key_lock_pkey"},
+                  "key_lock_pkey", "key_hold_live_idx"},
         # a row claimed in place of a delivered id is found by its token among
         # this worker's active rows (rare: a claim retried after a lost reply)
         "claim_recover": {"job_active_idx"}})

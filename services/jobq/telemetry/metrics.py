@@ -24,6 +24,9 @@ JOBS_RETRIED = Counter("jobq_jobs_retried_total", "Handler errors that will be r
                        ["queue"], registry=REGISTRY)
 JOBS_FAILED = Counter("jobq_jobs_failed_total", "Jobs failed for good by a consumer.",
                       ["queue"], registry=REGISTRY)
+JOBS_SNOOZED = Counter("jobq_jobs_snoozed_total", "Runs ended by jobq.Snooze or "
+                       "jobq.RateLimited (put back, no attempt counted).", ["queue"],
+                       registry=REGISTRY)
 JOBS_RELEASED = Counter("jobq_jobs_released_total", "Leases released on shutdown.", ["queue"],
                         registry=REGISTRY)
 LEASES_LOST = Counter("jobq_leases_lost_total", "Leases a consumer lost (lapsed, reaped, "

@@ -43,7 +43,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from jobq.client.results import ResultInvalid, encode
-from jobq.errors import Fail, Retry
+from jobq.errors import Fail, RateLimited, Retry, SignalInvalid, Snooze
 from jobq.job import Job
 from jobq.telemetry import current
 from jobq.worker import frames, tracebacks
@@ -65,6 +65,11 @@ def describe(exc: BaseException) -> tuple[str, str, str, float | None, str | Non
     """An exception as plain data the parent rebuilds (it may not unpickle),
     with its traceback formatted here, where its frames are."""
     tb = tracebacks.text_of(exc)
+    if isinstance(exc, Snooze):  # RateLimited too: its kind says which
+        return ("error", "rate_limited" if isinstance(exc, RateLimited) else "snooze",
+                str(exc), exc.seconds, tb)
+    if isinstance(exc, SignalInvalid):
+        return ("error", "invalid", str(exc), None, tb)
     if isinstance(exc, Retry):
         return ("error", "retry", str(exc), exc.delay_s, tb)
     if isinstance(exc, Fail):

@@ -24,7 +24,16 @@ from pydantic import ValidationError
 
 from jobq.client.results import ResultInvalid, encode
 from jobq.db import is_transient
-from jobq.errors import ConfigError, Fail, LeaseLost, Retry, StepRefused
+from jobq.errors import (
+    ConfigError,
+    Fail,
+    LeaseLost,
+    RateLimited,
+    Retry,
+    SignalInvalid,
+    Snooze,
+    StepRefused,
+)
 from jobq.lease import Failure, Lease
 from jobq.rows import Failed, Spell
 from jobq.runtime.backoff import Backoff
@@ -63,6 +72,8 @@ def _verdict(run: Run, exc: BaseException) -> Failure | None:
         return Failure(le, f"Retry: {printable(str(exc))}", True, exc.delay_s)
     if isinstance(exc, Fail):
         return Failure(le, f"Fail: {printable(str(exc))}", False)
+    if isinstance(exc, SignalInvalid):  # built again on every run: retrying cannot help
+        return Failure(le, f"{printable(str(exc))}", False)
     if isinstance(exc, StepRefused):  # the same on every run: retrying cannot help
         return Failure(le, f"step refused: {printable(str(exc))}", False)
     if isinstance(exc, ResultInvalid):
@@ -179,6 +190,8 @@ class Completer:
             worker=self.worker_id))
 
     async def fail(self, run: Run, exc: BaseException) -> None:
+        if isinstance(exc, Snooze):
+            return await self.snooze(run, exc)
         job = run.job
         run.lease.finishing = True
         failure = failure_for(run, exc)
@@ -206,6 +219,29 @@ class Completer:
             log.error("failed: %s", failure.error[:500], extra=fields(
                 event="failed", job=job.id, queue=job.queue, attempt=job.attempt,
                 worker=self.worker_id, traceback=failure.traceback))
+
+    async def snooze(self, run: Run, exc: Snooze) -> None:
+        """jobq.Snooze / jobq.RateLimited: put back for a while, the run not
+        counted; past errors.MAX_SNOOZES the job fails instead."""
+        job = run.job
+        run.lease.finishing = True
+        kind = "rate_limited" if isinstance(exc, RateLimited) else "snoozed"
+        row = await self.fenced(run, kind, lambda: self.store.snooze(
+            run.lease, exc.seconds, kind == "rate_limited", printable(str(exc), 500)))
+        if row is _GIVE_UP:
+            return
+        if row is None:
+            self.heartbeat.lose(run, f"{kind} rejected")
+        elif row.status == Status.FAILED:
+            self.tally.count("failed", job.queue)
+            log.error("failed: snoozed too often (%s)", exc, extra=fields(
+                event="failed", job=job.id, queue=job.queue, attempt=job.attempt,
+                worker=self.worker_id))
+        else:
+            self.tally.count("snoozed", job.queue)
+            log.info("%s for %.3gs: %s", kind.replace("_", " "), exc.seconds, exc, extra=fields(
+                event=kind, job=job.id, queue=job.queue, attempt=job.attempt,
+                worker=self.worker_id))
 
     async def child_died(self, run: Run, why: str) -> None:
         """Its child process died running it: charge it, requeue it now."""

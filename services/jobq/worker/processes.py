@@ -25,7 +25,7 @@ import subprocess
 import sys
 from typing import Any
 
-from jobq.errors import ConfigError, Fail, Retry
+from jobq.errors import ConfigError, Fail, RateLimited, Retry, SignalInvalid, Snooze
 from jobq.runtime.backoff import Backoff
 from jobq.worker import frames
 from jobq.worker.child_process import Child, child_environment, exit_text, rss_mb
@@ -254,6 +254,9 @@ def _answer(msg: list[Any]) -> Any:
         return json.loads(msg[1]) if msg[1] is not None else None
     _, kind, text, delay_s, tb = msg
     exc: Exception = (Retry(text, delay_s=delay_s) if kind == "retry" else
-                      Fail(text) if kind == "fail" else HandlerError(text))
+                      Fail(text) if kind == "fail" else
+                      Snooze(delay_s, text) if kind == "snooze" else
+                      RateLimited(delay_s, text) if kind == "rate_limited" else
+                      SignalInvalid(text) if kind == "invalid" else HandlerError(text))
     exc.remote_traceback = tb  # type: ignore[attr-defined]  # the child's frames
     raise exc

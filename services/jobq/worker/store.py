@@ -28,11 +28,12 @@ from jobq import lease
 from jobq.amqp.broker import Broker
 from jobq.client.publish import publish_and_mark
 from jobq.db import PooledConnection, execute, fetch, fetchrow, fetchval, now, session_broken
-from jobq.errors import BadInput, ConfigError, DatabaseUnavailable, UnavailableError
+from jobq.errors import MAX_SNOOZES, BadInput, ConfigError, DatabaseUnavailable, UnavailableError
 from jobq.lease import Failure, Lease
-from jobq.rows import ChildDeath, Claimed, Failed, Miss, Renewal, Spell
+from jobq.rows import ChildDeath, Claimed, Failed, Miss, Renewal, Spell, of
 from jobq.schedules import Schedule, refused
 from jobq.sql import Q
+from jobq.status import Status
 from jobq.telemetry import metrics
 from jobq.telemetry.logs import fields
 from jobq.worker.steps import JobLink
@@ -62,6 +63,11 @@ class WorkerStore(Protocol):
 
     async def release(self, leases: Sequence[Lease], why: str,
                       handoff: bool) -> list[Spell]: ...
+
+    async def snooze(self, lease_: Lease, seconds: float, hold: bool,
+                     why: str) -> Failed | None:
+        """Back to queued in ``seconds``, the run not counted (``hold``: the
+        key held fleet-wide until then); failed past MAX_SNOOZES. None: lost."""
 
     async def child_died(self, lease_: Lease, why: str) -> ChildDeath | None: ...
 
@@ -222,6 +228,18 @@ class PgStore:
     async def release(self, leases: Sequence[Lease], why: str,
                       handoff: bool) -> list[Spell]:
         return await lease.release(self.pool, leases, why, handoff)
+
+    async def snooze(self, lease_: Lease, seconds: float, hold: bool,
+                     why: str) -> Failed | None:
+        rows = await fetch(self.pool, Q["snooze"], lease_.job_id, lease_.lock, seconds, hold,
+                           MAX_SNOOZES, why)
+        if rows:
+            return of(Failed, rows[0])
+        # A retried write whose first reply was lost finds its own token.
+        for r in await fetch(self.pool, Q["finished_by"], [lease_.job_id], [lease_.lock]):
+            if r["status"] in (Status.QUEUED, Status.FAILED):
+                return Failed(r["id"], r["status"], None)
+        return None
 
     async def child_died(self, lease_: Lease, why: str) -> ChildDeath | None:
         return await lease.child_died(self.pool, lease_, why)
