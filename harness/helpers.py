@@ -212,7 +212,7 @@ def publish(settings: Any, queue: str, payloads: list[Any]) -> list[Any]:
     return asyncio.run(go())
 
 
-def set_queue(db: SyncDB, name: str, **settings: float) -> None:
+def set_queue(db: SyncDB, name: str, **settings: float | str) -> None:
     """Create or change a queue's settings with plain SQL, as a user would."""
     db.execute("INSERT INTO jobq.queue (name) VALUES ($1) ON CONFLICT DO NOTHING", name)
     for column, value in settings.items():

@@ -69,12 +69,14 @@ CREATE TABLE jobq.queue (
     paused boolean DEFAULT false NOT NULL,
     paused_at timestamp with time zone,
     paused_by text,
+    key_policy text DEFAULT 'queue'::text NOT NULL,
     CONSTRAINT queue_backoff_base_s_check CHECK ((backoff_base_s >= (0)::double precision)),
     CONSTRAINT queue_backoff_base_s_range CHECK (((backoff_base_s >= (0)::double precision) AND (backoff_base_s <= (86400)::double precision))),
     CONSTRAINT queue_backoff_max_s_check CHECK ((backoff_max_s >= (0)::double precision)),
     CONSTRAINT queue_backoff_max_s_range CHECK (((backoff_max_s >= (0)::double precision) AND (backoff_max_s <= (2592000)::double precision))),
     CONSTRAINT queue_keep_completed_s_range CHECK (((keep_completed_s IS NULL) OR ((keep_completed_s >= (60)::double precision) AND (keep_completed_s <= (315360000)::double precision)))),
     CONSTRAINT queue_keep_failed_s_range CHECK (((keep_failed_s IS NULL) OR ((keep_failed_s >= (60)::double precision) AND (keep_failed_s <= (315360000)::double precision)))),
+    CONSTRAINT queue_key_policy_check CHECK ((key_policy = ANY (ARRAY['queue'::text, 'fifo'::text, 'latest'::text, 'singleton'::text]))),
     CONSTRAINT queue_lease_s_check CHECK ((lease_s >= (0.5)::double precision)),
     CONSTRAINT queue_lease_s_range CHECK (((lease_s >= (0.5)::double precision) AND (lease_s <= (86400)::double precision))),
     CONSTRAINT queue_max_attempts_check CHECK ((max_attempts >= 1)),
@@ -268,6 +270,7 @@ DECLARE
     waiting integer := 0;
     dead_parent uuid;
     dead_status text;
+    policy text;  -- the queue's key policy for this keyed job (NULL: none, 'queue')
 BEGIN
     IF enqueue.queue IS NULL OR enqueue.queue !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$' THEN
         RAISE EXCEPTION 'jobq: invalid queue name %', quote_nullable(enqueue.queue)
@@ -339,6 +342,24 @@ BEGIN
         INSERT INTO jobq.queue (name) VALUES (enqueue.queue) ON CONFLICT (name) DO NOTHING;
         SELECT * INTO q FROM jobq.queue AS qq WHERE qq.name = enqueue.queue;
     END IF;
+    policy := CASE WHEN enqueue.key IS NOT NULL AND q.key_policy <> 'queue'
+                   THEN q.key_policy END;
+    IF policy IS NOT NULL AND (debounce > 0 OR cardinality(parents) > 0) THEN
+        RAISE EXCEPTION 'jobq: queue % has key policy %: its keyed jobs take no debounce_s or after',
+            quote_literal(enqueue.queue), policy USING ERRCODE = '22023',
+            HINT = 'publish without them, or to a queue whose key policy is queue';
+    END IF;
+    IF policy = 'singleton' THEN
+        -- The key's live job, if any, read without a lock (I11): its end
+        -- never waits for this transaction. Two publishers racing meet at
+        -- job_singleton_idx below.
+        SELECT jj.id INTO new_id FROM jobq.job AS jj
+        WHERE jj.queue = enqueue.queue AND jj.key = enqueue.key
+          AND jj.key_policy = 'singleton' AND jj.status IN ('queued', 'active');
+        IF new_id IS NOT NULL THEN
+            RETURN new_id;
+        END IF;
+    END IF;
     IF octet_length(doc::text) > q.max_payload_bytes THEN
         RAISE EXCEPTION 'jobq: payload is % bytes, over the % byte limit of queue %',
             octet_length(doc::text), q.max_payload_bytes, enqueue.queue
@@ -394,7 +415,7 @@ BEGIN
     END IF;
     INSERT INTO jobq.job AS j (queue, payload, idempotency_key, run_at, relay_after, enqueued_by,
                                priority, key, waiting_on, workflow_id, status, finished_at,
-                               last_error, debounced)
+                               last_error, debounced, key_policy, seq)
     VALUES (enqueue.queue, doc, enqueue.idempotency_key,
             now() + make_interval(secs => delay),
             -- A delayed job is published by the relay when due; otherwise the
@@ -409,14 +430,26 @@ BEGIN
             CASE WHEN dead_parent IS NULL THEN NULL ELSE now() END,
             CASE WHEN dead_parent IS NULL THEN NULL
                  ELSE format('cancelled: job %s it waits for was %s', dead_parent, dead_status) END,
-            debounce > 0)
-    ON CONFLICT (queue, idempotency_key, enqueued_by) WHERE idempotency_key IS NOT NULL
-    DO NOTHING
+            debounce > 0, policy,
+            CASE WHEN policy IN ('fifo', 'latest') THEN nextval('jobq.job_seq') END)
+    -- No target: the idempotency key's index, or job_singleton_idx (another
+    -- publisher's live job of the key; this waits for its commit).
+    ON CONFLICT DO NOTHING
     RETURNING j.id INTO new_id;
     IF new_id IS NULL THEN  -- this login used the key before: that job
         SELECT jj.id INTO new_id FROM jobq.job AS jj
         WHERE jj.queue = enqueue.queue AND jj.idempotency_key = enqueue.idempotency_key
           AND jj.enqueued_by = who;
+        IF new_id IS NULL AND policy = 'singleton' THEN  -- the key's live job
+            SELECT jj.id INTO new_id FROM jobq.job AS jj
+            WHERE jj.queue = enqueue.queue AND jj.key = enqueue.key
+              AND jj.key_policy = 'singleton' AND jj.status IN ('queued', 'active');
+        END IF;
+        IF new_id IS NULL THEN
+            RAISE EXCEPTION 'jobq: the job of key % in queue % ended while this publish '
+                            'waited for it', quote_literal(enqueue.key), quote_literal(enqueue.queue)
+                USING ERRCODE = '40001', HINT = 'publish again: a new job is made';
+        END IF;
         RETURN new_id;
     END IF;
     IF cardinality(parents) > 0 THEN
@@ -466,6 +499,7 @@ BEGIN
         RETURN;
     END IF;
     SELECT bool_and(q.name IS NOT NULL AND u.key IS NULL
+                    AND (u.jkey IS NULL OR q.key_policy = 'queue')
                     AND coalesce(u.delay, 0) < 31536000
                     AND coalesce(u.debounce, 0) = 0
                     AND coalesce(u.priority, 0) BETWEEN 0 AND 9
@@ -639,7 +673,8 @@ IF (SELECT NOT EXISTS (
            SELECT 1 FROM jobq.queue q
            WHERE q.name = ANY($3::text[])
              AND (q.max_running IS NOT NULL OR q.rate_per_s IS NOT NULL OR q.paused
-                  OR q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL))
+                  OR q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL
+                  OR q.key_policy <> 'queue'))
        AND NOT EXISTS (
            SELECT 1 FROM jobq.job x
            WHERE x.queue = ANY($3::text[]) AND x.status COLLATE "C" = 'queued'
@@ -736,7 +771,7 @@ RETURN QUERY WITH better AS (  -- waiting jobs of a priority above 0: an empty i
     FROM delivered d JOIN better b ON b.queue = d.queue AND b.rk = d.rk
     WHERE b.priority > d.priority
 ), candidate AS (  -- the claim re-checks every row under its lock
-    SELECT j.id, j.queue, j.key, j.priority,
+    SELECT j.id, j.queue, j.key, j.priority, j.key_policy, j.seq,
            coalesce((SELECT s.given FROM swap s WHERE s.taken = j.id), j.id) AS via
     FROM jobq.job j
     WHERE j.id = ANY (CASE WHEN NOT EXISTS (SELECT 1 FROM swap) THEN $1::uuid[]
@@ -773,9 +808,21 @@ RETURN QUERY WITH better AS (  -- waiting jobs of a priority above 0: an empty i
     JOIN jobq.key_hold h ON h.queue = c.queue AND h.key IN ('', coalesce(c.key, ''))
     WHERE h.until > now()
     GROUP BY c.id
+), policy AS (  -- key policies (schema 0027): read for fifo and latest jobs only
+    SELECT c.id,
+           CASE WHEN c.key_policy = 'latest' THEN (
+               SELECT n.id FROM jobq.job n  -- the key's newest job, if newer
+               WHERE n.queue = c.queue AND n.key = c.key AND n.seq > c.seq
+               ORDER BY n.seq DESC LIMIT 1) END AS newer,
+           c.key_policy = 'fifo' AND EXISTS (  -- an earlier job of the key not ended
+               SELECT 1 FROM jobq.job e
+               WHERE e.queue = c.queue AND e.key = c.key AND e.seq < c.seq
+                 AND e.status IN ('queued', 'active')) AS behind
+    FROM candidate c
+    WHERE c.seq IS NOT NULL
 ), ranked AS (
-    SELECT c.id, c.queue, c.key, c.via, hd.until AS held_until,
-           hd.until IS NULL
+    SELECT c.id, c.queue, c.key, c.via, hd.until AS held_until, pl.newer,
+           hd.until IS NULL AND pl.newer IS NULL AND NOT coalesce(pl.behind, false)
            AND (a.n IS NULL OR row_number() OVER (
                PARTITION BY c.queue ORDER BY hd.until IS NOT NULL, c.priority DESC, c.id) <= a.n)
            AND (k.n IS NULL OR row_number() OVER (
@@ -785,6 +832,7 @@ RETURN QUERY WITH better AS (  -- waiting jobs of a priority above 0: an empty i
     LEFT JOIN allowance a ON a.name = c.queue
     LEFT JOIN keyed k ON k.queue = c.queue AND k.key = c.key
     LEFT JOIN hold hd ON hd.id = c.id
+    LEFT JOIN policy pl ON pl.id = c.id
 ), claimed AS (
     UPDATE jobq.job j
     SET status = 'active',
@@ -803,15 +851,25 @@ RETURN QUERY WITH better AS (  -- waiting jobs of a priority above 0: an empty i
               q.vanished_grace_s, q.history, q.max_result_bytes,
               q.max_running IS NOT NULL OR q.rate_per_s IS NOT NULL
                   OR q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL
-                  AS limited,
+                  OR j.key_policy = 'fifo' AS limited,
               ranked.via, false AS handed, j.key
+), superseded AS (  -- latest: a newer job of the key exists; never run, cancelled
+    UPDATE jobq.job j
+    SET status = 'cancelled', finished_at = now(), lease_expires_at = NULL,
+        last_error = format('superseded by job %s (key policy latest)', ranked.newer)
+    FROM ranked
+    WHERE j.id = ANY(ARRAY(SELECT r.id FROM ranked r WHERE r.newer IS NOT NULL))
+      AND j.id = ranked.id AND ranked.newer IS NOT NULL
+    RETURNING j.id, j.queue, j.last_error
 ), parked AS (  -- a new queued spell, with a token of its own: a publish mark
     UPDATE jobq.job j  -- for the spell before (the producer's, late) misses it
     SET published_at = NULL, relay_after = 'infinity', lock = gen_random_uuid()
     FROM ranked
     WHERE j.id = ANY(ARRAY(SELECT r.id FROM ranked r
-                           WHERE NOT r.allowed AND r.held_until IS NULL))
+                           WHERE NOT r.allowed AND r.held_until IS NULL
+                             AND r.newer IS NULL))
       AND j.id = ranked.id AND NOT ranked.allowed AND ranked.held_until IS NULL
+      AND ranked.newer IS NULL
 ), held AS (  -- held by a RateLimited: due when the hold ends, published by the relay
     UPDATE jobq.job j
     SET run_at = ranked.held_until, relay_after = ranked.held_until, published_at = NULL,
@@ -840,8 +898,11 @@ RETURN QUERY WITH better AS (  -- waiting jobs of a priority above 0: an empty i
     FROM keyed k WHERE k.tokens IS NOT NULL
     ON CONFLICT (queue, key) DO UPDATE SET tokens = excluded.tokens, at = excluded.at
 ), logged AS (
-    INSERT INTO jobq.job_event (job_id, event, worker_id, attempt)
-    SELECT id, 'claimed', $2, attempts FROM claimed WHERE history
+    INSERT INTO jobq.job_event (job_id, event, worker_id, attempt, detail)
+    SELECT id, 'claimed', $2, attempts, NULL FROM claimed WHERE history
+    UNION ALL
+    SELECT s.id, 'superseded', $2, NULL, s.last_error
+    FROM superseded s JOIN jobq.queue q ON q.name = s.queue WHERE q.history
 )
 SELECT id, queue, payload, attempts, errors, stalls, lock, created_at, suspect, handoffs,
        lease_s, timeout_s, max_attempts, vanished_grace_s, history, max_result_bytes,
@@ -1307,7 +1368,11 @@ CREATE FUNCTION jobq.q_renew(uuid[], uuid[], double precision[], text) RETURNS T
 #variable_conflict use_column
 BEGIN
 RETURN QUERY WITH mine AS (
-    SELECT j.id, t.lease_s
+    SELECT j.id, t.lease_s,
+           CASE WHEN j.key_policy = 'latest' THEN (
+               SELECT n.id FROM jobq.job n
+               WHERE n.queue = j.queue AND n.key = j.key AND n.seq > j.seq
+               ORDER BY n.seq DESC LIMIT 1) END AS newer
     FROM jobq.job j
     JOIN unnest($1::uuid[], $2::uuid[], $3::float8[]) AS t(id, lock, lease_s) ON j.id = t.id
     WHERE j.id = ANY($1::uuid[])
@@ -1317,15 +1382,26 @@ RETURN QUERY WITH mine AS (
     FOR NO KEY UPDATE OF j SKIP LOCKED
 ), renewed AS (
     UPDATE jobq.job j
-    SET lease_expires_at = now() + make_interval(secs => mine.lease_s)
+    SET lease_expires_at = CASE WHEN mine.newer IS NULL
+                                THEN now() + make_interval(secs => mine.lease_s) END,
+        status = CASE WHEN mine.newer IS NULL THEN j.status ELSE 'cancelled' END,
+        finished_at = CASE WHEN mine.newer IS NULL THEN j.finished_at ELSE now() END,
+        last_error = CASE WHEN mine.newer IS NULL THEN j.last_error
+                          ELSE format('superseded by job %s (key policy latest)', mine.newer) END
     FROM mine
     WHERE j.id = ANY($1::uuid[]) AND j.id = mine.id
-    RETURNING j.id
+    RETURNING j.id, mine.newer IS NULL AS renewed, j.queue, j.worker_id, j.attempts,
+              j.last_error
+), superseded AS (
+    INSERT INTO jobq.job_event (job_id, event, worker_id, attempt, detail)
+    SELECT r.id, 'superseded', r.worker_id, r.attempts, r.last_error
+    FROM renewed r JOIN jobq.queue q ON q.name = r.queue
+    WHERE NOT r.renewed AND q.history
 ), seen AS (
     UPDATE jobq.worker SET last_seen_at = now()
     WHERE worker_id = $4 AND backend_pid = pg_backend_pid()
 )
-SELECT r.id, true AS renewed FROM renewed r
+SELECT r.id, true AS renewed FROM renewed r WHERE r.renewed
 UNION ALL
 SELECT j.id, false AS renewed
 FROM jobq.job j
@@ -1480,8 +1556,9 @@ CREATE FUNCTION jobq.q_unpark_freed(uuid, uuid, uuid) RETURNS TABLE(id uuid, que
 #variable_conflict use_column
 BEGIN
 RETURN QUERY WITH proof AS (
-    SELECT j.id, j.queue, j.key,
-           q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL AS per_key
+    SELECT j.id, j.queue, j.key, j.key_policy = 'fifo' AS fifo,
+           q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL
+               OR j.key_policy = 'fifo' AS per_key
     FROM jobq.job j JOIN jobq.queue q ON q.name = j.queue
     WHERE j.id = $1 AND j.lock = $2 AND j.status COLLATE "C" <> 'active' AND NOT q.paused
       AND NOT j.slot_freed AND ($3::uuid IS NULL OR $3::uuid IS NOT NULL)
@@ -1495,7 +1572,7 @@ RETURN QUERY WITH proof AS (
          WHERE proof.per_key AND proof.key IS NOT NULL
            AND x.queue = proof.queue AND x.key = proof.key AND x.status = 'queued'
            AND x.relay_after = 'infinity' AND x.waiting_on = 0 AND x.published_at IS NULL
-         ORDER BY x.priority DESC, x.run_at, x.id
+         ORDER BY CASE WHEN proof.fifo THEN x.seq END, x.priority DESC, x.run_at, x.id
          LIMIT 1
          FOR UPDATE OF x SKIP LOCKED),
         (SELECT x.id FROM jobq.job x
@@ -1925,6 +2002,9 @@ CREATE TABLE jobq.job (
     slot_freed boolean DEFAULT false NOT NULL,
     last_traceback text,
     snoozes integer DEFAULT 0 NOT NULL,
+    key_policy text,
+    seq bigint,
+    CONSTRAINT job_key_policy_check CHECK ((key_policy = ANY (ARRAY['fifo'::text, 'latest'::text, 'singleton'::text]))),
     CONSTRAINT job_last_traceback_size CHECK ((octet_length(last_traceback) <= 16384)),
     CONSTRAINT job_status_check CHECK ((status = ANY (ARRAY['queued'::text, 'active'::text, 'completed'::text, 'failed'::text, 'cancelled'::text])))
 )
@@ -2028,6 +2108,17 @@ ALTER TABLE jobq.job_event ALTER COLUMN n ADD GENERATED ALWAYS AS IDENTITY (
     NO MAXVALUE
     CACHE 1
 );
+
+--
+-- Name: job_seq; Type: SEQUENCE; Schema: jobq; Owner: -
+--
+
+CREATE SEQUENCE jobq.job_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
 
 --
 -- Name: job_step; Type: TABLE; Schema: jobq; Owner: -
@@ -2534,6 +2625,12 @@ CREATE UNIQUE INDEX job_idempotency_login_idx ON jobq.job USING btree (queue, id
 CREATE INDEX job_in_line_key_idx ON jobq.job USING btree (queue, key) WHERE ((status = 'queued'::text) AND (relay_after < 'infinity'::timestamp with time zone) AND (key IS NOT NULL));
 
 --
+-- Name: job_key_seq_idx; Type: INDEX; Schema: jobq; Owner: -
+--
+
+CREATE INDEX job_key_seq_idx ON jobq.job USING btree (queue, key, seq) WHERE (seq IS NOT NULL);
+
+--
 -- Name: job_parked_best_idx; Type: INDEX; Schema: jobq; Owner: -
 --
 
@@ -2562,6 +2659,12 @@ CREATE INDEX job_queued_idx ON jobq.job USING btree (queue, run_at) WHERE (statu
 --
 
 CREATE INDEX job_queued_key_idx ON jobq.job USING btree (queue, key, run_at) WHERE ((status = 'queued'::text) AND (key IS NOT NULL));
+
+--
+-- Name: job_singleton_idx; Type: INDEX; Schema: jobq; Owner: -
+--
+
+CREATE UNIQUE INDEX job_singleton_idx ON jobq.job USING btree (queue, key) WHERE ((key_policy = 'singleton'::text) AND (status = ANY (ARRAY['queued'::text, 'active'::text])));
 
 --
 -- Name: job_unpublished_idx; Type: INDEX; Schema: jobq; Owner: -

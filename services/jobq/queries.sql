@@ -289,9 +289,12 @@ SELECT id, 'published', 'by the reaper relay' FROM marked WHERE history;
 --      allowance  per limited queue: how many may start now (cap, tokens)
 --      keyed      per key of a per-key-limited queue: the same, per key
 --      hold       the candidates whose key (or queue) a RateLimited holds now
+--      policy     fifo: an earlier job of the key not ended; latest: a newer
+--                 job of the key (schema 0027; fifo and latest jobs only)
 --      ranked     each candidate allowed or not, best first within the limits
---                 (a held one never)
+--                 (a held, a superseded or a fifo job behind another never)
 --      claimed    UPDATE: the allowed rows active, token, deadline  -> rows
+--      superseded UPDATE: latest jobs with a newer one of their key cancelled
 --      parked     UPDATE: the refused rows out of the relay, new token
 --      held       UPDATE: held rows delayed to the hold's end, new token
 --      handed     UPDATE: swapped-out delivered jobs back in line  -> rows
@@ -357,7 +360,7 @@ WITH better AS (  -- waiting jobs of a priority above 0: an empty index when non
     FROM delivered d JOIN better b ON b.queue = d.queue AND b.rk = d.rk
     WHERE b.priority > d.priority
 ), candidate AS (  -- the claim re-checks every row under its lock
-    SELECT j.id, j.queue, j.key, j.priority,
+    SELECT j.id, j.queue, j.key, j.priority, j.key_policy, j.seq,
            coalesce((SELECT s.given FROM swap s WHERE s.taken = j.id), j.id) AS via
     FROM jobq.job j
     WHERE j.id = ANY (CASE WHEN NOT EXISTS (SELECT 1 FROM swap) THEN $1::uuid[]
@@ -394,9 +397,21 @@ WITH better AS (  -- waiting jobs of a priority above 0: an empty index when non
     JOIN jobq.key_hold h ON h.queue = c.queue AND h.key IN ('', coalesce(c.key, ''))
     WHERE h.until > now()
     GROUP BY c.id
+), policy AS (  -- key policies (schema 0027): read for fifo and latest jobs only
+    SELECT c.id,
+           CASE WHEN c.key_policy = 'latest' THEN (
+               SELECT n.id FROM jobq.job n  -- the key's newest job, if newer
+               WHERE n.queue = c.queue AND n.key = c.key AND n.seq > c.seq
+               ORDER BY n.seq DESC LIMIT 1) END AS newer,
+           c.key_policy = 'fifo' AND EXISTS (  -- an earlier job of the key not ended
+               SELECT 1 FROM jobq.job e
+               WHERE e.queue = c.queue AND e.key = c.key AND e.seq < c.seq
+                 AND e.status IN ('queued', 'active')) AS behind
+    FROM candidate c
+    WHERE c.seq IS NOT NULL
 ), ranked AS (
-    SELECT c.id, c.queue, c.key, c.via, hd.until AS held_until,
-           hd.until IS NULL
+    SELECT c.id, c.queue, c.key, c.via, hd.until AS held_until, pl.newer,
+           hd.until IS NULL AND pl.newer IS NULL AND NOT coalesce(pl.behind, false)
            AND (a.n IS NULL OR row_number() OVER (
                PARTITION BY c.queue ORDER BY hd.until IS NOT NULL, c.priority DESC, c.id) <= a.n)
            AND (k.n IS NULL OR row_number() OVER (
@@ -406,6 +421,7 @@ WITH better AS (  -- waiting jobs of a priority above 0: an empty index when non
     LEFT JOIN allowance a ON a.name = c.queue
     LEFT JOIN keyed k ON k.queue = c.queue AND k.key = c.key
     LEFT JOIN hold hd ON hd.id = c.id
+    LEFT JOIN policy pl ON pl.id = c.id
 ), claimed AS (
     UPDATE jobq.job j
     SET status = 'active',
@@ -425,15 +441,25 @@ WITH better AS (  -- waiting jobs of a priority above 0: an empty index when non
               q.vanished_grace_s, q.history, q.max_result_bytes,
               q.max_running IS NOT NULL OR q.rate_per_s IS NOT NULL
                   OR q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL
-                  AS limited,
+                  OR j.key_policy = 'fifo' AS limited,
               ranked.via, false AS handed, j.key
+), superseded AS (  -- latest: a newer job of the key exists; never run, cancelled
+    UPDATE jobq.job j
+    SET status = 'cancelled', finished_at = now(), lease_expires_at = NULL,
+        last_error = format('superseded by job %s (key policy latest)', ranked.newer)
+    FROM ranked
+    WHERE j.id = ANY(ARRAY(SELECT r.id FROM ranked r WHERE r.newer IS NOT NULL))
+      AND j.id = ranked.id AND ranked.newer IS NOT NULL
+    RETURNING j.id, j.queue, j.last_error
 ), parked AS (  -- a new queued spell, with a token of its own: a publish mark
     UPDATE jobq.job j  -- for the spell before (the producer's, late) misses it
     SET published_at = NULL, relay_after = 'infinity', lock = gen_random_uuid()
     FROM ranked
     WHERE j.id = ANY(ARRAY(SELECT r.id FROM ranked r
-                           WHERE NOT r.allowed AND r.held_until IS NULL))
+                           WHERE NOT r.allowed AND r.held_until IS NULL
+                             AND r.newer IS NULL))
       AND j.id = ranked.id AND NOT ranked.allowed AND ranked.held_until IS NULL
+      AND ranked.newer IS NULL
 ), held AS (  -- held by a RateLimited: due when the hold ends, published by the relay
     UPDATE jobq.job j
     SET run_at = ranked.held_until, relay_after = ranked.held_until, published_at = NULL,
@@ -462,8 +488,11 @@ WITH better AS (  -- waiting jobs of a priority above 0: an empty index when non
     FROM keyed k WHERE k.tokens IS NOT NULL
     ON CONFLICT (queue, key) DO UPDATE SET tokens = excluded.tokens, at = excluded.at
 ), logged AS (
-    INSERT INTO jobq.job_event (job_id, event, worker_id, attempt)
-    SELECT id, 'claimed', $2, attempts FROM claimed WHERE history
+    INSERT INTO jobq.job_event (job_id, event, worker_id, attempt, detail)
+    SELECT id, 'claimed', $2, attempts, NULL FROM claimed WHERE history
+    UNION ALL
+    SELECT s.id, 'superseded', $2, NULL, s.last_error
+    FROM superseded s JOIN jobq.queue q ON q.name = s.queue WHERE q.history
 )
 SELECT id, queue, payload, attempts, errors, stalls, lock, created_at, suspect, handoffs,
        lease_s, timeout_s, max_attempts, vanished_grace_s, history, max_result_bytes,
@@ -487,7 +516,8 @@ SELECT NOT EXISTS (
            SELECT 1 FROM jobq.queue q
            WHERE q.name = ANY($3::text[])
              AND (q.max_running IS NOT NULL OR q.rate_per_s IS NOT NULL OR q.paused
-                  OR q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL))
+                  OR q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL
+                  OR q.key_policy <> 'queue'))
        AND NOT EXISTS (
            SELECT 1 FROM jobq.job x
            WHERE x.queue = ANY($3::text[]) AND x.status COLLATE "C" = 'queued'
@@ -566,8 +596,17 @@ WHERE id = ANY($1::uuid[]);
 -- again soon; one locked row once held this statement, and every lease of
 -- the worker with it. Ids left out are lost leases. Each row is found by
 -- its id (id = ANY: one plan, an index lookup, whatever the statistics).
+-- A job of a latest queue whose key has a newer job (schema 0027) is not
+-- renewed but cancelled here, by its own worker's statement, so that the
+-- producer of the newer job never writes, nor waits on, this row (I11): its
+-- id is left out (the worker stops the handler as for a lost lease) and any
+-- later write of the run is refused.
 WITH mine AS (
-    SELECT j.id, t.lease_s
+    SELECT j.id, t.lease_s,
+           CASE WHEN j.key_policy = 'latest' THEN (
+               SELECT n.id FROM jobq.job n
+               WHERE n.queue = j.queue AND n.key = j.key AND n.seq > j.seq
+               ORDER BY n.seq DESC LIMIT 1) END AS newer
     FROM jobq.job j
     JOIN unnest($1::uuid[], $2::uuid[], $3::float8[]) AS t(id, lock, lease_s) ON j.id = t.id
     WHERE j.id = ANY($1::uuid[])
@@ -577,15 +616,26 @@ WITH mine AS (
     FOR NO KEY UPDATE OF j SKIP LOCKED
 ), renewed AS (
     UPDATE jobq.job j
-    SET lease_expires_at = now() + make_interval(secs => mine.lease_s)
+    SET lease_expires_at = CASE WHEN mine.newer IS NULL
+                                THEN now() + make_interval(secs => mine.lease_s) END,
+        status = CASE WHEN mine.newer IS NULL THEN j.status ELSE 'cancelled' END,
+        finished_at = CASE WHEN mine.newer IS NULL THEN j.finished_at ELSE now() END,
+        last_error = CASE WHEN mine.newer IS NULL THEN j.last_error
+                          ELSE format('superseded by job %s (key policy latest)', mine.newer) END
     FROM mine
     WHERE j.id = ANY($1::uuid[]) AND j.id = mine.id
-    RETURNING j.id
+    RETURNING j.id, mine.newer IS NULL AS renewed, j.queue, j.worker_id, j.attempts,
+              j.last_error
+), superseded AS (
+    INSERT INTO jobq.job_event (job_id, event, worker_id, attempt, detail)
+    SELECT r.id, 'superseded', r.worker_id, r.attempts, r.last_error
+    FROM renewed r JOIN jobq.queue q ON q.name = r.queue
+    WHERE NOT r.renewed AND q.history
 ), seen AS (
     UPDATE jobq.worker SET last_seen_at = now()
     WHERE worker_id = $4 AND backend_pid = pg_backend_pid()
 )
-SELECT r.id, true AS renewed FROM renewed r
+SELECT r.id, true AS renewed FROM renewed r WHERE r.renewed
 UNION ALL
 SELECT j.id, false AS renewed
 FROM jobq.job j
@@ -1099,7 +1149,7 @@ SELECT count(*) FROM lost;
 -- published, so a key's backlog never circles through the broker.
 WITH RECURSIVE lim AS (
     SELECT q.name, q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL
-               AS per_key,
+                   OR q.key_policy = 'fifo' AS per_key,
            greatest(0, jobq.allowance(q, (SELECT count(*) FROM jobq.job a  -- 0010, 0013
                                           WHERE a.queue = q.name AND a.status = 'active'))
                        - (SELECT count(*) FROM (
@@ -1108,7 +1158,8 @@ WITH RECURSIVE lim AS (
                                 AND w.relay_after < 'infinity' AND w.waiting_on = 0
                                 AND w.run_at <= now()
                                 AND (q.max_running_per_key IS NULL
-                                     AND q.rate_per_s_per_key IS NULL OR w.key IS NULL)
+                                     AND q.rate_per_s_per_key IS NULL
+                                     AND q.key_policy <> 'fifo' OR w.key IS NULL)
                               LIMIT coalesce(q.max_running, 10000)) x)) AS n
     FROM jobq.queue q  -- (no limit: 2147483647)
     WHERE EXISTS (SELECT 1 FROM jobq.job p
@@ -1129,9 +1180,14 @@ WITH RECURSIVE lim AS (
         WHERE p.queue = pk.queue AND p.status = 'queued' AND p.relay_after = 'infinity' AND p.waiting_on = 0
           AND p.key > pk.key
         ORDER BY p.key LIMIT 1) nx
-), key_room AS (
-    SELECT pk.queue, pk.key,
-           least(l.n, greatest(0,
+), key_room AS (  -- a fifo key: one at a time, its head (schema 0027)
+    SELECT pk.queue, pk.key, q.key_policy = 'fifo' AS fifo,
+           least(l.n, CASE WHEN q.key_policy = 'fifo' AND EXISTS (
+                               SELECT 1 FROM jobq.job o
+                               WHERE o.queue = pk.queue AND o.key = pk.key
+                                 AND (o.status = 'active' OR o.status = 'queued'
+                                      AND o.relay_after < 'infinity'))
+                           THEN 0 ELSE 2147483647 END, greatest(0,
                jobq.key_allowance(q, (SELECT count(*) FROM jobq.job a
                                       WHERE a.queue = pk.queue AND a.key = pk.key
                                         AND a.status = 'active'),
@@ -1151,8 +1207,8 @@ WITH RECURSIVE lim AS (
         SELECT j.id FROM jobq.job j
         WHERE j.queue = kr.queue AND j.key = kr.key AND j.status = 'queued'
           AND j.published_at IS NULL AND j.relay_after = 'infinity' AND j.waiting_on = 0
-        ORDER BY j.priority DESC, j.run_at, j.id
-        LIMIT kr.n
+        ORDER BY CASE WHEN kr.fifo THEN j.seq END, j.priority DESC, j.run_at, j.id
+        LIMIT CASE WHEN kr.fifo THEN least(kr.n, 1) ELSE kr.n END
         FOR UPDATE SKIP LOCKED) p
     UNION ALL
     SELECT p.id
@@ -1183,8 +1239,9 @@ FROM picked WHERE j.id = picked.id;
 -- token the release before chose) is taken and ignored, so a consumer of
 -- that release keeps working through a rolling upgrade.
 WITH proof AS (
-    SELECT j.id, j.queue, j.key,
-           q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL AS per_key
+    SELECT j.id, j.queue, j.key, j.key_policy = 'fifo' AS fifo,
+           q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL
+               OR j.key_policy = 'fifo' AS per_key
     FROM jobq.job j JOIN jobq.queue q ON q.name = j.queue
     WHERE j.id = $1 AND j.lock = $2 AND j.status COLLATE "C" <> 'active' AND NOT q.paused
       AND NOT j.slot_freed AND ($3::uuid IS NULL OR $3::uuid IS NOT NULL)
@@ -1198,7 +1255,7 @@ WITH proof AS (
          WHERE proof.per_key AND proof.key IS NOT NULL
            AND x.queue = proof.queue AND x.key = proof.key AND x.status = 'queued'
            AND x.relay_after = 'infinity' AND x.waiting_on = 0 AND x.published_at IS NULL
-         ORDER BY x.priority DESC, x.run_at, x.id
+         ORDER BY CASE WHEN proof.fifo THEN x.seq END, x.priority DESC, x.run_at, x.id
          LIMIT 1
          FOR UPDATE OF x SKIP LOCKED),
         (SELECT x.id FROM jobq.job x
@@ -1686,7 +1743,7 @@ INSERT INTO jobq.queue (name) VALUES ($1) ON CONFLICT (name) DO NOTHING;
 SELECT name, lease_s, max_stalls, max_attempts, timeout_s, backoff_base_s,
        backoff_max_s, stall_cooldown_s, max_payload_bytes, vanished_grace_s,
        keep_completed_s, keep_failed_s, history, max_result_bytes, max_running, rate_per_s,
-       max_running_per_key, rate_per_s_per_key, paused
+       max_running_per_key, rate_per_s_per_key, key_policy, paused
 FROM jobq.queue
 ORDER BY name;
 
@@ -1723,12 +1780,13 @@ SET lease_s = coalesce(($2::jsonb->>'lease_s')::float8, lease_s),
                                ELSE max_running_per_key END,
     rate_per_s_per_key = CASE WHEN $2::jsonb ? 'rate_per_s_per_key'
                               THEN nullif(($2::jsonb->>'rate_per_s_per_key')::float8, 0)
-                              ELSE rate_per_s_per_key END
+                              ELSE rate_per_s_per_key END,
+    key_policy = coalesce($2::jsonb->>'key_policy', key_policy)
 WHERE name = $1
 RETURNING name, lease_s, max_stalls, max_attempts, timeout_s, backoff_base_s,
           backoff_max_s, stall_cooldown_s, max_payload_bytes, vanished_grace_s,
           keep_completed_s, keep_failed_s, history, max_result_bytes, max_running, rate_per_s,
-          max_running_per_key, rate_per_s_per_key;
+          max_running_per_key, rate_per_s_per_key, key_policy;
 
 -- name: queue_pause
 -- jobq queue pause: from the next claim on, no job of the queue starts

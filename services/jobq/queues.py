@@ -17,6 +17,9 @@ from typing import Any
 
 from jobq.errors import InvalidQueue
 
+# issue #51, schema 0027: the first is today's behaviour, the default
+KEY_POLICIES = ("queue", "fifo", "latest", "singleton")
+
 
 @dataclass(frozen=True)
 class Setting:
@@ -30,9 +33,15 @@ class Setting:
     lo_open: bool = False  # lo itself is not allowed
     zero_is_none: bool = False  # 0 on the CLI means "no value" (timeout_s)
     aliases: tuple[str, ...] = ()  # other spellings of the flag
+    choices: tuple[str, ...] = ()  # the words a text setting takes (kind str)
 
     def parse(self, text: str) -> Any:
         """A CLI value, checked; raises ArgumentTypeError with one line."""
+        if self.kind is str:
+            if text not in self.choices:
+                raise argparse.ArgumentTypeError(
+                    f"expected one of {', '.join(self.choices)}, got {text!r}")
+            return text
         if self.kind is bool:
             low = text.lower()
             if low in ("on", "true", "yes", "1"):
@@ -101,6 +110,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("rate_per_s_per_key", "--rate-per-second-per-key", float, 0, 100000, None,
             "at most this many starts per second for each key (0 = no limit)",
             lo_open=True, zero_is_none=True),
+    Setting("key_policy", "--key-policy", str, 0, 0, "queue",
+            "what a keyed job meets when its key already has work: queue (fair across keys), "
+            "fifo (one at a time in publish order), latest (a newer job cancels the older), "
+            "singleton (a publish while the key has a live job returns that job's id)",
+            choices=KEY_POLICIES),
 )
 
 BY_COLUMN = {s.column: s for s in SETTINGS}

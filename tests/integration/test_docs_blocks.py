@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from harness.helpers import SyncDB, wait_until
+from harness.helpers import SyncDB, run_cli, wait_until
 from jobq.ops.cli import parser
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,7 +60,8 @@ def test_every_python_block_is_named_and_each_is_tested() -> None:
     named = {p.relative_to(ROOT).as_posix(): sorted(python_blocks(p)) for p in PAGES}
     assert {k: v for k, v in named.items() if v} == {
         "README.md": ["myapp.py", "publish_example.py"],
-        "docs/how-to/flow-control.md": ["flow_example.py", "handler_flow_example.py"],
+        "docs/how-to/flow-control.md": ["flow_example.py", "handler_flow_example.py",
+                                        "key_policy_example.py"],
         "docs/how-to/frameworks.md": sorted([
             "handles_example.py", "examples/django_project/signup/views.py",
             "examples/django_project/signup/tasks.py", "psycopg_example.py",
@@ -117,6 +118,15 @@ def test_the_handler_flow_example_snoozes_and_holds_as_written(
     assert 25 < rows[early]["due_in"] <= 30 and 5 < rows[throttled]["due_in"] <= 10
     assert db.val("SELECT count(*) FROM jobq.key_hold WHERE queue = 'invoices' "
                   "AND key = '' AND until > now()") == 1
+
+
+def test_the_key_policy_example_returns_the_live_job_as_written(
+        tmp_path: Path, env: dict[str, str], db: SyncDB) -> None:
+    _write(tmp_path, "docs/how-to/flow-control.md", "key_policy_example.py")
+    assert run_cli(env, "queue", "set", "reports", "--key-policy", "singleton").returncode == 0
+    printed = _run(env, tmp_path, "key_policy_example.py").split()
+    assert db.val("SELECT array_agg(id) FROM jobq.job WHERE queue = 'reports'") == [
+        uuid.UUID(printed[0])]
 
 
 def test_the_workflow_example_publishes_and_runs_as_written(

@@ -24,7 +24,8 @@ def register(sub: Any) -> None:
     qs.add_argument("name", metavar="QUEUE")
     for q in SETTINGS:
         qs.add_argument(q.flag, *q.aliases, dest=q.column, default=None,
-                        metavar="on|off" if q.kind is bool else "N",
+                        metavar=("on|off" if q.kind is bool else "|".join(q.choices)
+                                 if q.kind is str else "N"),
                         help=f"{q.help} (default {q.default if q.default is not None else 'none'})")
     for verb, what in (("pause", "from the next claim on no job of QUEUE starts anywhere; "
                                  "running jobs finish, publishing goes on, nothing is lost or "

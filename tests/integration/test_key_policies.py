@@ -1,0 +1,141 @@
+"""Key policies (issue #51, item 1; schema 0027): what a keyed job meets when
+its key already has work. fifo: one at a time in publish order, a retrying
+head before its successors; latest: a newer job cancels the pending ones and
+stops the running one at its next renewal; singleton: a publish while the key
+has a live job returns that job's id, whoever races. Real consumer and
+reaper; order and overlap read from test_run by the database clock."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import uuid
+from typing import Any
+
+import asyncpg
+
+from jobq.newjob import NewJob
+from jobq.settings import Settings
+from tests.integration.test_consumer import World, _app_db, scenario  # noqa: F401
+
+
+async def _runs(w: World, ids: list[uuid.UUID]) -> list[Any]:
+    """Every run of these jobs, by start."""
+    return await w.pool.fetch(
+        "SELECT job_id, attempt, started_at, ended_at, outcome FROM test_run "
+        "WHERE job_id = ANY($1) ORDER BY started_at", ids)
+
+
+def test_fifo_runs_a_key_in_publish_order_one_at_a_time_a_retrying_head_first(
+        settings: Settings) -> None:
+    async def body(w: World) -> None:
+        # The head fails once and retries after its backoff (0.4 s); its
+        # successors, published in the same call, wait for it to end.
+        jobs = [NewJob("work", {"sleep": 0.05, "fail_times": 1 if i == 0 else 0}, key="k")
+                for i in range(5)]
+        jobs.append(NewJob("work", {"sleep": 0.05}, key="other"))
+        ids = await w.client.publish_many(jobs)
+        for jid in ids:
+            await w.wait_status(jid, "completed")
+        runs = await _runs(w, ids[:5])
+        assert [r["job_id"] for r in runs] == [ids[0], *ids[:5]], runs  # the head twice, first
+        # a failed run records no end (harness/apps.py): its 'retry' event is it
+        failed_at = await w.pool.fetchval(
+            "SELECT at FROM jobq.job_event WHERE job_id = $1 AND event = 'retry'", ids[0])
+        for a, b in itertools.pairwise(runs):
+            assert (a["ended_at"] or failed_at) <= b["started_at"], f"runs overlapped: {a} {b}"
+        other = (await _runs(w, ids[5:]))[0]
+        assert other["started_at"] < runs[1]["started_at"], "another key waited for this one"
+
+    scenario(settings, body, max_attempts=3, backoff_base_s=0.4, key_policy="fifo")
+
+
+def test_latest_cancels_the_pending_and_stops_the_running_job_of_its_key(
+        settings: Settings) -> None:
+    async def body(w: World) -> None:
+        (old,) = await w.client.publish_many([NewJob("work", {"sleep": 30}, key="k")])
+        await w.wait_status(old, "active")
+        a, b, new = await w.client.publish_many(
+            [NewJob("work", {"n": i}, key="k") for i in range(3)])
+        row = await w.wait_status(old, "cancelled")  # at its next renewal (lease 1 s)
+        assert row["last_error"] == f"superseded by job {new} (key policy latest)", dict(row)
+        for jid in (a, b):
+            row = await w.wait_status(jid, "cancelled")
+            assert f"superseded by job {new}" in row["last_error"], dict(row)
+        await w.wait_status(new, "completed")
+        runs = await _runs(w, [old, a, b, new])
+        assert [r["job_id"] for r in runs] == [old, new], runs  # pending ones never ran
+        for _ in range(250):  # the stopped handler's own end
+            if (await _runs(w, [old]))[0]["outcome"] == "cancelled":
+                break
+            await asyncio.sleep(0.02)
+        assert (await _runs(w, [old]))[0]["outcome"] == "cancelled"
+        events = [r["event"] for r in await w.pool.fetch(
+            "SELECT event FROM jobq.job_event WHERE job_id = $1", old)]
+        assert "superseded" in events, events
+        # a late write of the stopped run is refused by the fence
+        assert (await w.row(old))["status"] == "cancelled"
+
+    scenario(settings, body, key_policy="latest")
+
+
+def test_singleton_returns_the_live_job_of_the_key_even_to_racing_producers(
+        settings: Settings) -> None:
+    async def body(w: World) -> None:
+        (first,) = await w.client.publish_many([NewJob("work", {"sleep": 0.5}, key="k")])
+        again = await w.client.publish_many([NewJob("work", {}, key="k"),
+                                             NewJob("work", {}, key="k2")])
+        assert again[0] == first and again[1] != first
+        await w.wait_status(first, "completed")
+        (after,) = await w.client.publish_many([NewJob("work", {}, key="k")])
+        assert after != first, "a key whose job ended takes a new one"
+        await w.wait_status(after, "completed")
+
+        # Three producers, each in its own open transaction, race on one key.
+        conns = [await asyncpg.connect(w.settings.database_url) for _ in range(3)]
+        try:
+            txs = [c.transaction() for c in conns]
+            for t in txs:
+                await t.start()
+
+            async def publish(c: asyncpg.Connection) -> Any:
+                return await c.fetchval(
+                    "SELECT jobq.enqueue('work', '{\"sleep\": 0.5}', key => 'race')")
+
+            tasks = [asyncio.create_task(publish(c)) for c in conns]
+            # Whichever inserted first holds the others (they wait on its
+            # row in job_singleton_idx) until it commits.
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            first_in = tasks.index(next(iter(done)))
+            await txs[first_in].commit()
+            got = [await t for t in tasks]
+            for i, t in enumerate(txs):
+                if i != first_in:
+                    await t.commit()
+        finally:
+            for c in conns:
+                await c.close()
+        assert len(set(got)) == 1, got
+        assert await w.pool.fetchval(
+            "SELECT count(*) FROM jobq.job WHERE queue = 'work' AND key = 'race'") == 1
+
+    scenario(settings, body, key_policy="singleton")
+
+
+def test_a_bad_key_policy_is_refused_and_debounce_does_not_mix(settings: Settings) -> None:
+    async def body(w: World) -> None:
+        try:
+            await w.pool.execute("UPDATE jobq.queue SET key_policy = 'newest' WHERE name = 'x'")
+            await w.pool.execute("INSERT INTO jobq.queue (name, key_policy) VALUES ('x', 'newest')")
+        except asyncpg.CheckViolationError:
+            pass
+        else:
+            raise AssertionError("key_policy 'newest' was accepted")
+        try:
+            await w.pool.fetchval("SELECT jobq.enqueue('work', key => 'k', debounce_s => 1)")
+        except asyncpg.PostgresError as exc:
+            assert "key policy fifo" in str(exc), exc
+        else:
+            raise AssertionError("debounce was accepted in a fifo queue")
+
+    scenario(settings, body, key_policy="fifo")
