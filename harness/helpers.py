@@ -104,11 +104,24 @@ class Proc:
         return self.log_path.read_text(errors="replace")
 
     def wait_log(self, pattern: str, timeout: float = 15) -> re.Match[str]:
+        """The first match of ``pattern`` in the log; on a timeout, or once the
+        process exited without it, an AssertionError with the log as it is
+        then (read at the end: the start's log is empty) and the exit code."""
         rx = re.compile(pattern)
-        found = wait_until(lambda: rx.search(self.log()), timeout,
-                           f"{self.name} to log {pattern!r}; log:\n{self.log()[-3000:]}")
-        assert found is not None
-        return found
+
+        def seen() -> re.Match[str] | bool | None:
+            return rx.search(self.log()) or self.popen.poll() is not None
+
+        found = None
+        try:
+            found = wait_until(seen, timeout, f"{self.name} to log {pattern!r}")
+        except AssertionError as exc:
+            why = str(exc)
+        if isinstance(found, re.Match):
+            return found
+        if found is not None:
+            why = f"{self.name} exited with {self.popen.returncode} before logging {pattern!r}"
+        raise AssertionError(f"{why}; log:\n{self.log()[-3000:]}")
 
     def worker_id(self) -> str:
         return self.wait_log(r"consumer ready worker=(\S+)").group(1)

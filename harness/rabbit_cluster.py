@@ -168,8 +168,11 @@ class Cluster:
         self.up[i] = False
 
     def start_again(self, i: int) -> None:
+        """Back into the cluster: returns once every node that is up sees it."""
         self.nodes[i].start()
         self.up[i] = True
+        node = self.nodes[i]
+        _ctl(node.name, "await_online_nodes", str(sum(self.up)), env=node.env)
 
     def close(self) -> None:
         for node in self.nodes:  # listening or not (a paused node listens on nothing)

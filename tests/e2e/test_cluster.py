@@ -71,10 +71,16 @@ def test_the_job_queues_leader_stops_then_a_consumer_is_killed(cluster: Cluster,
         # 0.2 s): a fixed 3 s found none active once, the new leader's
         # election slower beside two other test workers (a KeyError: None).
         busy = {c.worker_id(): c for c in run.consumers}
-        wid = wait_until(lambda: db.val(
-            "SELECT worker_id FROM jobq.job WHERE status = 'active' AND worker_id = ANY($1) "
-            "GROUP BY worker_id ORDER BY count(*) DESC LIMIT 1", list(busy)), 30,
-            "a consumer holding jobs after the leader stopped", interval=0.05)
+        try:
+            wid = wait_until(lambda: db.val(
+                "SELECT worker_id FROM jobq.job WHERE status = 'active' AND worker_id = ANY($1) "
+                "GROUP BY worker_id ORDER BY count(*) DESC LIMIT 1", list(busy)), 30,
+                "a consumer holding jobs after the leader stopped", interval=0.05)
+        except AssertionError as exc:  # what each side saw, for the next reader
+            states = db.fetch("SELECT status, published_at IS NULL AS unpublished, count(*) "
+                              "FROM jobq.job GROUP BY 1, 2")
+            logs = "\n".join(f"--- {c.name}:\n{c.log()[-1500:]}" for c in run.consumers)
+            raise AssertionError(f"{exc}; jobs: {[dict(r) for r in states]}\n{logs}") from None
         killed_at = db.val("SELECT now()")
         busy[wid].kill()
         # What it held is read after it died: a job it finished between a read
