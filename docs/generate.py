@@ -190,6 +190,9 @@ RIGHTS = {
     "enqueue_many_traced": "enqueue a batch with the caller's trace contexts, written only "
                            "for the jobs this call returns",
     "fail": "record a handler failure (retry or fail); only with the live lease's token",
+    "suspend": "end a run so the job waits holding nothing (job.sleep, job.wait_for), "
+               "the run not counted",
+    "signal_get": "read a signal sent to its job (job.wait_for)",
     "snooze": "put a job back for a while without counting the run (Snooze, RateLimited: "
               "and hold its key); only with the live lease's token",
     "finished_by": "did this token already finish the job (a retried write)",

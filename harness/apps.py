@@ -174,6 +174,14 @@ async def typed(job: Job[Email]) -> None:
     await _work(Job(job.id, job.queue, {}, job.attempt, job.lock, job.worker_id))
 
 
+@app.handler("waits")
+async def waits(job: Job) -> Any:
+    """job.sleep and job.wait_for (issue #52): harness/waits.py."""
+    from harness.waits import waits as run
+
+    return await run(job, start, end)
+
+
 @app.handler("echo")
 async def echo(job: Job) -> None:
     """Records the payload exactly as the handler received it."""

@@ -22,6 +22,7 @@ class FakeReaperStore:
         self.fire_errors: dict[str, BaseException] = {}
         self.skipped: list[tuple[str, str]] = []
         self.unparked = 0
+        self.woken = 0
         self.settled = Settled(0, 0, False)
         self.relayed = 0
         self.lost: dict[str, int | None] = {}
@@ -69,6 +70,10 @@ class FakeReaperStore:
     async def unpark(self) -> int:
         self._enter("unpark")
         return self.unparked
+
+    async def wake_signalled(self, limit: int) -> int:
+        self._enter("wake_signalled")
+        return self.woken
 
     async def settle(self, budget: int, rounds: int) -> Settled:
         self._enter("settle")

@@ -211,6 +211,16 @@ class FakeStore:
         row.attempts -= 1
         return Failed(row.id, "queued", seconds)
 
+    async def suspend(self, lease_: Lease, until: float | None, wake_on: str | None,
+                      why: str) -> bool:
+        """queries.sql's suspend, without the mailbox (nothing here signals)."""
+        self._enter("suspend", (lease_.job_id, until, wake_on, why))
+        row = self._held(lease_.job_id, lease_.lock)
+        if row is None:
+            return False
+        row.status, row.attempts = "queued", row.attempts - 1
+        return True
+
     async def release(self, leases: Sequence[Lease], why: str,
                       handoff: bool) -> list[Spell]:
         self._enter("release", ([le.job_id for le in leases], why, handoff))

@@ -1446,6 +1446,27 @@ END
 $_$;
 
 --
+-- Name: q_signal_get(uuid, uuid, text); Type: FUNCTION; Schema: jobq; Owner: -
+--
+
+CREATE FUNCTION jobq.q_signal_get(uuid, uuid, text) RETURNS TABLE(payload text)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_custom_plan'
+    AS $_$
+#variable_conflict use_column
+BEGIN
+RETURN QUERY UPDATE jobq.job_signal s
+SET delivered = true
+FROM jobq.job j
+WHERE s.job_id = $1 AND s.name = $3
+  AND j.id = s.job_id AND j.lock = $2
+  AND j.status COLLATE "C" = 'active' AND j.lease_expires_at > now()
+RETURNING s.payload::text;
+END
+$_$;
+
+--
 -- Name: q_snooze(uuid, uuid, double precision, boolean, integer, text); Type: FUNCTION; Schema: jobq; Owner: -
 --
 
@@ -1541,6 +1562,53 @@ WHERE j.id = $1 AND j.lock = $2 AND j.status COLLATE "C" = 'active'
   AND j.lease_expires_at > now()
 ON CONFLICT (job_id, name) DO NOTHING
 RETURNING name;
+END
+$_$;
+
+--
+-- Name: q_suspend(uuid, uuid, double precision, text, text); Type: FUNCTION; Schema: jobq; Owner: -
+--
+
+CREATE FUNCTION jobq.q_suspend(uuid, uuid, double precision, text, text) RETURNS TABLE(id uuid, status text, attempts integer, run_at timestamp with time zone)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_custom_plan'
+    AS $_$
+#variable_conflict use_column
+BEGIN
+RETURN QUERY WITH mine AS (
+    SELECT j.id,
+           $4::text IS NOT NULL AND EXISTS (
+               SELECT 1 FROM jobq.job_signal g WHERE g.job_id = j.id AND g.name = $4) AS ready
+    FROM jobq.job j
+    WHERE j.id = $1
+      AND j.lock = $2
+      AND j.status COLLATE "C" = 'active'
+      AND j.lease_expires_at > now()
+    FOR NO KEY UPDATE OF j
+), parked AS (
+    UPDATE jobq.job j
+    SET status = 'queued',
+        attempts = greatest(j.attempts - 1, 0),
+        lease_expires_at = NULL,
+        published_at = NULL,
+        suspect = false,
+        wake_on = $4,
+        run_at = CASE WHEN m.ready THEN now()
+                      ELSE coalesce(to_timestamp($3::float8), now() + interval '100 years') END,
+        relay_after = CASE WHEN m.ready THEN now()
+                           ELSE coalesce(to_timestamp($3::float8),
+                                         now() + interval '100 years') END
+    FROM mine m
+    WHERE j.id = $1 AND j.id = m.id
+    RETURNING j.id, j.queue, j.status, j.worker_id, j.attempts, j.run_at
+), logged AS (
+    INSERT INTO jobq.job_event (job_id, event, worker_id, attempt, detail)
+    SELECT p.id, 'suspended', p.worker_id, p.attempts + 1, $5::text
+    FROM parked p JOIN jobq.queue q ON q.name = p.queue
+    WHERE q.history
+)
+SELECT id, status, attempts, run_at FROM parked;
 END
 $_$;
 
@@ -1962,6 +2030,56 @@ BEGIN
 END $$;
 
 --
+-- Name: signal(uuid, text, jsonb); Type: FUNCTION; Schema: jobq; Owner: -
+--
+
+CREATE FUNCTION jobq.signal(id uuid, name text, payload jsonb DEFAULT 'null'::jsonb) RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_custom_plan'
+    AS $$
+#variable_conflict use_column
+-- true: kept; false: a signal of that name was sent to the job before (the
+-- first is kept). A job unknown or ended: one clear error, nothing stored.
+DECLARE
+    st text;
+    q text;
+    history boolean;
+BEGIN
+    IF signal.name IS NULL OR octet_length(signal.name) NOT BETWEEN 1 AND 200 THEN
+        RAISE EXCEPTION 'jobq: a signal name is 1 to 200 bytes, got %', quote_nullable(signal.name)
+            USING ERRCODE = '22023', HINT = 'the name the handler waits for (job.wait_for)';
+    END IF;
+    IF octet_length(coalesce(signal.payload, 'null'::jsonb)::text) > 1048576 THEN
+        RAISE EXCEPTION 'jobq: a signal''s payload is at most 1 MB'
+            USING ERRCODE = '22001', HINT = 'send a reference to the data, not the data';
+    END IF;
+    SELECT j.status, j.queue, qq.history INTO st, q, history
+    FROM jobq.job j JOIN jobq.queue qq ON qq.name = j.queue WHERE j.id = signal.id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'jobq: no job %', signal.id
+            USING ERRCODE = 'P0002', HINT = 'signal a job by the id jobq returned for it';
+    END IF;
+    IF st NOT IN ('queued', 'active') THEN
+        RAISE EXCEPTION 'jobq: job % is %: a signal to an ended job is not kept', signal.id, st
+            USING ERRCODE = '55000', HINT = 'signal jobs that are queued or running';
+    END IF;
+    INSERT INTO jobq.job_signal (job_id, name, payload)
+    VALUES (signal.id, signal.name, coalesce(signal.payload, 'null'::jsonb))
+    ON CONFLICT (job_id, name) DO NOTHING;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF history THEN
+        INSERT INTO jobq.job_event (job_id, event, detail)
+        VALUES (signal.id, 'signalled', format('%s by %s', signal.name, session_user));
+    END IF;
+    PERFORM pg_notify('jobq_relay', q);  -- at commit: the reapers wake the job
+    RETURN true;
+END;
+$$;
+
+--
 -- Name: job; Type: TABLE; Schema: jobq; Owner: -
 --
 
@@ -2004,6 +2122,7 @@ CREATE TABLE jobq.job (
     snoozes integer DEFAULT 0 NOT NULL,
     key_policy text,
     seq bigint,
+    wake_on text,
     CONSTRAINT job_key_policy_check CHECK ((key_policy = ANY (ARRAY['fifo'::text, 'latest'::text, 'singleton'::text]))),
     CONSTRAINT job_last_traceback_size CHECK ((octet_length(last_traceback) <= 16384)),
     CONSTRAINT job_status_check CHECK ((status = ANY (ARRAY['queued'::text, 'active'::text, 'completed'::text, 'failed'::text, 'cancelled'::text])))
@@ -2119,6 +2238,20 @@ CREATE SEQUENCE jobq.job_seq
     NO MINVALUE
     NO MAXVALUE
     CACHE 1;
+
+--
+-- Name: job_signal; Type: TABLE; Schema: jobq; Owner: -
+--
+
+CREATE TABLE jobq.job_signal (
+    job_id uuid NOT NULL,
+    name text NOT NULL,
+    payload jsonb DEFAULT 'null'::jsonb NOT NULL,
+    sent_at timestamp with time zone DEFAULT now() NOT NULL,
+    sent_by text DEFAULT SESSION_USER NOT NULL,
+    delivered boolean DEFAULT false NOT NULL,
+    CONSTRAINT job_signal_name_check CHECK (((octet_length(name) >= 1) AND (octet_length(name) <= 200)))
+);
 
 --
 -- Name: job_step; Type: TABLE; Schema: jobq; Owner: -
@@ -2453,6 +2586,13 @@ ALTER TABLE jobq.job
     ADD CONSTRAINT job_priority_range CHECK (((priority >= 0) AND (priority <= 9))) NOT VALID;
 
 --
+-- Name: job_signal job_signal_pkey; Type: CONSTRAINT; Schema: jobq; Owner: -
+--
+
+ALTER TABLE ONLY jobq.job_signal
+    ADD CONSTRAINT job_signal_pkey PRIMARY KEY (job_id, name);
+
+--
 -- Name: job_step job_step_pkey; Type: CONSTRAINT; Schema: jobq; Owner: -
 --
 
@@ -2661,6 +2801,12 @@ CREATE INDEX job_queued_idx ON jobq.job USING btree (queue, run_at) WHERE (statu
 CREATE INDEX job_queued_key_idx ON jobq.job USING btree (queue, key, run_at) WHERE ((status = 'queued'::text) AND (key IS NOT NULL));
 
 --
+-- Name: job_signal_undelivered_idx; Type: INDEX; Schema: jobq; Owner: -
+--
+
+CREATE INDEX job_signal_undelivered_idx ON jobq.job_signal USING btree (sent_at) WHERE (NOT delivered);
+
+--
 -- Name: job_singleton_idx; Type: INDEX; Schema: jobq; Owner: -
 --
 
@@ -2756,6 +2902,13 @@ CREATE TRIGGER schedule_payload_fits BEFORE INSERT OR UPDATE OF payload, queue O
 
 ALTER TABLE ONLY jobq.job_dependency
     ADD CONSTRAINT job_dependency_job_id_fkey FOREIGN KEY (job_id) REFERENCES jobq.job(id) ON DELETE CASCADE;
+
+--
+-- Name: job_signal job_signal_job_id_fkey; Type: FK CONSTRAINT; Schema: jobq; Owner: -
+--
+
+ALTER TABLE ONLY jobq.job_signal
+    ADD CONSTRAINT job_signal_job_id_fkey FOREIGN KEY (job_id) REFERENCES jobq.job(id) ON DELETE CASCADE;
 
 --
 -- Name: job_step job_step_job_id_fkey; Type: FK CONSTRAINT; Schema: jobq; Owner: -
@@ -3028,6 +3181,13 @@ REVOKE ALL ON FUNCTION jobq.q_schedule_upsert(text, text, jsonb, text, text, dou
 GRANT ALL ON FUNCTION jobq.q_schedule_upsert(text, text, jsonb, text, text, double precision, timestamp with time zone, boolean) TO jobq_consumer;
 
 --
+-- Name: FUNCTION q_signal_get(uuid, uuid, text); Type: ACL; Schema: jobq; Owner: -
+--
+
+REVOKE ALL ON FUNCTION jobq.q_signal_get(uuid, uuid, text) FROM PUBLIC;
+GRANT ALL ON FUNCTION jobq.q_signal_get(uuid, uuid, text) TO jobq_consumer;
+
+--
 -- Name: FUNCTION q_snooze(uuid, uuid, double precision, boolean, integer, text); Type: ACL; Schema: jobq; Owner: -
 --
 
@@ -3047,6 +3207,13 @@ GRANT ALL ON FUNCTION jobq.q_step_get(uuid, uuid, text) TO jobq_consumer;
 
 REVOKE ALL ON FUNCTION jobq.q_step_record(uuid, uuid, text, text, jsonb) FROM PUBLIC;
 GRANT ALL ON FUNCTION jobq.q_step_record(uuid, uuid, text, text, jsonb) TO jobq_consumer;
+
+--
+-- Name: FUNCTION q_suspend(uuid, uuid, double precision, text, text); Type: ACL; Schema: jobq; Owner: -
+--
+
+REVOKE ALL ON FUNCTION jobq.q_suspend(uuid, uuid, double precision, text, text) FROM PUBLIC;
+GRANT ALL ON FUNCTION jobq.q_suspend(uuid, uuid, double precision, text, text) TO jobq_consumer;
 
 --
 -- Name: FUNCTION q_unpark_freed(uuid, uuid, uuid); Type: ACL; Schema: jobq; Owner: -
@@ -3120,6 +3287,14 @@ GRANT ALL ON FUNCTION jobq.settle_dependants(budget integer, rounds integer) TO 
 --
 
 REVOKE ALL ON FUNCTION jobq.settle_edges(parents uuid[], jobs uuid[], ends text[]) FROM PUBLIC;
+
+--
+-- Name: FUNCTION signal(id uuid, name text, payload jsonb); Type: ACL; Schema: jobq; Owner: -
+--
+
+REVOKE ALL ON FUNCTION jobq.signal(id uuid, name text, payload jsonb) FROM PUBLIC;
+GRANT ALL ON FUNCTION jobq.signal(id uuid, name text, payload jsonb) TO jobq_producer;
+GRANT ALL ON FUNCTION jobq.signal(id uuid, name text, payload jsonb) TO jobq_reaper;
 
 --
 -- Name: TABLE job; Type: ACL; Schema: jobq; Owner: -
@@ -3201,6 +3376,12 @@ GRANT UPDATE(finished_at) ON TABLE jobq.job TO jobq_reaper;
 GRANT UPDATE(isolated) ON TABLE jobq.job TO jobq_reaper;
 
 --
+-- Name: COLUMN job.wake_on; Type: ACL; Schema: jobq; Owner: -
+--
+
+GRANT UPDATE(wake_on) ON TABLE jobq.job TO jobq_reaper;
+
+--
 -- Name: TABLE failed; Type: ACL; Schema: jobq; Owner: -
 --
 
@@ -3225,6 +3406,13 @@ GRANT SELECT ON TABLE jobq.history TO jobq_reader;
 
 GRANT SELECT ON TABLE jobq.job_dependency TO jobq_reader;
 GRANT SELECT ON TABLE jobq.job_dependency TO jobq_reaper;
+
+--
+-- Name: TABLE job_signal; Type: ACL; Schema: jobq; Owner: -
+--
+
+GRANT SELECT ON TABLE jobq.job_signal TO jobq_reader;
+GRANT SELECT,UPDATE ON TABLE jobq.job_signal TO jobq_reaper;
 
 --
 -- Name: TABLE job_step; Type: ACL; Schema: jobq; Owner: -

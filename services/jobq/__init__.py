@@ -13,7 +13,17 @@ from jobq.client.results import JobFailed
 from jobq.client.sync import ClientClosed, SyncClient
 from jobq.client.task import Task
 from jobq.client.workflow import Workflow
-from jobq.errors import Fail, InvalidPayload, JobqError, LeaseLost, RateLimited, Retry, Snooze
+from jobq.errors import (
+    Fail,
+    InvalidPayload,
+    JobqError,
+    LeaseLost,
+    RateLimited,
+    Retry,
+    SignalTimeout,
+    Snooze,
+    UnknownJob,
+)
 from jobq.job import Job, Status
 from jobq.newjob import NewJob
 from jobq.settings import Settings
@@ -33,10 +43,12 @@ __all__ = [
            "RateLimited",
            "Retry",
            "Settings",
+           "SignalTimeout",
            "Snooze",
            "Status",
            "SyncClient",
            "Task",
+           "UnknownJob",
            "Workflow",
            "job_context",
 ]

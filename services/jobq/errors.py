@@ -18,7 +18,9 @@
         ├── Retry             run again later (counts an attempt)
         ├── Fail              fail now, no more attempts
         ├── Snooze            run again later, no attempt counted
-        └── RateLimited       as Snooze, and hold the job's key fleet-wide
+        ├── RateLimited       as Snooze, and hold the job's key fleet-wide
+        └── Suspended         raised by job.sleep / job.wait_for: let it out
+    SignalTimeout             job.wait_for's timeout passed with no signal
 
 Driver exceptions (asyncpg, aio-pika) are translated only at the edges, in
 ``db.py``, ``broker_connect.py`` and ``broker.py``, with ``raise ... from exc``.
@@ -129,3 +131,27 @@ class RateLimited(Snooze):
     """What an API said (HTTP 429, "try in 10 s"): the job is put back
     without being charged, like Snooze, and no job of its key (of its
     queue, when it has no key) starts anywhere in the fleet until then."""
+
+
+class Suspended(HandlerSignal):
+    """Raised by ``job.sleep`` and ``job.wait_for`` to end the run while the
+    job waits (issue #52, I12): the consumer puts it back, no attempt
+    counted, holding no slot and no lease, due at ``until`` (epoch seconds by
+    the database clock; None: no timer) or when signal ``wake_on`` comes.
+    A handler must let it propagate, as it would asyncio.CancelledError."""
+
+    def __init__(self, until: float | None, wake_on: str | None, reason: str) -> None:
+        super().__init__(reason)
+        self.until = until
+        self.wake_on = wake_on
+
+
+class SignalTimeout(JobqError):
+    """``job.wait_for(name, timeout_s=...)``: the time passed and no signal
+    of that name came. Raised in the handler on the run after the timeout;
+    uncaught, it is a failure like any other (retried per the queue)."""
+
+    def __init__(self, name: str, timeout_s: float | None) -> None:
+        super().__init__(f"no signal {name!r} within {timeout_s:g} s" if timeout_s is not None
+                         else f"no signal {name!r}")
+        self.name = name

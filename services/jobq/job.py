@@ -81,6 +81,23 @@ class Job(Generic[P]):
         """``step`` for sync handlers (run in the consumer's thread pool)."""
         return self._linked().step_sync(name, fn, *args)
 
+    async def sleep(self, name: str, seconds: float) -> None:
+        """Wait ``seconds`` holding nothing (I12): the run ends now and the
+        job runs again from the top once they passed (by the database
+        clock); that run, and any after it, returns from here at once, as
+        earlier steps return their records. ``name`` names this sleep among
+        the job's (one per name). Let the exception it raises propagate."""
+        await self._linked().sleep(name, seconds)
+
+    async def wait_for(self, name: str, timeout_s: float | None = None) -> Any:
+        """The payload of signal ``name`` (``client.signal(job_id, name,
+        payload)``, ``jobq.signal`` in SQL), kept for every later run. Until
+        it comes the run ends and the job waits holding nothing (I12), at most
+        ``timeout_s`` from its first wait: then :class:`jobq.SignalTimeout`.
+        A signal sent before the wait is kept. Let the exception that ends
+        the run propagate."""
+        return await self._linked().wait_for(name, timeout_s)
+
     def step_key(self, name: str) -> str:
         """The same on every run of this job: an idempotency key for the
         side effect of step ``name`` (a payment API's, an email's)."""

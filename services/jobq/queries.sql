@@ -43,12 +43,12 @@
 --   publish: enqueue_many, enqueue_many_traced, trace_of, enqueue_linked, held_back,
 --       queue_limits, mark_published, mark_republished, relay_take, relay_defer, relay_mark
 --   claim and run: claim, claim_plain, claim_recover, claim_misses, renew
---   run and finish: complete, finished_by, progress, parents, step_get, step_record, watch,
---       fail, snooze, release
+--   run and finish: complete, finished_by, progress, parents, step_get, step_record, signal,
+--       watch, fail, snooze, suspend, signal_get, release
 --   reap: requeue_lapsed, isolate, child_died, quarantine, lost_candidates, lost_horizon,
---       unpublish_lost, unpark, unpark_freed, settle_dependants, schedules_due, schedule_fire,
---       schedule_set, schedule_upsert, schedule_skip, db_now, schedule_list, schedule_delete,
---       sweep_probe
+--       unpublish_lost, unpark, unpark_freed, wake_signalled, settle_dependants, schedules_due,
+--       schedule_fire, schedule_set, schedule_upsert, schedule_skip, db_now, schedule_list,
+--       schedule_delete, sweep_probe
 --   workers: worker_busy, worker_lock, client_check_interval, worker_register, worker_gone,
 --       worker_pool, workers_vanished, workers_prune, lease_lost_event
 --   operator verbs: cancel, retry_failed, cancel_queue_batch, retry_queue_batch,
@@ -726,6 +726,11 @@ WHERE j.id = $1 AND j.lock = $2 AND j.status COLLATE "C" = 'active'
 ON CONFLICT (job_id, name) DO NOTHING
 RETURNING name;
 
+-- name: signal
+-- client.signal / jobq signal (issue #52): jobq.signal(id, name, payload),
+-- schema 0028; inside the caller's transaction when it passes its own.
+SELECT jobq.signal($1::uuid, $2::text, $3::jsonb);
+
 -- name: watch
 -- grant: jobq_producer
 -- client.result / jobq wait: watch the job (a row of the waiter's own in
@@ -850,6 +855,62 @@ WITH mine AS (
 )
 SELECT id, status, snoozes, extract(epoch FROM run_at - now())::float8 AS retry_in_s
 FROM snoozed;
+
+-- name: suspend
+-- grant: jobq_consumer
+-- job.sleep / job.wait_for (issue #52, schema 0028): the run ends without
+-- counting (attempts - 1: the claim counted it), the job goes back to
+-- queued with no lease and no slot (I12), due at $3 (epoch seconds, the
+-- database's clock; NULL: no timer). $4: the signal it waits for, if any:
+-- already in the mailbox, the job is due now; otherwise the reapers' wake
+-- duty makes it due when the signal comes. Never relay_after 'infinity'
+-- (that is a parked job). Fenced by the lease like every worker write.
+WITH mine AS (
+    SELECT j.id,
+           $4::text IS NOT NULL AND EXISTS (
+               SELECT 1 FROM jobq.job_signal g WHERE g.job_id = j.id AND g.name = $4) AS ready
+    FROM jobq.job j
+    WHERE j.id = $1
+      AND j.lock = $2
+      AND j.status COLLATE "C" = 'active'
+      AND j.lease_expires_at > now()
+    FOR NO KEY UPDATE OF j
+), parked AS (
+    UPDATE jobq.job j
+    SET status = 'queued',
+        attempts = greatest(j.attempts - 1, 0),
+        lease_expires_at = NULL,
+        published_at = NULL,
+        suspect = false,
+        wake_on = $4,
+        run_at = CASE WHEN m.ready THEN now()
+                      ELSE coalesce(to_timestamp($3::float8), now() + interval '100 years') END,
+        relay_after = CASE WHEN m.ready THEN now()
+                           ELSE coalesce(to_timestamp($3::float8),
+                                         now() + interval '100 years') END
+    FROM mine m
+    WHERE j.id = $1 AND j.id = m.id
+    RETURNING j.id, j.queue, j.status, j.worker_id, j.attempts, j.run_at
+), logged AS (
+    INSERT INTO jobq.job_event (job_id, event, worker_id, attempt, detail)
+    SELECT p.id, 'suspended', p.worker_id, p.attempts + 1, $5::text
+    FROM parked p JOIN jobq.queue q ON q.name = p.queue
+    WHERE q.history
+)
+SELECT id, status, attempts, run_at FROM parked;
+
+-- name: signal_get
+-- grant: jobq_consumer
+-- job.wait_for: the signal of that name sent to this job, if any (its
+-- payload as JSON text), for the holder of the live lease; marked
+-- delivered, so the reapers' wake duty no longer looks at it.
+UPDATE jobq.job_signal s
+SET delivered = true
+FROM jobq.job j
+WHERE s.job_id = $1 AND s.name = $3
+  AND j.id = s.job_id AND j.lock = $2
+  AND j.status COLLATE "C" = 'active' AND j.lease_expires_at > now()
+RETURNING s.payload::text;
 
 -- name: release
 -- grant: jobq_consumer
@@ -1271,6 +1332,44 @@ UPDATE jobq.job j SET relay_after = now(), lock = gen_random_uuid()
 FROM picked WHERE j.id = picked.id
 RETURNING j.id, j.queue, j.lock;
 
+-- name: wake_signalled
+-- Reapers (duty "wake", issue #52): signals not yet seen, oldest first, at
+-- most $1: a job suspended waiting for one is made due now (the relay
+-- publishes it in this sweep) and the signal marked delivered; one for a
+-- job that ended is marked too; one for a job still running stays (its
+-- wait_for reads it, or its suspend sees it, or a later sweep wakes it).
+-- The job's row is locked by the UPDATE only if it still waits for that
+-- signal under the lock: a suspend committing meanwhile is waited for,
+-- then seen. Returns how many jobs were woken.
+WITH pending AS (
+    SELECT s.job_id, s.name
+    FROM jobq.job_signal s
+    WHERE NOT s.delivered
+    ORDER BY s.sent_at
+    LIMIT $1
+    FOR UPDATE OF s SKIP LOCKED
+), woken AS (
+    UPDATE jobq.job j
+    SET run_at = now(), relay_after = now(), wake_on = NULL
+    FROM pending p
+    WHERE j.id = p.job_id AND j.status = 'queued' AND j.wake_on = p.name
+    RETURNING j.id, j.queue, p.name
+), seen AS (
+    UPDATE jobq.job_signal s
+    SET delivered = true
+    FROM pending p
+    LEFT JOIN jobq.job j ON j.id = p.job_id
+    WHERE s.job_id = p.job_id AND s.name = p.name
+      AND (p.job_id IN (SELECT id FROM woken)
+           OR j.id IS NULL OR j.status NOT IN ('queued', 'active'))
+), logged AS (
+    INSERT INTO jobq.job_event (job_id, event, detail)
+    SELECT w.id, 'woken', format('signal %s', w.name)
+    FROM woken w JOIN jobq.queue q ON q.name = w.queue
+    WHERE q.history
+)
+SELECT count(*) FROM woken;
+
 -- name: settle_dependants
 -- Reapers, each sweep with anything to settle (sweep_probe's dependants):
 -- arm the new edges of jobs published `after` others, release or cancel the
@@ -1414,6 +1513,7 @@ SELECT EXISTS (SELECT 1 FROM jobq.job WHERE status = 'active') AS active,
                  AND relay_after <= now()) AS relay_due,
        EXISTS (SELECT 1 FROM jobq.schedule
                WHERE enabled AND next_run_at <= now()) AS schedules_due,
+       EXISTS (SELECT 1 FROM jobq.job_signal WHERE NOT delivered) AS signals,
        EXISTS (SELECT 1 FROM jobq.job_dependency WHERE state = 'new')
            OR EXISTS (SELECT 1 FROM jobq.job
                       WHERE has_dependants

@@ -171,11 +171,12 @@ class Probe:
     seconds: float | None
     min_lease_s: float | None = None  # the shortest queue lease (None: no queue)
     dependants: bool = False  # new edges, or ended jobs with dependants to settle
+    signals: bool = False  # signals no wake or read saw yet (issue #52)
 
     @property
     def idle(self) -> bool:
         return not (self.active or self.vanished or self.parked or self.relay_due
-                    or self.schedules_due or self.dependants)
+                    or self.schedules_due or self.dependants or self.signals)
 
     def sleep_s(self, max_s: float, slack_s: float, idle_s: float | None = None) -> float:
         """How long the reaper may sleep: until then (plus slack), at most

@@ -12,7 +12,10 @@ validated by the handler's model, a sync handler runs in a thread,
 (a second ``run_job`` of the same ``MemoryJob`` returns stored steps, as a re-run
 after a crash would), ``job.parents()`` returns what you give, and
 ``Retry`` / ``Fail`` / ``Snooze`` / ``RateLimited`` / any other exception
-propagates, for ``pytest.raises``.
+propagates, for ``pytest.raises``. ``job.sleep`` returns at once (time does
+not pass in a test; ``MemoryJob.slept`` lists the sleeps); ``job.wait_for``
+returns a signal given with ``MemoryJob.signal(name, payload)``, and without
+one raises ``jobq.errors.Suspended``: signal the job and run it again.
 
 ``InMemoryClient`` records what code under test publishes (the async
 client's ``publish`` / ``publish_many`` and the ``SyncClient``'s, without
@@ -40,7 +43,7 @@ from typing_extensions import Unpack
 from jobq.app import App
 from jobq.client.task import Task
 from jobq.client.workflow import Workflow, resolved
-from jobq.errors import BadInput
+from jobq.errors import BadInput, Suspended
 from jobq.job import Job
 from jobq.newjob import JobOptions, NewJob, new_job, validate
 from jobq.worker.steps import fn_name
@@ -53,6 +56,8 @@ class _Memory:
     steps: dict[str, tuple[str, Any]] = field(default_factory=dict)
     progress: list[Any] = field(default_factory=list)
     parents: dict[uuid.UUID, Any] = field(default_factory=dict)
+    signals: dict[str, Any] = field(default_factory=dict)
+    slept: list[str] = field(default_factory=list)
 
     async def step(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
         who = fn_name(fn)
@@ -92,6 +97,15 @@ class _Link:
     async def parents(self) -> dict[uuid.UUID, Any]:
         return await self._m.parents_of()
 
+    async def sleep(self, name: str, seconds: float) -> None:
+        self._m.slept.append(name)  # no time passes in a test
+
+    async def wait_for(self, name: str, timeout_s: float | None) -> Any:
+        if name not in self._m.signals:
+            raise Suspended(None, name, f"waiting for signal {name!r} (signal the MemoryJob "
+                            "and run it again)")
+        return self._m.signals[name]
+
 
 @dataclass
 class MemoryJob:
@@ -111,6 +125,17 @@ class MemoryJob:
     @property
     def steps(self) -> dict[str, Any]:
         return {k: v for k, (_, v) in self.memory.steps.items()}
+
+    @property
+    def slept(self) -> list[str]:
+        return self.memory.slept
+
+    def signal(self, name: str, payload: Any = None) -> bool:
+        """As ``client.signal``: kept for every later run; the first of a name wins."""
+        if name in self.memory.signals:
+            return False
+        self.memory.signals[name] = json.loads(json.dumps(payload))
+        return True
 
 
 async def run_job(app: App, queue_or_job: str | MemoryJob | Task[Any],

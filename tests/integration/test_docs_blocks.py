@@ -68,6 +68,7 @@ def test_every_python_block_is_named_and_each_is_tested() -> None:
             "sqlalchemy_example.py", "examples/fastapi_app/main.py"]),
         "docs/how-to/handlers.md": ["myapp.py", "publish_example.py"],
         "docs/how-to/workflows.md": ["workflow_example.py"],
+        "docs/how-to/waiting.md": ["approve_example.py", "waiting_example.py"],
     }
 
 
@@ -127,6 +128,25 @@ def test_the_key_policy_example_returns_the_live_job_as_written(
     printed = _run(env, tmp_path, "key_policy_example.py").split()
     assert db.val("SELECT array_agg(id) FROM jobq.job WHERE queue = 'reports'") == [
         uuid.UUID(printed[0])]
+
+
+def test_the_waiting_example_waits_for_its_signal_as_written(
+        tmp_path: Path, env: dict[str, str], db: SyncDB, procs: Any, settings: Any) -> None:
+    from harness.helpers import publish
+
+    _write(tmp_path, "docs/how-to/waiting.md", "waiting_example.py", "approve_example.py")
+    procs.reaper()  # the relay after the cool-down, and the wake
+    procs.start("consume", "waiting_example:app",
+                PYTHONPATH=f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}")
+    (jid,) = publish(settings, "refunds", [{"order": "42"}])
+    wait_until(lambda: db.val("SELECT wake_on FROM jobq.job WHERE id = $1", jid) == "approval",
+               30, "the job waiting for its approval")
+    assert db.val("SELECT lease_expires_at FROM jobq.job WHERE id = $1", jid) is None
+    assert _run(env, tmp_path, "approve_example.py", str(jid)).strip() == "True"
+    wait_until(lambda: db.val("SELECT status FROM jobq.job WHERE id = $1", jid) == "completed",
+               30, "the refund done after its cool-down")
+    assert db.val("SELECT result FROM jobq.job WHERE id = $1", jid) == (
+        '{"by": "ana", "ticket": "T-42", "refunded": true}')
 
 
 def test_the_workflow_example_publishes_and_runs_as_written(

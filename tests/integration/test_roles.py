@@ -38,16 +38,19 @@ TABLE_RIGHTS = {
     # OpenTelemetry context: written by the enqueue functions only (0024), not the producer
     ("jobq_reaper", "job_dependency", "SELECT"),  # its probe (0024)
     ("jobq_consumer", "job_trace", "SELECT"),
+    ("jobq_reaper", "job_signal", "SELECT"),  # its wake duty (0028)
+    ("jobq_reaper", "job_signal", "UPDATE"),
 }
 FUNCTION_RIGHTS = {("jobq_producer", "enqueue"), ("jobq_producer", "enqueue_many"),
                    ("jobq_reaper", "enqueue"), ("jobq_reaper", "rate_tokens"),
                    ("jobq_reaper", "settle_dependants"),
                    ("jobq_reaper", "key_tokens"), ("jobq_reaper", "key_allowance"),
-                   ("jobq_reaper", "allowance")} | {
+                   ("jobq_reaper", "allowance"),
+                   ("jobq_producer", "signal"), ("jobq_reaper", "signal")} | {
     (role, f"q_{name}") for name, roles in GRANTS.items() for role in roles}
 REAPER_JOB_COLUMNS = {"status", "lock", "lease_expires_at", "stalls", "suspect_stalls",
                       "suspect", "isolated", "last_error", "finished_at", "run_at",
-                      "relay_after", "published_at"}
+                      "relay_after", "published_at", "wake_on"}
 GROUPS = ("jobq_producer", "jobq_consumer", "jobq_reaper", "jobq_reader")
 
 

@@ -25,8 +25,8 @@ from jobq.errors import (
 from jobq.job import Job
 from jobq.lease import Lease
 from jobq.telemetry.logs import printable
-from jobq.worker.completer import PayloadUndecodable, failure_for
 from jobq.worker.run import Run, Stop
+from jobq.worker.verdicts import PayloadUndecodable, failure_for
 
 
 def _pg(cls: type[asyncpg.PostgresError]) -> asyncpg.PostgresError:

@@ -4,7 +4,9 @@ and a freeze), model/delivery.pml (publishing, the relay, delivery, acks,
 redelivery and the lost-message check, with the lease and a crash) and
 model/verdict.pml (who is charged for a crash: witnesses, suspects run
 isolated, bystanders, the job-of-death cap, child deaths, a parent's death,
-with a poison job and an outside SIGKILL; thread and process pools). No
+with a poison job and an outside SIGKILL; thread and process pools) and
+model/suspend.pml (park, signal, wake: 2 consumers, 2 reapers, SIGKILLs and
+a rolled-back signal; issue #52). No
 assertion violated and no invalid end state (no job left unfinished); each
 mutation gives a counterexample, so neither model is vacuous; every
 statement of queries.sql the models name still exists."""
@@ -43,6 +45,8 @@ def _check(tmp_path: Path, *defines: str, model: str = "lease.pml", opt: str = "
     ("lease.pml", (), 100_000), ("delivery.pml", (), 100_000), ("verdict.pml", (), 100_000),
     # a child's death never ends its worker: a small space, searched whole
     ("verdict.pml", ("POOL_PROCESS",), 5_000),
+    # park -> signal -> wake (issue #52): 2 consumers, 2 reapers, SIGKILLs, a rollback
+    ("suspend.pml", (), 1_000),
 ])
 def test_the_protocol_holds_exhaustively(tmp_path: Path, model: str,
                                          defines: tuple[str, ...], least: int) -> None:
@@ -68,6 +72,8 @@ def test_the_protocol_holds_exhaustively(tmp_path: Path, model: str,
      "assertion violated ((i==0)||(beside[i]<=2))"),
     ("verdict.pml", ("POOL_PROCESS", "PARENT_CHARGES"),
      "assertion violated (stalls[i]<=evidence[i])"),
+    ("suspend.pml", ("MARK_ANY",), "invalid end state"),  # a lost mailbox entry: parked forever
+    ("suspend.pml", ("WAKE_ANY",), "assertion violated (running<=1)"),  # a wake with no park
 ])
 def test_each_mutation_gives_a_counterexample(tmp_path: Path, model: str,
                                               mutation: tuple[str, ...], violated: str) -> None:
@@ -85,9 +91,9 @@ def test_without_the_relay_a_job_is_lost(tmp_path: Path) -> None:
 
 
 def test_every_statement_the_models_name_exists() -> None:
-    named = {n for m in ("lease.pml", "delivery.pml", "verdict.pml")
+    named = {n for m in ("lease.pml", "delivery.pml", "verdict.pml", "suspend.pml")
              for n in re.findall(r"queries\.sql: (\w+)", (MODELS / m).read_text())}
     assert named >= {"claim", "renew", "complete", "workers_vanished", "requeue_lapsed",
                      "relay_take", "unpublish_lost", "enqueue_many", "fail", "release",
-                     "isolate", "child_died"}
+                     "isolate", "child_died", "suspend", "signal_get", "wake_signalled"}
     assert sorted(n for n in named if n not in Q) == []

@@ -60,8 +60,8 @@ def test_each_duty_fails_alone_and_the_sweep_says_which() -> None:
 
 def test_a_sweep_where_every_duty_failed_raises_for_the_loops_backoff() -> None:
     store = FakeReaperStore()
-    for name in ("cut_vanished", "requeue_lapsed", "schedules_due", "unpark", "settle",
-                 "relay"):
+    for name in ("cut_vanished", "requeue_lapsed", "schedules_due", "unpark", "wake_signalled",
+                 "settle", "relay"):
         store.fail_next(name, DatabaseUnavailable("away"))
     with pytest.raises(DatabaseUnavailable):
         sweep(store, None)
@@ -96,3 +96,14 @@ def test_retention_prunes_batches_until_one_comes_back_short() -> None:
     store.pruned = [500, 500, 120, 500]
     assert asyncio.run(prune_expired(store, 500, 10)) == 1120
     assert store.calls.count("prune_finished") == 3 and "prune_keys" in store.calls
+
+
+def test_a_signalled_job_is_woken_and_relayed_in_the_same_sweep() -> None:
+    store = FakeReaperStore()
+    store.woken = 2
+    done = sweep(store, Probe(False, False, False, False, False, None, signals=True))
+    assert done.woken == 2
+    assert store.calls.index("wake_signalled") < store.calls.index("relay")
+    store = FakeReaperStore()
+    sweep(store, NOTHING)
+    assert "wake_signalled" not in store.calls  # no signal waits: no statement

@@ -186,6 +186,20 @@ class Client:
             return await wait(self._direct, job_id, timeout)
         return await wait(self.pool, job_id, timeout)
 
+    async def signal(self, job_id: uuid.UUID, name: str, payload: Any = None, *,
+                     conn: asyncpg.Connection | None = None) -> bool:
+        """Send signal ``name`` with ``payload`` (JSON) to a job: a handler's
+        ``job.wait_for(name)`` returns it, now or in a later run. True if kept,
+        False if one of that name was sent before (the first is kept). With
+        ``conn``, inside the caller's open transaction: the job is woken only
+        if it commits. :class:`jobq.UnknownJob` for no such job,
+        :class:`jobq.errors.BadInput` for one that ended."""
+        text = validate(NewJob("signal", payload))
+        if conn is not None:
+            return await store.signal(conn, uuid.UUID(str(job_id)), name, text)
+        assert self.pool is not None, "call connect() first"
+        return await store.signal(self.pool, uuid.UUID(str(job_id)), name, text)
+
     async def enqueue(self, conn: asyncpg.Connection, queue: str, payload: Any = None,
                       **options: Unpack[JobOptions]) -> uuid.UUID:
         """Insert a job inside the caller's open transaction (``conn``).

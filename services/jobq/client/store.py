@@ -1,7 +1,8 @@
 """What a client needs of the database, typed (the client's side of the
 stores: ``worker/store.py`` is the worker's, ``reaper/store.py`` the
 reapers'): enqueue a batch or one linked job, which new jobs a cap parked,
-the queues' payload limits, publish marks, a job watched for its end.
+the queues' payload limits, publish marks, a job watched for its end, a
+signal sent to a job.
 
 Plain functions on a pool or a connection (a client's enqueue can run in
 its caller's transaction), each on one statement of queries.sql.
@@ -14,7 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import asyncpg
+
 from jobq.db import Database, execute, fetch, fetchrow, fetchval
+from jobq.errors import BadInput, UnknownJob
 from jobq.newjob import COLUMNS, NewJob, arrays
 from jobq.sql import Q
 
@@ -80,6 +84,20 @@ async def mark(db: Database, rows: Sequence[tuple[uuid.UUID, uuid.UUID | None]],
     """Mark confirmed ids published (id, the spell's token; None: a new row)."""
     await execute(db, Q["mark_republished" if own_spells else "mark_published"],
                   [i for i, _ in rows], [lk for _, lk in rows])
+
+
+async def signal(db: Database, job_id: uuid.UUID, name: str, payload_json: str) -> bool:
+    """Send signal ``name`` to a job (jobq.signal, schema 0028): True if
+    kept, False if one of that name was sent before (the first is kept).
+    A job unknown (UnknownJob) or ended (BadInput): nothing stored."""
+    try:
+        return bool(await fetchval(db, Q["signal"], job_id, name, payload_json))
+    except asyncpg.exceptions.NoDataFoundError as exc:
+        raise UnknownJob(exc.args[0] if exc.args else f"no job {job_id}") from None
+    except (asyncpg.exceptions.ObjectNotInPrerequisiteStateError,
+            asyncpg.exceptions.InvalidParameterValueError,
+            asyncpg.exceptions.StringDataRightTruncationError) as exc:
+        raise BadInput(exc.args[0] if exc.args else str(exc)) from None
 
 
 async def watch(db: Database, job_id: uuid.UUID) -> JobState | None:

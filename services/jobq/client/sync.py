@@ -94,6 +94,11 @@ class SyncClient:
         or was cancelled, ``TimeoutError`` after ``timeout`` seconds)."""
         return self._call(lambda c: c.result(job_id, timeout=timeout))
 
+    def signal(self, job_id: uuid.UUID, name: str, payload: Any = None) -> bool:
+        """Send signal ``name`` to a job (``Client.signal``): True if kept,
+        False if one of that name was sent before."""
+        return bool(self._call(lambda c: c.signal(job_id, name, payload)))
+
     # ── life cycle ──
 
     def close(self) -> None:

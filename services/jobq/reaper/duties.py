@@ -9,6 +9,7 @@ others.
     requeue     lapsed leases requeued, or failed as jobs of death (rescue.py)
     schedules   due schedule slots fired, once per slot (periodic.py)
     unpark      jobs a limit parked, released as slots free
+    wake        jobs suspended for a signal that came, made due (issue #52)
     dependants  edges of jobs published after others settled (dependants.py)
     relay       due rows nobody published, published: what the duties before
                 put back in line goes out in this very sweep
@@ -38,6 +39,7 @@ class Sweep:
     failed: list[str] = field(default_factory=list)
     fired: int = 0
     unparked: int = 0
+    woken: int = 0
     released: int = 0
     published: int = 0
     more: bool = False  # a bounded duty stopped with work left: sweep again at once
@@ -104,6 +106,17 @@ class Unpark:
         sweep.unparked += await store.unpark()
 
 
+class Wake:
+    name = "wake"
+
+    def due(self, probe: Probe, sweep: Sweep) -> bool:
+        return probe.signals
+
+    async def run(self, store: ReaperStore, cfg: ReaperSettings, reaper_id: str,
+                  sweep: Sweep) -> None:
+        sweep.woken += await store.wake_signalled(cfg.batch_size)
+
+
 class Dependants:
     name = "dependants"
 
@@ -122,7 +135,7 @@ class Relay:
 
     def due(self, probe: Probe, sweep: Sweep) -> bool:
         return (probe.relay_due or bool(sweep.requeued) or sweep.fired > 0
-                or sweep.unparked > 0 or sweep.released > 0)
+                or sweep.unparked > 0 or sweep.released > 0 or sweep.woken > 0)
 
     async def run(self, store: ReaperStore, cfg: ReaperSettings, reaper_id: str,
                   sweep: Sweep) -> None:
@@ -130,4 +143,5 @@ class Relay:
         sweep.published += await store.relay(cfg.batch_size, budget_s=cfg.max_sleep_s)
 
 
-DUTIES: tuple[Duty, ...] = (Cut(), Requeue(), Schedules(), Unpark(), Dependants(), Relay())
+DUTIES: tuple[Duty, ...] = (Cut(), Requeue(), Schedules(), Unpark(), Wake(), Dependants(),
+                             Relay())

@@ -47,6 +47,9 @@ class ReaperStore(Protocol):
 
     async def unpark(self) -> int: ...
 
+    async def wake_signalled(self, limit: int) -> int:
+        """Make jobs waiting for a signal that came due now; how many."""
+
     async def settle(self, budget: int, rounds: int) -> Settled: ...
 
     async def relay(self, batch: int, budget_s: float | None) -> int:
@@ -106,6 +109,9 @@ class PgReaperStore:
 
     async def unpark(self) -> int:
         return int((await execute(self.pool, Q["unpark"])).split()[-1])
+
+    async def wake_signalled(self, limit: int) -> int:
+        return int(await fetchval(self.pool, Q["wake_signalled"], limit))
 
     async def settle(self, budget: int, rounds: int) -> Settled:
         with translated():

@@ -27,6 +27,9 @@ JOBS_FAILED = Counter("jobq_jobs_failed_total", "Jobs failed for good by a consu
 JOBS_SNOOZED = Counter("jobq_jobs_snoozed_total", "Runs ended by jobq.Snooze or "
                        "jobq.RateLimited (put back, no attempt counted).", ["queue"],
                        registry=REGISTRY)
+JOBS_SUSPENDED = Counter("jobq_jobs_suspended_total", "Runs ended by job.sleep or "
+                         "job.wait_for (the job waits holding nothing).", ["queue"],
+                         registry=REGISTRY)
 JOBS_RELEASED = Counter("jobq_jobs_released_total", "Leases released on shutdown.", ["queue"],
                         registry=REGISTRY)
 LEASES_LOST = Counter("jobq_leases_lost_total", "Leases a consumer lost (lapsed, reaped, "

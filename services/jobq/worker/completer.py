@@ -14,38 +14,30 @@ a whole lease, and charged a stall, because jobq's own write failed
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import enum
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, Literal, TypeVar
 
-from pydantic import ValidationError
-
 from jobq.client.results import ResultInvalid, encode
 from jobq.db import is_transient
 from jobq.errors import (
     ConfigError,
-    Fail,
-    LeaseLost,
     RateLimited,
-    Retry,
-    SignalInvalid,
     Snooze,
-    StepRefused,
+    Suspended,
 )
-from jobq.lease import Failure, Lease
+from jobq.lease import Lease
 from jobq.rows import Failed, Spell
 from jobq.runtime.backoff import Backoff
 from jobq.runtime.batch import Coalescer
 from jobq.status import Status
 from jobq.telemetry.logs import fields, printable
-from jobq.worker import tracebacks
 from jobq.worker.heartbeat import Heartbeat
 from jobq.worker.run import Run
 from jobq.worker.store import WorkerStore
 from jobq.worker.tally import Tally
-from jobq.worker.validation import validation_failure
+from jobq.worker.verdicts import failure_for
 
 log = logging.getLogger("jobq.consumer")
 
@@ -59,45 +51,6 @@ class GaveUp(enum.Enum):
 
 
 _GIVE_UP: Final = GaveUp.GAVE_UP
-
-
-class PayloadUndecodable(Exception):
-    """The stored payload cannot be decoded (too deep, a huge number): it never will be."""
-
-
-def _verdict(run: Run, exc: BaseException) -> Failure | None:
-    """What a handler's exception means for the job; None: the lease is lost."""
-    le, queue = run.lease, run.job.queue
-    if isinstance(exc, Retry):
-        return Failure(le, f"Retry: {printable(str(exc))}", True, exc.delay_s)
-    if isinstance(exc, Fail):
-        return Failure(le, f"Fail: {printable(str(exc))}", False)
-    if isinstance(exc, SignalInvalid):  # built again on every run: retrying cannot help
-        return Failure(le, f"{printable(str(exc))}", False)
-    if isinstance(exc, StepRefused):  # the same on every run: retrying cannot help
-        return Failure(le, f"step refused: {printable(str(exc))}", False)
-    if isinstance(exc, ResultInvalid):
-        return Failure(le, f"result not stored: {printable(str(exc))}", False)
-    if isinstance(exc, PayloadUndecodable):
-        return Failure(le, f"payload cannot be decoded: {printable(str(exc))}", False)
-    if isinstance(exc, ValidationError):
-        return Failure(le, validation_failure(queue, exc), False)
-    if isinstance(exc, LeaseLost):
-        return None
-    name = type(exc).__name__
-    text = printable(str(exc))
-    return Failure(le, f"{name}: {text}" if text else name, True)
-
-
-def failure_for(run: Run, exc: BaseException) -> Failure | None:
-    """What a handler's exception means for the job, with where it was
-    raised; None: the lease is lost."""
-    failure = _verdict(run, exc)
-    if failure is None:
-        return None
-    # A child process's handler: the child formatted its own (processes.py).
-    tb = getattr(exc, "remote_traceback", None) or tracebacks.text_of(exc)
-    return dataclasses.replace(failure, traceback=tb)
 
 
 class Completer:
@@ -190,6 +143,8 @@ class Completer:
             worker=self.worker_id))
 
     async def fail(self, run: Run, exc: BaseException) -> None:
+        if isinstance(exc, Suspended):
+            return await self.suspend(run, exc)
         if isinstance(exc, Snooze):
             return await self.snooze(run, exc)
         job = run.job
@@ -242,6 +197,23 @@ class Completer:
             log.info("%s for %.3gs: %s", kind.replace("_", " "), exc.seconds, exc, extra=fields(
                 event=kind, job=job.id, queue=job.queue, attempt=job.attempt,
                 worker=self.worker_id))
+
+    async def suspend(self, run: Run, exc: Suspended) -> None:
+        """job.sleep / job.wait_for ended the run: the job waits holding
+        nothing (I12), the run not counted."""
+        job = run.job
+        run.lease.finishing = True
+        ok = await self.fenced(run, "suspension", lambda: self.store.suspend(
+            run.lease, exc.until, exc.wake_on, printable(str(exc), 500)))
+        if ok is _GIVE_UP:
+            return
+        if not ok:
+            self.heartbeat.lose(run, "suspension rejected")
+            return
+        self.tally.count("suspended", job.queue)
+        log.info("suspended: %s", exc, extra=fields(
+            event="suspended", job=job.id, queue=job.queue, attempt=job.attempt,
+            worker=self.worker_id))
 
     async def child_died(self, run: Run, why: str) -> None:
         """Its child process died running it: charge it, requeue it now."""

@@ -40,13 +40,14 @@ from jobq.runtime import crash
 from jobq.settings import ConsumerSettings
 from jobq.telemetry import current, tracing
 from jobq.telemetry.logs import fields
-from jobq.worker.completer import Completer, PayloadUndecodable
+from jobq.worker.completer import Completer
 from jobq.worker.heartbeat import Heartbeat
 from jobq.worker.processes import ChildDied, ProcessPool
 from jobq.worker.progress import ProgressWriter
 from jobq.worker.run import Run, Stop
 from jobq.worker.store import WorkerStore
 from jobq.worker.tally import Tally
+from jobq.worker.verdicts import PayloadUndecodable
 
 log = logging.getLogger("jobq.consumer")
 

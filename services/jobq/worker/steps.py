@@ -31,6 +31,7 @@ from typing import Any
 from jobq import lease
 from jobq.client.results import ResultInvalid, encode
 from jobq.errors import LeaseLost, StepRefused
+from jobq.worker import suspension
 
 
 def fn_name(fn: Callable[..., Any]) -> str:
@@ -53,6 +54,12 @@ class JobLink:
         rows = await lease.parents(self.pool, self.job_id, self.lock)
         return {r["id"]: (json.loads(r["result"]) if r["result"] is not None else None)
                 for r in rows}
+
+    async def sleep(self, name: str, seconds: float) -> None:
+        await suspension.sleep(self, name, seconds)
+
+    async def wait_for(self, name: str, timeout_s: float | None) -> Any:
+        return await suspension.wait_for(self, name, timeout_s)
 
     async def step(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
         if not isinstance(name, str) or not 1 <= len(name.encode()) <= 200:

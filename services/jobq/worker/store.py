@@ -69,6 +69,11 @@ class WorkerStore(Protocol):
         """Back to queued in ``seconds``, the run not counted (``hold``: the
         key held fleet-wide until then); failed past MAX_SNOOZES. None: lost."""
 
+    async def suspend(self, lease_: Lease, until: float | None, wake_on: str | None,
+                      why: str) -> bool:
+        """Back to queued holding nothing until ``until`` (epoch s) or signal
+        ``wake_on``, the run not counted (issue #52). False: lost."""
+
     async def child_died(self, lease_: Lease, why: str) -> ChildDeath | None: ...
 
     async def isolate(self, lease_: Lease) -> bool: ...
@@ -240,6 +245,15 @@ class PgStore:
             if r["status"] in (Status.QUEUED, Status.FAILED):
                 return Failed(r["id"], r["status"], None)
         return None
+
+    async def suspend(self, lease_: Lease, until: float | None, wake_on: str | None,
+                      why: str) -> bool:
+        if await fetch(self.pool, Q["suspend"], lease_.job_id, lease_.lock, until, wake_on,
+                       why):
+            return True
+        # A retried write whose first reply was lost finds its own token.
+        return any(r["status"] == Status.QUEUED for r in await fetch(
+            self.pool, Q["finished_by"], [lease_.job_id], [lease_.lock]))
 
     async def child_died(self, lease_: Lease, why: str) -> ChildDeath | None:
         return await lease.child_died(self.pool, lease_, why)

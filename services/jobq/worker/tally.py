@@ -13,7 +13,8 @@ from jobq.telemetry import metrics
 _METRIC = {"claimed": metrics.JOBS_CLAIMED, "completed": metrics.JOBS_COMPLETED,
            "retried": metrics.JOBS_RETRIED, "failed": metrics.JOBS_FAILED,
            "released": metrics.JOBS_RELEASED, "lease_lost": metrics.LEASES_LOST,
-           "child_died": metrics.CHILD_DEATHS, "snoozed": metrics.JOBS_SNOOZED}
+           "child_died": metrics.CHILD_DEATHS, "snoozed": metrics.JOBS_SNOOZED,
+           "suspended": metrics.JOBS_SUSPENDED}
 
 
 class Tally:

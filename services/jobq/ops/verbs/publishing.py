@@ -1,5 +1,5 @@
-"""``jobq publish`` (one job, or a file of them with ``--lines``) and ``jobq
-wait`` (for a job's result)."""
+"""``jobq publish`` (one job, or a file of them with ``--lines``), ``jobq
+wait`` (for a job's result) and ``jobq signal`` (to a job that waits)."""
 
 from __future__ import annotations
 
@@ -56,6 +56,18 @@ def register(sub: Any) -> None:
     wait_.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                       help="give up after this long (exit 1; the job goes on)")
     wait_.set_defaults(run=wait)
+
+    sig = sub.add_parser("signal", help="send a signal to a job (its handler's job.wait_for)",
+                         description="Store signal NAME with a JSON payload for job ID: its "
+                         "handler's job.wait_for(NAME) returns the payload, now or in a later "
+                         "run, and a job suspended waiting for it is woken. The first signal "
+                         "of a name is kept (exit 0 either way; says so). Exit 1 if the job "
+                         "does not exist or has ended: nothing is stored.")
+    sig.add_argument("id", metavar="ID")
+    sig.add_argument("name", metavar="NAME")
+    sig.add_argument("payload", metavar="JSON", nargs="?", default="null",
+                     help="the signal's payload as JSON (default null; - reads it from stdin)")
+    sig.set_defaults(run=signal)
 
 
 async def publish(settings: Settings, args: argparse.Namespace) -> None:
@@ -121,6 +133,18 @@ def bulk_jobs(args: argparse.Namespace) -> list[NewJob]:
     if not jobs:
         raise BadInput(f"no payload in {args.payload}: give one JSON value per line")
     return jobs
+
+
+async def signal(settings: Settings, args: argparse.Namespace) -> None:
+    from jobq.client.producer import Client
+
+    job_id = parse_id(args.id)
+    text = sys.stdin.read() if args.payload == "-" else args.payload
+    payload = decode(text)
+    async with Client(settings) as client:
+        kept = await client.signal(job_id, args.name, payload)
+    print(f"signal {args.name!r} sent to job {job_id}" if kept else
+          f"job {job_id} had a signal {args.name!r} already: the first is kept")
 
 
 async def wait(settings: Settings, args: argparse.Namespace) -> None:

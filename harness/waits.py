@@ -1,0 +1,38 @@
+"""The test app's handler that waits without holding anything (issue #52):
+``{"sleep_s": s}`` sleeps durably, ``{"signal": name, "timeout_s": t}``
+waits for a signal; both after a durable step ("first", a random id
+recorded once), so a test can tell that a re-run answered it from the
+record. Each run is in ``test_run`` (harness/apps.py), outcome
+``suspended`` for a run that ended to wait. Returns what it got."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from jobq import Job, SignalTimeout
+from jobq.errors import Suspended
+
+
+def _stamp() -> str:
+    return str(uuid.uuid4())
+
+
+async def waits(job: Job, start: Any, end: Any) -> Any:
+    p = job.payload or {}
+    await start(job)
+    try:
+        first = await job.step("first", _stamp)
+        if p.get("sleep_s") is not None:
+            await job.sleep("nap", float(p["sleep_s"]))
+        got = None
+        if p.get("signal"):
+            got = await job.wait_for(p["signal"], timeout_s=p.get("timeout_s"))
+    except Suspended:
+        await end(job, "suspended")
+        raise
+    except SignalTimeout:
+        await end(job, "timed_out")
+        return {"first": first, "timed_out": True}
+    await end(job, "returned")
+    return {"first": first, "got": got}

@@ -1,0 +1,122 @@
+"""Jobs that wait without holding anything (issue #52, DESIGN I12): a
+durable sleep ends the run and the job comes back by the database clock; a
+wait for a signal ends the run until jobq.signal stores one (kept when sent
+before the wait, kept only if its transaction commits), or until its timeout
+(SignalTimeout in the handler). While it waits the job is queued with no
+lease and no worker; the re-run answers earlier steps from the record and
+counts no attempt. Real consumer and reaper (harness/waits.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from typing import Any
+
+import asyncpg
+import pytest
+
+from jobq.errors import BadInput, UnknownJob
+from jobq.settings import Settings
+from tests.integration.test_consumer import World, _app_db, scenario  # noqa: F401
+
+
+async def _runs(w: World, jid: uuid.UUID) -> list[Any]:
+    return await w.pool.fetch("SELECT started_at, outcome FROM test_run WHERE job_id = $1 "
+                              "ORDER BY n", jid)
+
+
+async def _suspended(w: World, jid: uuid.UUID) -> Any:
+    """Once the job's first run ended to wait: its row then."""
+    for _ in range(500):
+        row = await w.row(jid)
+        if row["status"] == "queued" and row["started_at"] is not None:
+            return row
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"job {jid} never suspended: {dict(await w.row(jid))}")
+
+
+def _result(row: Any) -> Any:
+    return json.loads(row["result"]) if isinstance(row["result"], str) else row["result"]
+
+
+def test_a_durable_sleep_holds_nothing_and_the_rerun_continues_after_it(
+        settings: Settings) -> None:
+    async def body(w: World) -> None:
+        (jid,) = await w.publish("waits", {"sleep_s": 1.0})
+        row = await _suspended(w, jid)  # I12: no lease, no worker's slot
+        assert row["lease_expires_at"] is None and row["attempts"] == 0, dict(row)
+        done = await w.wait_status(jid, "completed")
+        runs = await _runs(w, jid)
+        assert [r["outcome"] for r in runs] == ["suspended", "returned"], runs
+        assert (runs[1]["started_at"] - runs[0]["started_at"]).total_seconds() >= 1.0
+        first = await w.pool.fetchval("SELECT result #>> '{}' FROM jobq.job_step "
+                                      "WHERE job_id = $1 AND name = 'first'", jid)
+        assert _result(done)["first"] == first  # the re-run got the recorded step
+        assert done["attempts"] == 1 and done["errors"] == 0, dict(done)
+        events = [r["event"] for r in await w.pool.fetch(
+            "SELECT event FROM jobq.job_event WHERE job_id = $1 ORDER BY at, n", jid)]
+        assert "suspended" in events, events
+
+    scenario(settings, body, queues=["waits"])
+
+
+def test_a_signal_wakes_the_waiting_job_once_and_its_payload_is_returned(
+        settings: Settings) -> None:
+    async def body(w: World) -> None:
+        (jid,) = await w.publish("waits", {"signal": "approve"})
+        row = await _suspended(w, jid)
+        assert row["wake_on"] == "approve" and row["lease_expires_at"] is None
+        assert await w.client.signal(jid, "approve", {"by": "ana"}) is True
+        assert await w.client.signal(jid, "approve", {"by": "bob"}) is False  # first kept
+        done = await w.wait_status(jid, "completed")
+        assert _result(done)["got"] == {"by": "ana"}, dict(done)
+        runs = await _runs(w, jid)
+        assert [r["outcome"] for r in runs] == ["suspended", "returned"], runs
+        with pytest.raises(BadInput, match="ended"):
+            await w.client.signal(jid, "late", 1)
+        with pytest.raises(UnknownJob):
+            await w.client.signal(uuid.uuid4(), "x", 1)
+        assert await w.pool.fetchval("SELECT count(*) FROM jobq.job_signal") == 1
+
+    scenario(settings, body, queues=["waits"])
+
+
+def test_a_signal_sent_before_the_wait_is_kept(settings: Settings) -> None:
+    async def body(w: World) -> None:
+        (jid,) = await w.client.publish_many(
+            [__import__("jobq").NewJob("waits", {"signal": "go"}, delay_s=1.0)])
+        assert await w.client.signal(jid, "go", [1, 2]) is True  # still queued
+        done = await w.wait_status(jid, "completed")
+        assert _result(done)["got"] == [1, 2]
+        assert [r["outcome"] for r in await _runs(w, jid)] == ["returned"]
+
+    scenario(settings, body, queues=["waits"])
+
+
+def test_a_rolled_back_signal_wakes_nothing_and_a_timeout_raises_in_the_handler(
+        settings: Settings) -> None:
+    async def body(w: World) -> None:
+        (jid,) = await w.publish("waits", {"signal": "approve", "timeout_s": 3})
+        await _suspended(w, jid)
+        conn = await asyncpg.connect(w.settings.database_url)
+        try:
+            tx = conn.transaction()
+            await tx.start()
+            assert await w.client.signal(jid, "approve", "no", conn=conn) is True
+            await tx.rollback()
+        finally:
+            await conn.close()
+        done = await w.wait_status(jid, "completed")  # the timeout, not the signal
+        assert _result(done) == {"first": _result(done)["first"], "timed_out": True}
+        assert [r["outcome"] for r in await _runs(w, jid)] == ["suspended", "timed_out"]
+        assert await w.pool.fetchval("SELECT count(*) FROM jobq.job_signal") == 0
+
+        # The same in SQL, committed: the job wakes at once, long before its timeout.
+        (other,) = await w.publish("waits", {"signal": "approve", "timeout_s": 60})
+        await _suspended(w, other)
+        assert await w.pool.fetchval("SELECT jobq.signal($1, 'approve', '\"yes\"')", other)
+        done = await w.wait_status(other, "completed", timeout=10)
+        assert _result(done)["got"] == "yes"
+
+    scenario(settings, body, queues=["waits"])
