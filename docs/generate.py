@@ -192,6 +192,8 @@ RIGHTS = {
     "fail": "record a handler failure (retry or fail); only with the live lease's token",
     "suspend": "end a run so the job waits holding nothing (job.sleep, job.wait_for), "
                "the run not counted",
+    "spawn": "publish a child of its job once per name (job.spawn)",
+    "join_results": "read the children its job joins (job.join)",
     "signal_get": "read a signal sent to its job (job.wait_for)",
     "snooze": "put a job back for a while without counting the run (Snooze, RateLimited: "
               "and hold its key); only with the live lease's token",

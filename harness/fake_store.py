@@ -212,7 +212,7 @@ class FakeStore:
         return Failed(row.id, "queued", seconds)
 
     async def suspend(self, lease_: Lease, until: float | None, wake_on: str | None,
-                      why: str) -> bool:
+                      why: str, joining: list[uuid.UUID] | None = None) -> bool:
         """queries.sql's suspend, without the mailbox (nothing here signals)."""
         self._enter("suspend", (lease_.job_id, until, wake_on, why))
         row = self._held(lease_.job_id, lease_.lock)

@@ -1168,6 +1168,28 @@ END
 $_$;
 
 --
+-- Name: q_join_results(uuid, uuid, uuid[]); Type: FUNCTION; Schema: jobq; Owner: -
+--
+
+CREATE FUNCTION jobq.q_join_results(uuid, uuid, uuid[]) RETURNS TABLE(held boolean, id uuid, status text, result text, last_error text)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_custom_plan'
+    AS $_$
+#variable_conflict use_column
+BEGIN
+RETURN QUERY WITH holder AS (
+    SELECT EXISTS (SELECT 1 FROM jobq.job j
+                   WHERE j.id = $1 AND j.lock = $2 AND j.status COLLATE "C" = 'active'
+                     AND j.lease_expires_at > now()) AS held
+)
+SELECT h.held, c.id, c.status, c.result::text AS result, c.last_error
+FROM holder h
+LEFT JOIN jobq.job c ON c.id = ANY($3::uuid[]) AND h.held;
+END
+$_$;
+
+--
 -- Name: q_lease_lost_event(uuid, uuid, text); Type: FUNCTION; Schema: jobq; Owner: -
 --
 
@@ -1527,6 +1549,37 @@ END
 $_$;
 
 --
+-- Name: q_spawn(uuid, uuid, text, text, jsonb, double precision, integer, text); Type: FUNCTION; Schema: jobq; Owner: -
+--
+
+CREATE FUNCTION jobq.q_spawn(uuid, uuid, text, text, jsonb, double precision, integer, text) RETURNS TABLE(id uuid)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_custom_plan'
+    AS $_$
+#variable_conflict use_column
+BEGIN
+RETURN QUERY WITH holder AS (
+    SELECT j.id FROM jobq.job j
+    WHERE j.id = $1 AND j.lock = $2 AND j.status COLLATE "C" = 'active'
+      AND j.lease_expires_at > now()
+), recorded AS (
+    SELECT (s.result #>> '{}')::uuid AS id FROM jobq.job_step s, holder h
+    WHERE s.job_id = h.id AND s.name = 'spawn:' || $3
+), made AS (
+    SELECT jobq.enqueue(queue => $4::text, payload => $5::jsonb, delay_s => $6::float8,
+                        priority => $7::int, key => $8::text) AS id
+    FROM holder WHERE NOT EXISTS (SELECT 1 FROM recorded)
+), noted AS (
+    INSERT INTO jobq.job_step (job_id, name, fn, result, attempt)
+    SELECT $1, 'spawn:' || $3, 'jobq.spawn', to_jsonb(m.id::text), j.attempts
+    FROM made m, jobq.job j WHERE j.id = $1
+)
+SELECT id FROM recorded UNION ALL SELECT id FROM made;
+END
+$_$;
+
+--
 -- Name: q_step_get(uuid, uuid, text); Type: FUNCTION; Schema: jobq; Owner: -
 --
 
@@ -1566,10 +1619,10 @@ END
 $_$;
 
 --
--- Name: q_suspend(uuid, uuid, double precision, text, text); Type: FUNCTION; Schema: jobq; Owner: -
+-- Name: q_suspend(uuid, uuid, double precision, text, text, uuid[]); Type: FUNCTION; Schema: jobq; Owner: -
 --
 
-CREATE FUNCTION jobq.q_suspend(uuid, uuid, double precision, text, text) RETURNS TABLE(id uuid, status text, attempts integer, run_at timestamp with time zone)
+CREATE FUNCTION jobq.q_suspend(uuid, uuid, double precision, text, text, uuid[] DEFAULT NULL::uuid[]) RETURNS TABLE(id uuid, status text, attempts integer, run_at timestamp with time zone)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET plan_cache_mode TO 'force_custom_plan'
@@ -1579,7 +1632,10 @@ BEGIN
 RETURN QUERY WITH mine AS (
     SELECT j.id,
            $4::text IS NOT NULL AND EXISTS (
-               SELECT 1 FROM jobq.job_signal g WHERE g.job_id = j.id AND g.name = $4) AS ready
+               SELECT 1 FROM jobq.job_signal g WHERE g.job_id = j.id AND g.name = $4)
+           OR $6::uuid[] IS NOT NULL AND NOT EXISTS (  -- job.join: every child ended
+               SELECT 1 FROM jobq.job c WHERE c.id = ANY($6::uuid[])
+                 AND c.status IN ('queued', 'active')) AS ready
     FROM jobq.job j
     WHERE j.id = $1
       AND j.lock = $2
@@ -1594,6 +1650,7 @@ RETURN QUERY WITH mine AS (
         published_at = NULL,
         suspect = false,
         wake_on = $4,
+        joining = CASE WHEN m.ready THEN NULL ELSE $6::uuid[] END,
         run_at = CASE WHEN m.ready THEN now()
                       ELSE coalesce(to_timestamp($3::float8), now() + interval '100 years') END,
         relay_after = CASE WHEN m.ready THEN now()
@@ -2123,6 +2180,7 @@ CREATE TABLE jobq.job (
     key_policy text,
     seq bigint,
     wake_on text,
+    joining uuid[],
     CONSTRAINT job_key_policy_check CHECK ((key_policy = ANY (ARRAY['fifo'::text, 'latest'::text, 'singleton'::text]))),
     CONSTRAINT job_last_traceback_size CHECK ((octet_length(last_traceback) <= 16384)),
     CONSTRAINT job_status_check CHECK ((status = ANY (ARRAY['queued'::text, 'active'::text, 'completed'::text, 'failed'::text, 'cancelled'::text])))
@@ -2765,6 +2823,12 @@ CREATE UNIQUE INDEX job_idempotency_login_idx ON jobq.job USING btree (queue, id
 CREATE INDEX job_in_line_key_idx ON jobq.job USING btree (queue, key) WHERE ((status = 'queued'::text) AND (relay_after < 'infinity'::timestamp with time zone) AND (key IS NOT NULL));
 
 --
+-- Name: job_joining_idx; Type: INDEX; Schema: jobq; Owner: -
+--
+
+CREATE INDEX job_joining_idx ON jobq.job USING btree (id) WHERE (joining IS NOT NULL);
+
+--
 -- Name: job_key_seq_idx; Type: INDEX; Schema: jobq; Owner: -
 --
 
@@ -3111,6 +3175,13 @@ REVOKE ALL ON FUNCTION jobq.q_isolate(uuid, uuid) FROM PUBLIC;
 GRANT ALL ON FUNCTION jobq.q_isolate(uuid, uuid) TO jobq_consumer;
 
 --
+-- Name: FUNCTION q_join_results(uuid, uuid, uuid[]); Type: ACL; Schema: jobq; Owner: -
+--
+
+REVOKE ALL ON FUNCTION jobq.q_join_results(uuid, uuid, uuid[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION jobq.q_join_results(uuid, uuid, uuid[]) TO jobq_consumer;
+
+--
 -- Name: FUNCTION q_lease_lost_event(uuid, uuid, text); Type: ACL; Schema: jobq; Owner: -
 --
 
@@ -3195,6 +3266,13 @@ REVOKE ALL ON FUNCTION jobq.q_snooze(uuid, uuid, double precision, boolean, inte
 GRANT ALL ON FUNCTION jobq.q_snooze(uuid, uuid, double precision, boolean, integer, text) TO jobq_consumer;
 
 --
+-- Name: FUNCTION q_spawn(uuid, uuid, text, text, jsonb, double precision, integer, text); Type: ACL; Schema: jobq; Owner: -
+--
+
+REVOKE ALL ON FUNCTION jobq.q_spawn(uuid, uuid, text, text, jsonb, double precision, integer, text) FROM PUBLIC;
+GRANT ALL ON FUNCTION jobq.q_spawn(uuid, uuid, text, text, jsonb, double precision, integer, text) TO jobq_consumer;
+
+--
 -- Name: FUNCTION q_step_get(uuid, uuid, text); Type: ACL; Schema: jobq; Owner: -
 --
 
@@ -3209,11 +3287,11 @@ REVOKE ALL ON FUNCTION jobq.q_step_record(uuid, uuid, text, text, jsonb) FROM PU
 GRANT ALL ON FUNCTION jobq.q_step_record(uuid, uuid, text, text, jsonb) TO jobq_consumer;
 
 --
--- Name: FUNCTION q_suspend(uuid, uuid, double precision, text, text); Type: ACL; Schema: jobq; Owner: -
+-- Name: FUNCTION q_suspend(uuid, uuid, double precision, text, text, uuid[]); Type: ACL; Schema: jobq; Owner: -
 --
 
-REVOKE ALL ON FUNCTION jobq.q_suspend(uuid, uuid, double precision, text, text) FROM PUBLIC;
-GRANT ALL ON FUNCTION jobq.q_suspend(uuid, uuid, double precision, text, text) TO jobq_consumer;
+REVOKE ALL ON FUNCTION jobq.q_suspend(uuid, uuid, double precision, text, text, uuid[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION jobq.q_suspend(uuid, uuid, double precision, text, text, uuid[]) TO jobq_consumer;
 
 --
 -- Name: FUNCTION q_unpark_freed(uuid, uuid, uuid); Type: ACL; Schema: jobq; Owner: -
@@ -3380,6 +3458,12 @@ GRANT UPDATE(isolated) ON TABLE jobq.job TO jobq_reaper;
 --
 
 GRANT UPDATE(wake_on) ON TABLE jobq.job TO jobq_reaper;
+
+--
+-- Name: COLUMN job.joining; Type: ACL; Schema: jobq; Owner: -
+--
+
+GRANT UPDATE(joining) ON TABLE jobq.job TO jobq_reaper;
 
 --
 -- Name: TABLE failed; Type: ACL; Schema: jobq; Owner: -

@@ -28,6 +28,8 @@ Driver exceptions (asyncpg, aio-pika) are translated only at the edges, in
 
 from __future__ import annotations
 
+from typing import Any
+
 MAX_DELAY_S = 365 * 86400.0  # the longest delay, retry or snooze jobq takes
 
 
@@ -140,10 +142,12 @@ class Suspended(HandlerSignal):
     the database clock; None: no timer) or when signal ``wake_on`` comes.
     A handler must let it propagate, as it would asyncio.CancelledError."""
 
-    def __init__(self, until: float | None, wake_on: str | None, reason: str) -> None:
+    def __init__(self, until: float | None, wake_on: str | None, reason: str,
+                 joining: list[Any] | None = None) -> None:
         super().__init__(reason)
         self.until = until
         self.wake_on = wake_on
+        self.joining = joining  # job.join: the children's ids it waits for
 
 
 class SignalTimeout(JobqError):

@@ -98,6 +98,25 @@ class Job(Generic[P]):
         the run propagate."""
         return await self._linked().wait_for(name, timeout_s)
 
+    async def spawn(self, name: str, queue: str, payload: Any = None, *, delay_s: float = 0,
+                    priority: int = 0, key: str | None = None) -> uuid.UUID:
+        """Publish a child job, once per ``name`` across all runs of this
+        job: a later run (after a crash, a wait) gets the same child's id.
+        The child's insert and the record of its id commit together."""
+        child: uuid.UUID = await self._linked().spawn(name, queue, payload, delay_s=delay_s,
+                                                      priority=priority, key=key)
+        return child
+
+    async def join(self, ids: Any) -> list[Any]:
+        """The results of jobs ``ids`` in order once every one ended: a
+        completed job's result, a failed or cancelled one's as a
+        :class:`jobq.JobFailed` value (not raised). Until then the run ends
+        and this job waits holding nothing (I12); cancelling it cancels the
+        children it still waits for. Let the exception that ends the run
+        propagate."""
+        results: list[Any] = await self._linked().join(ids)
+        return results
+
     def step_key(self, name: str) -> str:
         """The same on every run of this job: an idempotency key for the
         side effect of step ``name`` (a payment API's, an email's)."""

@@ -222,14 +222,6 @@ async def step_record(pool: Database, job_id: uuid.UUID, lock: uuid.UUID, name: 
     return bool(await fetchval(pool, Q["step_record"], job_id, lock, name, fn, result))
 
 
-async def signal_get(pool: Database, job_id: uuid.UUID, lock: uuid.UUID,
-                     name: str) -> tuple[str] | None:
-    """(payload as JSON text,) of signal ``name`` sent to this job, if one
-    was; marked delivered. Only for the holder of the live lease."""
-    rows = await fetch(pool, Q["signal_get"], job_id, lock, name)
-    return (rows[0]["payload"],) if rows else None
-
-
 async def unpark_freed(pool: asyncpg.Pool, finished: Lease) -> list[Spell]:
     """A finished run frees a slot of its limited queue: release the best
     job parked there (a spell whose token the database made; the finished

@@ -44,7 +44,7 @@
 --       queue_limits, mark_published, mark_republished, relay_take, relay_defer, relay_mark
 --   claim and run: claim, claim_plain, claim_recover, claim_misses, renew
 --   run and finish: complete, finished_by, progress, parents, step_get, step_record, signal,
---       watch, fail, snooze, suspend, signal_get, release
+--       watch, fail, snooze, suspend, spawn, join_results, signal_get, release
 --   reap: requeue_lapsed, isolate, child_died, quarantine, lost_candidates, lost_horizon,
 --       unpublish_lost, unpark, unpark_freed, wake_signalled, settle_dependants, schedules_due,
 --       schedule_fire, schedule_set, schedule_upsert, schedule_skip, db_now, schedule_list,
@@ -863,12 +863,18 @@ FROM snoozed;
 -- queued with no lease and no slot (I12), due at $3 (epoch seconds, the
 -- database's clock; NULL: no timer). $4: the signal it waits for, if any:
 -- already in the mailbox, the job is due now; otherwise the reapers' wake
--- duty makes it due when the signal comes. Never relay_after 'infinity'
--- (that is a parked job). Fenced by the lease like every worker write.
+-- duty makes it due when the signal comes. $6: the children it joins
+-- (schema 0029): all ended already, due now; otherwise the wake duty.
+-- Never relay_after 'infinity' (that is a parked job). Fenced by the lease
+-- like every worker write.
+-- optional: $6
 WITH mine AS (
     SELECT j.id,
            $4::text IS NOT NULL AND EXISTS (
-               SELECT 1 FROM jobq.job_signal g WHERE g.job_id = j.id AND g.name = $4) AS ready
+               SELECT 1 FROM jobq.job_signal g WHERE g.job_id = j.id AND g.name = $4)
+           OR $6::uuid[] IS NOT NULL AND NOT EXISTS (  -- job.join: every child ended
+               SELECT 1 FROM jobq.job c WHERE c.id = ANY($6::uuid[])
+                 AND c.status IN ('queued', 'active')) AS ready
     FROM jobq.job j
     WHERE j.id = $1
       AND j.lock = $2
@@ -883,6 +889,7 @@ WITH mine AS (
         published_at = NULL,
         suspect = false,
         wake_on = $4,
+        joining = CASE WHEN m.ready THEN NULL ELSE $6::uuid[] END,
         run_at = CASE WHEN m.ready THEN now()
                       ELSE coalesce(to_timestamp($3::float8), now() + interval '100 years') END,
         relay_after = CASE WHEN m.ready THEN now()
@@ -898,6 +905,46 @@ WITH mine AS (
     WHERE q.history
 )
 SELECT id, status, attempts, run_at FROM parked;
+
+-- name: spawn
+-- grant: jobq_consumer
+-- job.spawn (schema 0029): the child named $3 of the running job $1 (token
+-- $2), made once: a step 'spawn:<name>' records its id in the same
+-- statement as the child's insert (jobq.enqueue, published by the relay), so
+-- a parent killed right after spawning finds the child recorded and a crash
+-- before the commit made neither. $4 queue, $5 payload, $6 delay_s, $7
+-- priority, $8 key. Returns the child's id; no row: the lease is lost.
+WITH holder AS (
+    SELECT j.id FROM jobq.job j
+    WHERE j.id = $1 AND j.lock = $2 AND j.status COLLATE "C" = 'active'
+      AND j.lease_expires_at > now()
+), recorded AS (
+    SELECT (s.result #>> '{}')::uuid AS id FROM jobq.job_step s, holder h
+    WHERE s.job_id = h.id AND s.name = 'spawn:' || $3
+), made AS (
+    SELECT jobq.enqueue(queue => $4::text, payload => $5::jsonb, delay_s => $6::float8,
+                        priority => $7::int, key => $8::text) AS id
+    FROM holder WHERE NOT EXISTS (SELECT 1 FROM recorded)
+), noted AS (
+    INSERT INTO jobq.job_step (job_id, name, fn, result, attempt)
+    SELECT $1, 'spawn:' || $3, 'jobq.spawn', to_jsonb(m.id::text), j.attempts
+    FROM made m, jobq.job j WHERE j.id = $1
+)
+SELECT id FROM recorded UNION ALL SELECT id FROM made;
+
+-- name: join_results
+-- grant: jobq_consumer
+-- job.join: the children's statuses, results and errors, for the holder of
+-- the parent's live lease (the ids it passed; any job may be joined). One
+-- row at least: held false, the lease is lost; id NULL, no such job.
+WITH holder AS (
+    SELECT EXISTS (SELECT 1 FROM jobq.job j
+                   WHERE j.id = $1 AND j.lock = $2 AND j.status COLLATE "C" = 'active'
+                     AND j.lease_expires_at > now()) AS held
+)
+SELECT h.held, c.id, c.status, c.result::text AS result, c.last_error
+FROM holder h
+LEFT JOIN jobq.job c ON c.id = ANY($3::uuid[]) AND h.held;
 
 -- name: signal_get
 -- grant: jobq_consumer
@@ -1362,13 +1409,28 @@ WITH pending AS (
     WHERE s.job_id = p.job_id AND s.name = p.name
       AND (p.job_id IN (SELECT id FROM woken)
            OR j.id IS NULL OR j.status NOT IN ('queued', 'active'))
+), joined AS (  -- job.join (schema 0029): none of its children queued or running
+    UPDATE jobq.job j
+    SET run_at = now(), relay_after = now(), joining = NULL
+    WHERE j.id IN (SELECT p.id FROM jobq.job p
+                   WHERE p.joining IS NOT NULL AND p.status = 'queued'
+                     AND NOT EXISTS (SELECT 1 FROM jobq.job c
+                                     WHERE c.id = ANY(p.joining)
+                                       AND c.status IN ('queued', 'active'))
+                   LIMIT $1)
+      AND j.joining IS NOT NULL AND j.status = 'queued'
+    RETURNING j.id, j.queue, 'children ended'::text AS name
 ), logged AS (
     INSERT INTO jobq.job_event (job_id, event, detail)
     SELECT w.id, 'woken', format('signal %s', w.name)
     FROM woken w JOIN jobq.queue q ON q.name = w.queue
     WHERE q.history
+    UNION ALL
+    SELECT w.id, 'woken', w.name
+    FROM joined w JOIN jobq.queue q ON q.name = w.queue
+    WHERE q.history
 )
-SELECT count(*) FROM woken;
+SELECT (SELECT count(*) FROM woken) + (SELECT count(*) FROM joined);
 
 -- name: settle_dependants
 -- Reapers, each sweep with anything to settle (sweep_probe's dependants):
@@ -1513,7 +1575,8 @@ SELECT EXISTS (SELECT 1 FROM jobq.job WHERE status = 'active') AS active,
                  AND relay_after <= now()) AS relay_due,
        EXISTS (SELECT 1 FROM jobq.schedule
                WHERE enabled AND next_run_at <= now()) AS schedules_due,
-       EXISTS (SELECT 1 FROM jobq.job_signal WHERE NOT delivered) AS signals,
+       EXISTS (SELECT 1 FROM jobq.job_signal WHERE NOT delivered)
+           OR EXISTS (SELECT 1 FROM jobq.job WHERE joining IS NOT NULL) AS signals,
        EXISTS (SELECT 1 FROM jobq.job_dependency WHERE state = 'new')
            OR EXISTS (SELECT 1 FROM jobq.job
                       WHERE has_dependants
@@ -1656,10 +1719,19 @@ WITH cancelled AS (
         last_error = coalesce($2, 'cancelled')
     FROM jobq.queue q
     WHERE j.id = $1 AND j.status COLLATE "C" IN ('queued', 'active') AND q.name = j.queue
-    RETURNING j.id, j.worker_id, j.attempts, q.history
+    RETURNING j.id, j.worker_id, j.attempts, q.history, j.joining
+), children AS (  -- a joining parent's children it still waits for (schema 0029)
+    UPDATE jobq.job c
+    SET status = 'cancelled', lease_expires_at = NULL, finished_at = now(),
+        last_error = format('cancelled: its parent %s was cancelled', $1::uuid)
+    FROM cancelled p
+    WHERE c.id = ANY(p.joining) AND c.status COLLATE "C" IN ('queued', 'active')
+    RETURNING c.id, c.worker_id, c.attempts, c.last_error
 ), logged AS (
     INSERT INTO jobq.job_event (job_id, event, worker_id, attempt, detail)
     SELECT id, 'cancelled', worker_id, attempts, $2 FROM cancelled WHERE history
+    UNION ALL
+    SELECT id, 'cancelled', worker_id, attempts, last_error FROM children
 )
 SELECT id FROM cancelled;
 

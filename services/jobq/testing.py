@@ -16,6 +16,9 @@ propagates, for ``pytest.raises``. ``job.sleep`` returns at once (time does
 not pass in a test; ``MemoryJob.slept`` lists the sleeps); ``job.wait_for``
 returns a signal given with ``MemoryJob.signal(name, payload)``, and without
 one raises ``jobq.errors.Suspended``: signal the job and run it again.
+``job.spawn`` records the child once per name (``MemoryJob.spawned``: name ->
+queue, payload, id); ``job.join`` returns ``MemoryJob.results[id]`` of each,
+and suspends until a test gives them all.
 
 ``InMemoryClient`` records what code under test publishes (the async
 client's ``publish`` / ``publish_many`` and the ``SyncClient``'s, without
@@ -58,6 +61,8 @@ class _Memory:
     parents: dict[uuid.UUID, Any] = field(default_factory=dict)
     signals: dict[str, Any] = field(default_factory=dict)
     slept: list[str] = field(default_factory=list)
+    spawned: dict[str, tuple[str, Any, uuid.UUID]] = field(default_factory=dict)
+    results: dict[uuid.UUID, Any] = field(default_factory=dict)
 
     async def step(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
         who = fn_name(fn)
@@ -106,6 +111,16 @@ class _Link:
                             "and run it again)")
         return self._m.signals[name]
 
+    async def spawn(self, name: str, queue: str, payload: Any, **options: Any) -> uuid.UUID:
+        return self._m.spawned.setdefault(name, (queue, payload, uuid.uuid4()))[2]
+
+    async def join(self, ids: Any) -> list[Any]:
+        wanted = [uuid.UUID(str(i)) for i in ids]
+        if any(i not in self._m.results for i in wanted):
+            raise Suspended(None, None, "joining children (give MemoryJob.results[child_id] "
+                            "and run it again)", joining=wanted)
+        return [self._m.results[i] for i in wanted]
+
 
 @dataclass
 class MemoryJob:
@@ -129,6 +144,15 @@ class MemoryJob:
     @property
     def slept(self) -> list[str]:
         return self.memory.slept
+
+    @property
+    def spawned(self) -> dict[str, tuple[str, Any, uuid.UUID]]:
+        return self.memory.spawned
+
+    @property
+    def results(self) -> dict[uuid.UUID, Any]:
+        """What ``job.join`` returns for each child id (set by the test)."""
+        return self.memory.results
 
     def signal(self, name: str, payload: Any = None) -> bool:
         """As ``client.signal``: kept for every later run; the first of a name wins."""

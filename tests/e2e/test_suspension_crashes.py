@@ -63,3 +63,23 @@ def test_a_sleeping_jobs_rerun_on_another_consumer_keeps_its_steps(
     wait_until(lambda: db.val("SELECT status FROM jobq.job WHERE id = $1", jid) == "completed",
                20, "the job completes")
     assert db.val("SELECT result->'first' FROM jobq.job WHERE id = $1", jid) == step
+
+
+def test_a_parent_killed_right_after_spawning_leaves_each_child_once(
+        db: SyncDB, procs: Procs, settings: Any) -> None:
+    set_queue(db, "waits", lease_s=2)
+    set_queue(db, "work", lease_s=2)
+    procs.reaper()
+    victim = procs.consumer("--queue", "waits")  # the children run elsewhere: none dies
+    victim.worker_id()
+    (parent,) = publish(settings, "waits", [{"spawn": 20, "kill_after_spawn": True,
+                                             "children": [{"sleep": 0.05}]}])
+    wait_until(lambda: not victim.alive(), 20, "the parent's consumer killed by its handler")
+    procs.consumer("--queue", "waits", "--queue", "work").worker_id()
+    wait_until(lambda: db.val("SELECT status FROM jobq.job WHERE id = $1", parent)
+               == "completed", 40, "the parent joined its children")
+    assert db.val("SELECT count(*) FROM jobq.job WHERE queue = 'work'") == 20
+    assert db.val("SELECT count(*) FROM test_run r JOIN jobq.job j ON j.id = r.job_id "
+                  "WHERE j.queue = 'work'") == 20  # each child ran once
+    assert db.val("SELECT jsonb_array_length(result->'got') FROM jobq.job WHERE id = $1",
+                  parent) == 20

@@ -68,7 +68,8 @@ def test_every_python_block_is_named_and_each_is_tested() -> None:
             "sqlalchemy_example.py", "examples/fastapi_app/main.py"]),
         "docs/how-to/handlers.md": ["myapp.py", "publish_example.py"],
         "docs/how-to/workflows.md": ["workflow_example.py"],
-        "docs/how-to/waiting.md": ["approve_example.py", "waiting_example.py"],
+        "docs/how-to/waiting.md": ["approve_example.py", "fanout_example.py",
+                                   "waiting_example.py"],
     }
 
 
@@ -147,6 +148,21 @@ def test_the_waiting_example_waits_for_its_signal_as_written(
                30, "the refund done after its cool-down")
     assert db.val("SELECT result FROM jobq.job WHERE id = $1", jid) == (
         '{"by": "ana", "ticket": "T-42", "refunded": true}')
+
+
+def test_the_fanout_example_joins_its_children_as_written(
+        tmp_path: Path, env: dict[str, str], db: SyncDB, procs: Any, settings: Any) -> None:
+    from harness.helpers import publish
+
+    _write(tmp_path, "docs/how-to/waiting.md", "fanout_example.py")
+    procs.reaper()
+    procs.start("consume", "fanout_example:app",
+                PYTHONPATH=f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}")
+    (jid,) = publish(settings, "reports", [{"regions": ["eu", "us", "apac"]}])
+    wait_until(lambda: db.val("SELECT status FROM jobq.job WHERE id = $1", jid) == "completed",
+               30, "the report joined its regions")
+    assert db.val("SELECT result FROM jobq.job WHERE id = $1", jid) == '{"done": 3, "failed": 0}'
+    assert db.val("SELECT count(*) FROM jobq.job WHERE queue = 'regions'") == 3
 
 
 def test_the_workflow_example_publishes_and_runs_as_written(

@@ -50,7 +50,7 @@ FUNCTION_RIGHTS = {("jobq_producer", "enqueue"), ("jobq_producer", "enqueue_many
     (role, f"q_{name}") for name, roles in GRANTS.items() for role in roles}
 REAPER_JOB_COLUMNS = {"status", "lock", "lease_expires_at", "stalls", "suspect_stalls",
                       "suspect", "isolated", "last_error", "finished_at", "run_at",
-                      "relay_after", "published_at", "wake_on"}
+                      "relay_after", "published_at", "wake_on", "joining"}
 GROUPS = ("jobq_producer", "jobq_consumer", "jobq_reaper", "jobq_reader")
 
 

@@ -17,6 +17,7 @@ import asyncpg
 import pytest
 
 from jobq.errors import BadInput, UnknownJob
+from jobq.ops import admin
 from jobq.settings import Settings
 from tests.integration.test_consumer import World, _app_db, scenario  # noqa: F401
 
@@ -120,3 +121,28 @@ def test_a_rolled_back_signal_wakes_nothing_and_a_timeout_raises_in_the_handler(
         assert _result(done)["got"] == "yes"
 
     scenario(settings, body, queues=["waits"])
+
+
+def test_children_spawned_once_each_and_joined_with_errors_as_values(
+        settings: Settings) -> None:
+    async def body(w: World) -> None:
+        (jid,) = await w.publish("waits", {"spawn": 3, "children": [
+            {"sleep": 0.3}, {"fail_now": True}, {}]})
+        done = await w.wait_status(jid, "completed", timeout=20)
+        assert _result(done)["got"] == [None, {"failed": "failed"}, None], dict(done)
+        kids = await w.pool.fetch("SELECT (result #>> '{}')::uuid AS id FROM jobq.job_step "
+                                  "WHERE job_id = $1 AND name LIKE 'spawn:%'", jid)
+        assert len(kids) == 3
+        assert await w.pool.fetchval("SELECT count(*) FROM jobq.job WHERE queue = 'work'") == 3
+        assert [r["outcome"] for r in await _runs(w, jid)][-1] == "returned"
+        assert done["attempts"] == 1 and done["joining"] is None
+
+        # A joining parent cancelled: the children it still waits for with it.
+        (parent,) = await w.publish("waits", {"spawn": 2, "children": [{"sleep": 30}]})
+        row = await _suspended(w, parent)
+        assert row["joining"] is not None and len(row["joining"]) == 2
+        await admin.cancel(w.pool, parent, "no longer needed")  # as `jobq cancel` runs it
+        for kid in row["joining"]:
+            await w.wait_status(kid, "cancelled")
+
+    scenario(settings, body, queues=["waits", "work"])

@@ -137,11 +137,13 @@ def test_no_sql_is_written_outside_queries_sql() -> None:
 
 # Typed stores (issue #48): a statement of queries.sql is run only by a
 # module whose concept is the database side of a role: the lease (lease.py),
-# each wing's store (client/, worker/, reaper/, dashboard/store.py), the
+# each wing's store (client/, worker/, reaper/, dashboard/store.py; a waiting
+# job's, worker/waits_store.py), the
 # operators' verbs (ops/admin.py), the installer (migrate, routines,
 # uninstall) and the gateway (db.py: ping, the clock, the schema check).
 # Everything else calls those, so each role's statements are in one place.
 STATEMENT_RUNNERS = {"lease.py", "db.py", "sql.py", "client/store.py", "worker/store.py",
+                     "worker/waits_store.py",
                      "reaper/store.py", "dashboard/store.py", "ops/admin.py",
                      "ops/migrate.py", "ops/routines.py", "ops/uninstall.py"}
 

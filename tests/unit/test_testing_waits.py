@@ -39,3 +39,19 @@ def test_a_waiting_handler_runs_in_memory_until_signalled() -> None:
     assert not job.signal("approval", {"ok": False})  # the first is kept
     assert asyncio.run(run_job(app, job)) == {"ticket": "T-1", "answer": {"ok": True}}
     assert calls == ["open"]  # the step ran once across both runs
+
+
+@app.handler("fanout")
+async def fanout(job: jobq.Job) -> Any:
+    kids = [await job.spawn(f"c{i}", "work", {"n": i}) for i in range(2)]
+    return await job.join(kids)
+
+
+def test_spawned_children_are_joined_in_memory_once_given_their_results() -> None:
+    job = MemoryJob("fanout", {})
+    with pytest.raises(Suspended):
+        asyncio.run(run_job(app, job))
+    ids = [child for _, _, child in job.spawned.values()]
+    job.results.update({ids[0]: "a", ids[1]: "b"})
+    assert asyncio.run(run_job(app, job)) == ["a", "b"]
+    assert [child for _, _, child in job.spawned.values()] == ids  # once per name

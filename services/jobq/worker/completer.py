@@ -204,7 +204,7 @@ class Completer:
         job = run.job
         run.lease.finishing = True
         ok = await self.fenced(run, "suspension", lambda: self.store.suspend(
-            run.lease, exc.until, exc.wake_on, printable(str(exc), 500)))
+            run.lease, exc.until, exc.wake_on, printable(str(exc), 500), exc.joining))
         if ok is _GIVE_UP:
             return
         if not ok:

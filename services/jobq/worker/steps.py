@@ -61,6 +61,12 @@ class JobLink:
     async def wait_for(self, name: str, timeout_s: float | None) -> Any:
         return await suspension.wait_for(self, name, timeout_s)
 
+    async def spawn(self, name: str, queue: str, payload: Any, **options: Any) -> Any:
+        return await suspension.spawn(self, name, queue, payload, **options)
+
+    async def join(self, ids: Any) -> list[Any]:
+        return await suspension.join(self, ids)
+
     async def step(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
         if not isinstance(name, str) or not 1 <= len(name.encode()) <= 200:
             raise StepRefused("a step name is 1 to 200 bytes of text")

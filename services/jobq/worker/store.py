@@ -70,9 +70,10 @@ class WorkerStore(Protocol):
         key held fleet-wide until then); failed past MAX_SNOOZES. None: lost."""
 
     async def suspend(self, lease_: Lease, until: float | None, wake_on: str | None,
-                      why: str) -> bool:
-        """Back to queued holding nothing until ``until`` (epoch s) or signal
-        ``wake_on``, the run not counted (issue #52). False: lost."""
+                      why: str, joining: list[uuid.UUID] | None = None) -> bool:
+        """Back to queued holding nothing until ``until`` (epoch s), signal
+        ``wake_on`` or the end of every job in ``joining``, the run not
+        counted (issue #52). False: lost."""
 
     async def child_died(self, lease_: Lease, why: str) -> ChildDeath | None: ...
 
@@ -247,9 +248,9 @@ class PgStore:
         return None
 
     async def suspend(self, lease_: Lease, until: float | None, wake_on: str | None,
-                      why: str) -> bool:
+                      why: str, joining: list[uuid.UUID] | None = None) -> bool:
         if await fetch(self.pool, Q["suspend"], lease_.job_id, lease_.lock, until, wake_on,
-                       why):
+                       why, joining):
             return True
         # A retried write whose first reply was lost finds its own token.
         return any(r["status"] == Status.QUEUED for r in await fetch(

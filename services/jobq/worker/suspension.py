@@ -17,6 +17,13 @@ record, so the handler goes on past them:
   until the signal or the deadline. Past the deadline with no signal:
   :class:`~jobq.errors.SignalTimeout`.
 
+- ``spawn(name, queue, payload, ...)``: a child job made once per name (its
+  insert and the step recording its id commit together); its id.
+- ``join(ids)``: the children's results in order once every one ended (a
+  failed or cancelled child's as a :class:`~jobq.JobFailed` value, not
+  raised); until then the run ends and the job waits, woken by the reapers
+  once none is queued or running.
+
 A wake is not lost to a race: the suspend statement looks for the signal in
 the same statement that parks the job, and a signal it could not see yet is
 left undelivered for the reapers' wake duty, which locks the row only if the
@@ -28,10 +35,15 @@ from __future__ import annotations
 
 import json
 import math
+import uuid
+from collections.abc import Sequence
 from typing import Any
 
-from jobq import db, lease
-from jobq.errors import MAX_DELAY_S, SignalTimeout, StepRefused, Suspended
+from jobq import db
+from jobq.client.results import JobFailed
+from jobq.errors import MAX_DELAY_S, LeaseLost, SignalTimeout, StepRefused, Suspended
+from jobq.newjob import NewJob, validate
+from jobq.worker import waits_store
 
 
 def _name(name: object) -> str:
@@ -71,7 +83,7 @@ async def wait_for(link: Any, name: str, timeout_s: float | None = None) -> Any:
     name = _name(name)
     if timeout_s is not None:
         timeout_s = _seconds("job.wait_for(timeout_s=...)", timeout_s)
-    got = await lease.signal_get(link.pool, link.job_id, link.lock, name)
+    got = await waits_store.signal_get(link.pool, link.job_id, link.lock, name)
     if got is not None:
         return json.loads(got[0])
     now = await _clock(link)
@@ -84,3 +96,40 @@ async def wait_for(link: Any, name: str, timeout_s: float | None = None) -> Any:
         raise SignalTimeout(name, timeout_s)
     raise Suspended(None if deadline is None else float(deadline), name,
                     f"waiting for signal {name!r}")
+
+
+async def spawn(link: Any, name: str, queue: str, payload: Any = None, *, delay_s: float = 0,
+                priority: int = 0, key: str | None = None) -> uuid.UUID:
+    """The id of this job's child ``name``, published the first time only."""
+    name = _name(name)
+    job = NewJob(queue, payload, delay_s, None, priority, key)
+    text = validate(job)  # the queue name, the options, the payload: one clear line
+    child = await waits_store.spawn(link.pool, link.job_id, link.lock, name, queue,
+                                    json.loads(text), delay_s, priority, key)
+    if child is None:
+        raise LeaseLost(f"job {link.job_id}: lease lost before child {name!r} was spawned")
+    return child
+
+
+async def join(link: Any, ids: Sequence[uuid.UUID | str]) -> list[Any]:
+    """Each child's result, in order, once all ended; until then, wait."""
+    wanted = [uuid.UUID(str(i)) for i in ids]
+    if not wanted:
+        return []
+    rows = await waits_store.children(link.pool, link.job_id, link.lock, wanted)
+    if rows is None:
+        raise LeaseLost(f"job {link.job_id}: lease lost before its children were joined")
+    by_id = {c.id: c for c in rows}
+    missing = [str(i) for i in wanted if i not in by_id]
+    if missing:
+        raise StepRefused(f"job.join: no job {', '.join(missing[:3])}")
+    if any(c.status in ("queued", "active") for c in rows):
+        raise Suspended(None, None, f"joining {len(wanted)} children", joining=wanted)
+    out: list[Any] = []
+    for i in wanted:
+        c = by_id[i]
+        if c.status == "completed":
+            out.append(json.loads(c.result) if c.result is not None else None)
+        else:
+            out.append(JobFailed(c.id, c.status, c.last_error))
+    return out

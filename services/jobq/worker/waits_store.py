@@ -1,0 +1,53 @@
+"""What a running job that waits needs of the database (issue #52): the
+signal it waits for, the child it spawns once per name, the children it
+joins. Each statement is fenced by the job's lease token, as every worker
+write is: a zombie run reads and makes nothing. The suspend itself is the
+worker store's (worker/store.py), as every end of a run is."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from jobq.db import Database, fetch
+from jobq.sql import Q
+
+
+@dataclass(frozen=True, slots=True)
+class Child:
+    """A joined child as it is now (join_results)."""
+
+    id: uuid.UUID
+    status: str
+    result: str | None
+    last_error: str | None
+
+
+async def signal_get(pool: Database, job_id: uuid.UUID, lock: uuid.UUID,
+                     name: str) -> tuple[str] | None:
+    """(payload as JSON text,) of signal ``name`` sent to this job, if one
+    was; marked delivered. Only for the holder of the live lease."""
+    rows = await fetch(pool, Q["signal_get"], job_id, lock, name)
+    return (rows[0]["payload"],) if rows else None
+
+
+async def spawn(pool: Database, job_id: uuid.UUID, lock: uuid.UUID, name: str, queue: str,
+                payload: Any, delay_s: float, priority: int, key: str | None) -> uuid.UUID | None:
+    """The child named ``name`` of this job, made once (None: lease lost)."""
+    rows = await fetch(pool, Q["spawn"], job_id, lock, name, queue, json.dumps(payload),
+                       delay_s, priority, key)
+    return rows[0]["id"] if rows else None
+
+
+async def children(pool: Database, job_id: uuid.UUID, lock: uuid.UUID,
+                   ids: Sequence[uuid.UUID]) -> list[Child] | None:
+    """The children as they are now, for the holder of the live lease
+    (None: the lease is lost)."""
+    rows = await fetch(pool, Q["join_results"], job_id, lock, list(ids))
+    if not rows or not rows[0]["held"]:
+        return None
+    return [Child(r["id"], r["status"], r["result"], r["last_error"])
+            for r in rows if r["id"] is not None]
