@@ -24,6 +24,7 @@ from jobq.errors import (
     Snooze,
     UnknownJob,
 )
+from jobq.hooks import RunEnd
 from jobq.job import Job, Status
 from jobq.newjob import NewJob
 from jobq.settings import Settings
@@ -42,6 +43,7 @@ __all__ = [
            "NewJob",
            "RateLimited",
            "Retry",
+           "RunEnd",
            "Settings",
            "SignalTimeout",
            "Snooze",

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from jobq.errors import BadInput, ConfigError, InvalidQueue
+from jobq.hooks import Hooks, Middleware, RunEnd
 from jobq.queues import check_queue_name
 from jobq.schedules import Schedule
 
@@ -34,6 +35,17 @@ class Handlers:
     def __init__(self) -> None:
         self.handlers: dict[str, Handler] = {}
         self.schedules: dict[str, Schedule] = {}
+        self.hooks = Hooks()  # around every run (hooks.py)
+
+    def around(self, fn: Middleware) -> Middleware:
+        """Middleware around every run: ``async def fn(job, call_next)``
+        (a per-job context, a database session, timing); hooks.py."""
+        return self.hooks.around(fn)
+
+    def on_end(self, fn: Callable[[RunEnd], Any]) -> Callable[[RunEnd], Any]:
+        """Call ``fn(end)`` after every run with its outcome, duration and
+        error (Sentry, metrics); hooks.py."""
+        return self.hooks.on_end(fn)
 
     def schedule(self, name: str, queue: str, *, cron: str | None = None,
                  every: float | None = None, timezone: str = "UTC",

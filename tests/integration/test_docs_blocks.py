@@ -66,7 +66,7 @@ def test_every_python_block_is_named_and_each_is_tested() -> None:
             "handles_example.py", "examples/django_project/signup/views.py",
             "examples/django_project/signup/tasks.py", "psycopg_example.py",
             "sqlalchemy_example.py", "examples/fastapi_app/main.py"]),
-        "docs/how-to/handlers.md": ["myapp.py", "publish_example.py"],
+        "docs/how-to/handlers.md": ["hooks_example.py", "myapp.py", "publish_example.py"],
         "docs/how-to/workflows.md": ["workflow_example.py"],
         "docs/how-to/waiting.md": ["approve_example.py", "fanout_example.py",
                                    "waiting_example.py"],
@@ -163,6 +163,19 @@ def test_the_fanout_example_joins_its_children_as_written(
                30, "the report joined its regions")
     assert db.val("SELECT result FROM jobq.job WHERE id = $1", jid) == '{"done": 3, "failed": 0}'
     assert db.val("SELECT count(*) FROM jobq.job WHERE queue = 'regions'") == 3
+
+
+def test_the_hooks_example_runs_around_a_job_as_written(
+        tmp_path: Path, env: dict[str, str], db: SyncDB, procs: Any, settings: Any) -> None:
+    from harness.helpers import publish
+
+    _write(tmp_path, "docs/how-to/handlers.md", "hooks_example.py")
+    proc = procs.start("consume", "hooks_example:app",
+                       PYTHONPATH=f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}")
+    (jid,) = publish(settings, "invoices", [{"tenant": "acme"}])
+    wait_until(lambda: db.val("SELECT result FROM jobq.job WHERE id = $1", jid) == '"acme"',
+               30, "the handler saw the middleware's tenant")
+    assert proc.alive()
 
 
 def test_the_workflow_example_publishes_and_runs_as_written(

@@ -33,6 +33,7 @@ from types import MappingProxyType
 from typing import Any
 
 from jobq.handlers import Handlers
+from jobq.hooks import RunEnd
 from jobq.job import Job
 from jobq.lease import Lease
 from jobq.rows import Claim
@@ -163,10 +164,13 @@ class Executor:
                 progress.close()  # nothing may land after the job's end
             if isolated:
                 self._isolation.release()
-            self.tally.handler_time(run.job.queue, outcome, loop.time() - started)
+            took = loop.time() - started
+            self.tally.handler_time(run.job.queue, outcome, took)
             run.disarm()
             if run.stop_reason is not Stop.SHUTDOWN:
                 self.runs.pop(run.job.id, None)  # shutdown: the drain releases it
+            if self.app.hooks.end_hooks:  # the user's code, once the run is written
+                await self.app.hooks.ended(RunEnd(run.job, outcome, took, run.error))
 
     async def _trace_of(self, run: Run) -> str | None:
         """The publisher's trace context (tracing.py); None if none or unreadable."""
@@ -218,9 +222,11 @@ class Executor:
         try:
             if run.handler.payload_model is not None and not self._in_child(run):
                 run.job.payload = run.handler.payload_model.model_validate(run.job.payload)
-            run.task = asyncio.ensure_future(self._call(run))
+            run.task = asyncio.ensure_future(self.app.hooks.call(run.job,
+                                                                 lambda: self._call(run)))
             value = await run.task
         except BaseException as exc:
+            run.error = exc
             if run.stop_reason is not None:
                 return await self._after_stop(run)
             if isinstance(exc, asyncio.CancelledError):

@@ -27,7 +27,7 @@ class Stop(str, enum.Enum):
 
 
 class Run:
-    __slots__ = ("fence", "handler", "job", "kill_child", "lease", "limited",
+    __slots__ = ("error", "fence", "handler", "job", "kill_child", "lease", "limited",
                  "max_result_bytes", "payload_text", "stop_reason", "task", "timeout")
 
     def __init__(self, job: Job, lease_: Lease, handler: Handler) -> None:
@@ -36,6 +36,7 @@ class Run:
         self.handler = handler
         self.task: asyncio.Future[Any] | None = None
         self.stop_reason: Stop | None = None
+        self.error: BaseException | None = None  # what the handler raised (end hooks)
         self.timeout: asyncio.TimerHandle | None = None
         self.fence: asyncio.TimerHandle | None = None  # owned by the heartbeat
         self.kill_child: Any = None  # set while a child process runs the handler

@@ -1,0 +1,108 @@
+"""What an app runs around every job (issue #50): middleware and end hooks,
+for async, sync (thread) and process-pool handlers alike.
+
+::
+
+    @app.around
+    async def with_tenant(job: jobq.Job, call_next) -> Any:
+        token = tenant.set(job.payload.get("tenant"))   # a per-job context
+        try:
+            return await call_next()                      # the handler (or the next one)
+        finally:
+            tenant.reset(token)
+
+    @app.on_end
+    def report(end: jobq.RunEnd) -> None:                 # after every run
+        if end.error is not None and end.outcome == "error":
+            sentry_sdk.capture_exception(end.error)
+
+Middleware runs on the consumer's event loop, in registration order (the
+first is outermost), around the handler call: a sync handler's thread and a
+``--pool process`` child run inside it, and a context variable the
+middleware sets is seen in the thread (not in a child process). What it
+raises or returns is the handler's. End hooks get a :class:`RunEnd` once the
+run's outcome is written (ok, error, timeout, lost, child_died, ...); an end
+hook that raises is logged and never changes the job. Both may be async.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from jobq.job import Job
+
+log = logging.getLogger("jobq.consumer")
+
+Middleware = Callable[[Job, Callable[[], Awaitable[Any]]], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    """One run of a job, as it ended: ``outcome`` is the label of
+    ``jobq_handler_duration_seconds`` (ok, error, timeout, lost, child_died,
+    handed_on, shutdown); ``error`` what the handler raised, if it did
+    (also a jobq.Snooze, a suspension's jobq.errors.Suspended)."""
+
+    job: Job
+    outcome: str
+    duration_s: float
+    error: BaseException | None
+
+    @property
+    def id(self) -> Any:
+        return self.job.id
+
+    @property
+    def queue(self) -> str:
+        return self.job.queue
+
+    @property
+    def attempt(self) -> int:
+        return self.job.attempt
+
+
+class Hooks:
+    def __init__(self) -> None:
+        self.middleware: list[Middleware] = []
+        self.end_hooks: list[Callable[[RunEnd], Any]] = []
+
+    def around(self, fn: Middleware) -> Middleware:
+        """Register ``async def fn(job, call_next)`` around every run."""
+        if not inspect.iscoroutinefunction(fn):
+            raise TypeError("@app.around takes an async function (job, call_next)")
+        self.middleware.append(fn)
+        return fn
+
+    def on_end(self, fn: Callable[[RunEnd], Any]) -> Callable[[RunEnd], Any]:
+        """Register ``fn(end: RunEnd)`` (sync or async) after every run."""
+        self.end_hooks.append(fn)
+        return fn
+
+    async def call(self, job: Job, handler: Callable[[], Awaitable[Any]]) -> Any:
+        """The handler call inside every middleware, the first outermost."""
+        chain = handler
+        for mw in reversed(self.middleware):
+            chain = _link(mw, job, chain)
+        return await chain()
+
+    async def ended(self, end: RunEnd) -> None:
+        for fn in self.end_hooks:
+            try:
+                value = fn(end)
+                if inspect.isawaitable(value):
+                    await value
+            except Exception as exc:  # a hook's bug never changes the job
+                log.warning("on_end hook %s raised %r; the job is unaffected",
+                            getattr(fn, "__qualname__", fn), exc)
+
+
+def _link(mw: Middleware, job: Job, inner: Callable[[], Awaitable[Any]]
+          ) -> Callable[[], Awaitable[Any]]:
+    async def step() -> Any:
+        return await mw(job, inner)
+
+    return step
