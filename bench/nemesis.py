@@ -98,10 +98,24 @@ def producer(settings: Settings, stop: threading.Event, rng: random.Random,
                         relay = kind >= 0.475
                     elif kind < 0.7:
                         jobs = [NewJob("work", {"sleep": sleep}, delay_s=rng.uniform(0.5, 3))]
-                    elif kind < 0.8:
+                    elif kind < 0.74:
                         jobs = [NewJob("fair", {"sleep": sleep}, key=f"k{n % 3}")]
-                    elif kind < 0.9:
+                    elif kind < 0.78:
                         jobs = [NewJob("limited", {"sleep": sleep})]
+                    elif kind < 0.82:  # key policies (issue #51)
+                        jobs = [NewJob(rng.choice(("ordered", "newest", "single")),
+                                       {"sleep": sleep}, key=f"p{n % 2}")]
+                    elif kind < 0.9:  # suspension (issue #52): a sleep, or a signal wait
+                        if rng.random() < 0.5:
+                            jobs = [NewJob("waits", {"sleep_s": sleep})]
+                        else:
+                            (waiter,) = await client.publish_many(
+                                [NewJob("waits", {"signal": "go", "timeout_s": 3})])
+                            published.append(waiter)
+                            if rng.random() < 0.7:  # else its timeout wakes it
+                                await asyncio.sleep(rng.uniform(0, 0.5))
+                                await client.signal(waiter, "go", n)
+                            jobs = []
                     else:  # a parent, then a job that runs once it completed
                         (parent,) = await client.publish_many([NewJob("work", {"sleep": sleep})])
                         published.append(parent)
@@ -125,6 +139,9 @@ def run(seconds: float, seed: int, consumers: int, reapers: int,
             set_queue(db, q, lease_s=LEASE_S, max_stalls=1000, stall_cooldown_s=0.1)
         set_queue(db, "fair", max_running_per_key=2)
         set_queue(db, "limited", max_running=2)
+        set_queue(db, "ordered", key_policy="fifo")
+        set_queue(db, "newest", key_policy="latest")
+        set_queue(db, "single", key_policy="singleton")
         asyncio.run(_every_second(db_url))
         env = {k: v for k, v in os.environ.items() if not k.startswith("JOBQ_")}
         env.update({"JOBQ_DATABASE_URL": db_url, "JOBQ_AMQP_URL": amqp_url,
@@ -219,7 +236,8 @@ def _schedule(db: SyncDB, procs: Procs, host: netns.Host | None, db_url: str, am
 
 
 # chain: cancelled mid-run by design; big: deep payloads may fail with the reason
-QUEUES = ("work", "fair", "limited", "other", "prio", "chain", "big")
+QUEUES = ("work", "fair", "limited", "other", "prio", "chain", "big", "ordered", "newest",
+          "single", "waits")
 
 
 async def _every_second(db_url: str) -> None:
@@ -242,7 +260,8 @@ def _cut_consumer(procs: Procs, host: netns.Host, db_url: str, amqp_url: str) ->
 
 # What must be 0 for a run to pass (the rest is reported).
 FAILURES = ("lost", "not_in_db", "completed_by_non_owner", "completed_twice",
-            "dependants_started_early", "schedule_slots_twice")
+            "dependants_started_early", "schedule_slots_twice", "fifo_out_of_order",
+            "singleton_two_live", "superseded_completed", "waits_unfinished")
 
 
 def check(db: SyncDB, published: list[Any], last_fault: Any) -> dict[str, Any]:
@@ -250,7 +269,8 @@ def check(db: SyncDB, published: list[Any], last_fault: Any) -> dict[str, Any]:
         "jobs": db.val("SELECT count(*) FROM jobq.job"),
         "published_ids_returned": len(published),
         "lost": db.val("SELECT count(*) FROM jobq.job WHERE status <> 'completed' "
-                       "AND queue NOT IN ('chain', 'big')"),
+                       "AND queue NOT IN ('chain', 'big') AND NOT (status = 'cancelled' "
+                       "AND last_error LIKE 'superseded by job %')"),
         "not_in_db": db.val("SELECT count(*) FROM unnest($1::uuid[]) p(id) WHERE NOT EXISTS "
                             "(SELECT 1 FROM jobq.job j WHERE j.id = p.id)", published),
         "completed_by_non_owner": db.val(  # (big's handler records no run: hostile.py)
@@ -276,6 +296,34 @@ def check(db: SyncDB, published: list[Any], last_fault: Any) -> dict[str, Any]:
             "SELECT count(*) FROM (SELECT idempotency_key FROM jobq.job WHERE queue = 'prio' "
             "GROUP BY idempotency_key HAVING count(*) > 1) t"),
         "stalls_charged": db.val("SELECT coalesce(sum(stalls), 0) FROM jobq.job"),
+        # key policies (issue #51): a fifo job's run started before an earlier
+        # job of its key ended; a singleton job made while another of its key
+        # was live; a latest job completed though a newer one of its key was
+        # made before its completion
+        "fifo_out_of_order": db.val(
+            "SELECT count(*) FROM jobq.job a JOIN jobq.job b ON b.queue = a.queue "
+            "AND b.key = a.key AND b.seq > a.seq JOIN test_run r ON r.job_id = b.id "
+            "WHERE a.key_policy = 'fifo' AND (a.finished_at IS NULL "
+            "OR r.started_at < a.finished_at)"),
+        "singleton_two_live": db.val(
+            "SELECT count(*) FROM jobq.job a JOIN jobq.job b ON b.queue = a.queue "
+            "AND b.key = a.key AND b.id <> a.id AND b.created_at > a.created_at "
+            "WHERE a.key_policy = 'singleton' AND b.key_policy = 'singleton' "
+            "AND (a.finished_at IS NULL OR b.created_at < a.finished_at)"),
+        "superseded_completed": db.val(
+            "SELECT count(*) FROM jobq.job a WHERE a.key_policy = 'latest' "
+            "AND a.status = 'completed' AND EXISTS (SELECT 1 FROM jobq.job b "
+            "WHERE b.queue = a.queue AND b.key = a.key AND b.seq > a.seq "
+            "AND b.created_at < a.finished_at)"),
+        "superseded": db.val("SELECT count(*) FROM jobq.job WHERE last_error LIKE "
+                             "'superseded by job %'"),
+        # suspension (issue #52): every waiting job ended (a signal or its
+        # timeout), none woken into a second live run
+        "waits_unfinished": db.val("SELECT count(*) FROM jobq.job WHERE queue = 'waits' "
+                                   "AND status <> 'completed'"),
+        "suspended_runs": db.val("SELECT count(*) FROM test_run r JOIN jobq.job j "
+                                 "ON j.id = r.job_id WHERE j.queue = 'waits' "
+                                 "AND r.outcome = 'suspended'"),
         "terminal_after_last_fault_s": db.val(
             "SELECT round(extract(epoch FROM max(finished_at) - $1::timestamptz)::numeric, 2) "
             "FROM jobq.job", last_fault),

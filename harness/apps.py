@@ -174,6 +174,21 @@ async def typed(job: Job[Email]) -> None:
     await _work(Job(job.id, job.queue, {}, job.attempt, job.lock, job.worker_id))
 
 
+@app.handler("ordered")  # a fifo queue in bench/nemesis.py
+async def ordered(job: Job) -> None:
+    await _work(job)
+
+
+@app.handler("newest")  # a latest queue in bench/nemesis.py
+async def newest(job: Job) -> None:
+    await _work(job)
+
+
+@app.handler("single")  # a singleton queue in bench/nemesis.py
+async def single(job: Job) -> None:
+    await _work(job)
+
+
 @app.handler("waits")
 async def waits(job: Job) -> Any:
     """job.sleep and job.wait_for (issue #52): harness/waits.py."""

@@ -971,19 +971,40 @@ CREATE FUNCTION jobq.q_complete(uuid[], uuid[], jsonb[]) RETURNS TABLE(id uuid)
 BEGIN
 RETURN QUERY WITH done AS (
     UPDATE jobq.job j
-    SET status = 'completed',
+    SET status = CASE WHEN j.key_policy = 'latest' THEN
+                     CASE WHEN EXISTS (SELECT 1 FROM jobq.job n
+                                       WHERE n.queue = j.queue AND n.key = j.key
+                                         AND n.seq > j.seq)
+                          THEN 'cancelled' ELSE 'completed' END
+                     ELSE 'completed' END,
         lease_expires_at = NULL,
         finished_at = now(),
-        result = t.result
+        result = CASE WHEN j.key_policy = 'latest' THEN
+                     CASE WHEN EXISTS (SELECT 1 FROM jobq.job n
+                                       WHERE n.queue = j.queue AND n.key = j.key
+                                         AND n.seq > j.seq)
+                          THEN NULL ELSE t.result END
+                     ELSE t.result END,
+        last_error = CASE WHEN j.key_policy = 'latest' THEN
+                         coalesce((SELECT format('superseded by job %s (key policy latest)', n.id)
+                                   FROM jobq.job n
+                                   WHERE n.queue = j.queue AND n.key = j.key AND n.seq > j.seq
+                                   ORDER BY n.seq DESC LIMIT 1), j.last_error)
+                         ELSE j.last_error END
     FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) AS t(id, lock, result)
     WHERE j.id = ANY($1::uuid[])  -- an index lookup whatever the statistics (issue #49)
       AND j.id = t.id
       AND j.lock = t.lock
       AND j.status COLLATE "C" = 'active'
       AND j.lease_expires_at > now()
-    RETURNING j.id
+    RETURNING j.id, j.status, j.queue, j.worker_id, j.attempts, j.last_error
+), superseded AS (
+    INSERT INTO jobq.job_event (job_id, event, worker_id, attempt, detail)
+    SELECT d.id, 'superseded', d.worker_id, d.attempts, d.last_error
+    FROM done d JOIN jobq.queue q ON q.name = d.queue
+    WHERE d.status = 'cancelled' AND q.history
 )
-SELECT id FROM done;
+SELECT id FROM done WHERE status = 'completed';
 END
 $_$;
 

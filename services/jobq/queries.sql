@@ -654,22 +654,47 @@ WHERE j.id = ANY($1::uuid[])
 -- $3: each job's result (the handler's return value as JSON, NULL for
 -- None), stored by the same fenced statement: a zombie's never lands.
 -- No history row: a completed row never changes again, and jobq.history
--- shows its 'completed' from it (schema 0011).
+-- shows its 'completed' from it (schema 0011). A job of a latest queue
+-- whose key has a newer job by now is not completed but cancelled, its
+-- result dropped (schema 0027): no superseded completion is accepted, even
+-- one that lands before its renewal would have stopped it; its id is left
+-- out, so the worker takes it as lost. The subquery runs for those jobs only.
 WITH done AS (
     UPDATE jobq.job j
-    SET status = 'completed',
+    SET status = CASE WHEN j.key_policy = 'latest' THEN
+                     CASE WHEN EXISTS (SELECT 1 FROM jobq.job n
+                                       WHERE n.queue = j.queue AND n.key = j.key
+                                         AND n.seq > j.seq)
+                          THEN 'cancelled' ELSE 'completed' END
+                     ELSE 'completed' END,
         lease_expires_at = NULL,
         finished_at = now(),
-        result = t.result
+        result = CASE WHEN j.key_policy = 'latest' THEN
+                     CASE WHEN EXISTS (SELECT 1 FROM jobq.job n
+                                       WHERE n.queue = j.queue AND n.key = j.key
+                                         AND n.seq > j.seq)
+                          THEN NULL ELSE t.result END
+                     ELSE t.result END,
+        last_error = CASE WHEN j.key_policy = 'latest' THEN
+                         coalesce((SELECT format('superseded by job %s (key policy latest)', n.id)
+                                   FROM jobq.job n
+                                   WHERE n.queue = j.queue AND n.key = j.key AND n.seq > j.seq
+                                   ORDER BY n.seq DESC LIMIT 1), j.last_error)
+                         ELSE j.last_error END
     FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) AS t(id, lock, result)
     WHERE j.id = ANY($1::uuid[])  -- an index lookup whatever the statistics (issue #49)
       AND j.id = t.id
       AND j.lock = t.lock
       AND j.status COLLATE "C" = 'active'
       AND j.lease_expires_at > now()
-    RETURNING j.id
+    RETURNING j.id, j.status, j.queue, j.worker_id, j.attempts, j.last_error
+), superseded AS (
+    INSERT INTO jobq.job_event (job_id, event, worker_id, attempt, detail)
+    SELECT d.id, 'superseded', d.worker_id, d.attempts, d.last_error
+    FROM done d JOIN jobq.queue q ON q.name = d.queue
+    WHERE d.status = 'cancelled' AND q.history
 )
-SELECT id FROM done;
+SELECT id FROM done WHERE status = 'completed';
 
 -- name: finished_by
 -- grant: jobq_consumer
@@ -1673,11 +1698,16 @@ WITH gone AS (
     -- worker's batched complete, fail, renew and release: lease.in_lock_order;
     -- the claim): a worker whose session was cut is often alive and
     -- completing these very jobs (tests/integration/test_lock_order.py).
+    -- SKIP LOCKED: a row its worker writes right now is skipped, never waited
+    -- for. Its order is the plan's, and on a table the planner thinks tiny
+    -- (a fresh install) a completion scans it in physical order: waiting
+    -- deadlocked there (bench/nemesis.py seed 5201, twice). A skipped row is
+    -- being finished by its live worker, or lapses at its lease as usual.
     SELECT j.id
     FROM jobq.job j JOIN gone ON j.worker_id = gone.worker_id
     WHERE j.status = 'active'
     ORDER BY j.id
-    FOR NO KEY UPDATE OF j
+    FOR NO KEY UPDATE OF j SKIP LOCKED
 ), shortened AS (
     UPDATE jobq.job j
     SET lease_expires_at = least(j.lease_expires_at,

@@ -16,6 +16,7 @@ import asyncpg
 
 from jobq.newjob import NewJob
 from jobq.settings import Settings
+from jobq.sql import Q
 from tests.integration.test_consumer import World, _app_db, scenario  # noqa: F401
 
 
@@ -77,6 +78,28 @@ def test_latest_cancels_the_pending_and_stops_the_running_job_of_its_key(
         assert (await w.row(old))["status"] == "cancelled"
 
     scenario(settings, body, key_policy="latest")
+
+
+def test_a_latest_completion_landing_after_a_newer_publish_is_refused(
+        settings: Settings) -> None:
+    async def body(w: World) -> None:
+        # The completion statement itself, on a queue no consumer reads: a run
+        # that ends between the newer publish and its next renewal.
+        await w.pool.execute("INSERT INTO jobq.queue (name, key_policy) VALUES ('quiet', "
+                             "'latest')")
+        old = await w.pool.fetchval("SELECT jobq.enqueue('quiet', key => 'k')")
+        token = uuid.uuid4()
+        await w.pool.execute("UPDATE jobq.job SET status = 'active', lock = $2, attempts = 1, "
+                             "lease_expires_at = now() + interval '1 minute' WHERE id = $1",
+                             old, token)
+        new = await w.pool.fetchval("SELECT jobq.enqueue('quiet', key => 'k')")
+        done = await w.pool.fetch(Q["complete"], [old], [token], ['"late"'])
+        assert done == []  # not completed: the worker takes it as lost
+        row = await w.row(old)
+        assert row["status"] == "cancelled" and row["result"] is None, dict(row)
+        assert row["last_error"] == f"superseded by job {new} (key policy latest)"
+
+    scenario(settings, body)
 
 
 def test_singleton_returns_the_live_job_of_the_key_even_to_racing_producers(

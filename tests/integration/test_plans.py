@@ -161,7 +161,7 @@ def test_statements_by_id_use_the_primary_key(db_url: str, stats: str) -> None:
                   "key_lock_pkey", "key_hold_live_idx", "job_key_seq_idx"},
         # a job of a fifo or latest queue looks for its key's other jobs
         # (schema 0027); every other row is read by its id
-        "renew": {"job_key_seq_idx"},
+        "renew": {"job_key_seq_idx"}, "complete": {"job_key_seq_idx"},
         # a row claimed in place of a delivered id is found by its token among
         # this worker's active rows (rare: a claim retried after a lost reply)
         "claim_recover": {"job_active_idx"}})
@@ -214,7 +214,7 @@ def test_generic_plans_go_through_the_primary_key_whatever_the_statistics(
                   "key_lock_pkey", "key_hold_live_idx", "job_key_seq_idx"},
         # a job of a fifo or latest queue looks for its key's other jobs
         # (schema 0027); every other row is read by its id
-        "renew": {"job_key_seq_idx"},
+        "renew": {"job_key_seq_idx"}, "complete": {"job_key_seq_idx"},
         # a row claimed in place of a delivered id is found by its token among
         # this worker's active rows (rare: a claim retried after a lost reply)
         "claim_recover": {"job_active_idx"}})
