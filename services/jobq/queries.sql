@@ -2164,7 +2164,7 @@ LIMIT $1;
 SELECT id, queue, payload, status, worker_id, attempts, errors, stalls, suspect_stalls,
        snoozes, last_error, idempotency_key, run_at, created_at, started_at, finished_at,
        extract(epoch FROM lease_expires_at - now())::float8 AS lease_left_s, progress, result,
-       workflow_id, last_traceback
+       workflow_id, last_traceback, key, key_policy, wake_on, joining
 FROM jobq.job
 WHERE id = $1;
 

@@ -204,3 +204,17 @@ def test_lookup_box_and_drained_consumers_apart_from_vanished_ones(
     assert http(f"{dashboard}/find?id=nonsense")[0] == 404
     assert http(f"{dashboard}/job/00000000-0000-0000-0000-000000000000")[0] == 404
     page.close()
+
+
+def test_a_waiting_jobs_page_says_what_it_waits_for(
+        browser: Any, dashboard: str, db: SyncDB, procs: Procs, settings: Any) -> None:
+    bg(procs.consumer("--queue", "waits").worker_id)
+    procs.reaper()
+    (jid,) = bg(publish, settings, "waits", [{"signal": "approval"}])
+    bg(wait_until, lambda: db.val("SELECT wake_on FROM jobq.job WHERE id = $1", jid)
+       == "approval", 15, "the job parked for its signal")
+    page = browser.new_page()
+    page.goto(f"{dashboard}/job/{jid}")
+    assert page.locator("#wake_on td").inner_text().strip() == "approval"
+    assert page.locator("#joining").count() == 0
+    page.close()
