@@ -1,4 +1,4 @@
-"""An app with middleware and an end hook (issue #50, hooks.py), for the
+"""An app with middleware and an end hook (issue #50, handlers.py), for the
 hooks' tests: the middleware puts the payload's "tenant" in a context
 variable for the run; the end hook appends each run's end to the JSON-lines
 file JOBQ_TEST_HOOKLOG. Handlers return what they saw of the tenant."""

@@ -24,7 +24,7 @@ from jobq.errors import (
     Snooze,
     UnknownJob,
 )
-from jobq.hooks import RunEnd
+from jobq.handlers import RunEnd
 from jobq.job import Job, Status
 from jobq.newjob import NewJob
 from jobq.settings import Settings

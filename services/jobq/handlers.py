@@ -1,26 +1,126 @@
-"""Which handler runs which queue, and the schedules an app declares: all a
-consumer needs of an app (the worker imports this, never the clients).
+"""Which handler runs which queue, the schedules an app declares, and what
+runs around every run (middleware and end hooks): all a consumer needs of an
+app (the worker imports this, never the clients).
 
 ``jobq.App`` is a :class:`Handlers` that also opens the clients its typed
 tasks publish with (app.py).
+
+Around every run (issue #50): middleware and end hooks, for async, sync
+(thread) and process-pool handlers alike.
+
+::
+
+    @app.around
+    async def with_tenant(job: jobq.Job, call_next) -> Any:
+        token = tenant.set(job.payload.get("tenant"))   # a per-job context
+        try:
+            return await call_next()                      # the handler (or the next one)
+        finally:
+            tenant.reset(token)
+
+    @app.on_end
+    def report(end: jobq.RunEnd) -> None:                 # after every run
+        if end.error is not None and end.outcome == "error":
+            sentry_sdk.capture_exception(end.error)
+
+Middleware runs on the consumer's event loop, in registration order (the
+first is outermost), around the handler call: a sync handler's thread and a
+``--pool process`` child run inside it, and a context variable the
+middleware sets is seen in the thread (not in a child process). What it
+raises or returns is the handler's. End hooks get a :class:`RunEnd` once the
+run's outcome is written (ok, error, timeout, lost, child_died, ...); an end
+hook that raises is logged and never changes the job. Both may be async.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
 from jobq.errors import BadInput, ConfigError, InvalidQueue
-from jobq.hooks import Hooks, Middleware, RunEnd
+from jobq.job import Job
 from jobq.queues import check_queue_name
 from jobq.schedules import Schedule
 
 # A decorated function, returned as it was given (a Task stays a Task).
 F = TypeVar("F", bound=Callable[..., Any])
+
+log = logging.getLogger("jobq.consumer")
+
+Middleware = Callable[[Job, Callable[[], Awaitable[Any]]], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    """One run of a job, as it ended: ``outcome`` is the label of
+    ``jobq_handler_duration_seconds`` (ok, error, timeout, lost, child_died,
+    handed_on, shutdown); ``error`` what the handler raised, if it did
+    (also a jobq.Snooze, a suspension's jobq.errors.Suspended)."""
+
+    job: Job
+    outcome: str
+    duration_s: float
+    error: BaseException | None
+
+    @property
+    def id(self) -> Any:
+        return self.job.id
+
+    @property
+    def queue(self) -> str:
+        return self.job.queue
+
+    @property
+    def attempt(self) -> int:
+        return self.job.attempt
+
+
+class Hooks:
+    def __init__(self) -> None:
+        self.middleware: list[Middleware] = []
+        self.end_hooks: list[Callable[[RunEnd], Any]] = []
+
+    def around(self, fn: Middleware) -> Middleware:
+        """Register ``async def fn(job, call_next)`` around every run."""
+        if not inspect.iscoroutinefunction(fn):
+            raise TypeError("@app.around takes an async function (job, call_next)")
+        self.middleware.append(fn)
+        return fn
+
+    def on_end(self, fn: Callable[[RunEnd], Any]) -> Callable[[RunEnd], Any]:
+        """Register ``fn(end: RunEnd)`` (sync or async) after every run."""
+        self.end_hooks.append(fn)
+        return fn
+
+    async def call(self, job: Job, handler: Callable[[], Awaitable[Any]]) -> Any:
+        """The handler call inside every middleware, the first outermost."""
+        chain = handler
+        for mw in reversed(self.middleware):
+            chain = _link(mw, job, chain)
+        return await chain()
+
+    async def ended(self, end: RunEnd) -> None:
+        for fn in self.end_hooks:
+            try:
+                value = fn(end)
+                if inspect.isawaitable(value):
+                    await value
+            except Exception as exc:  # a hook's bug never changes the job
+                log.warning("on_end hook %s raised %r; the job is unaffected",
+                            getattr(fn, "__qualname__", fn), exc)
+
+
+def _link(mw: Middleware, job: Job, inner: Callable[[], Awaitable[Any]]
+          ) -> Callable[[], Awaitable[Any]]:
+    async def step() -> Any:
+        return await mw(job, inner)
+
+    return step
 
 
 @dataclass(frozen=True)
@@ -35,16 +135,16 @@ class Handlers:
     def __init__(self) -> None:
         self.handlers: dict[str, Handler] = {}
         self.schedules: dict[str, Schedule] = {}
-        self.hooks = Hooks()  # around every run (hooks.py)
+        self.hooks = Hooks()  # around every run
 
     def around(self, fn: Middleware) -> Middleware:
         """Middleware around every run: ``async def fn(job, call_next)``
-        (a per-job context, a database session, timing); hooks.py."""
+        (a per-job context, a database session, timing)."""
         return self.hooks.around(fn)
 
     def on_end(self, fn: Callable[[RunEnd], Any]) -> Callable[[RunEnd], Any]:
         """Call ``fn(end)`` after every run with its outcome, duration and
-        error (Sentry, metrics); hooks.py."""
+        error (Sentry, metrics)."""
         return self.hooks.on_end(fn)
 
     def schedule(self, name: str, queue: str, *, cron: str | None = None,

@@ -1,4 +1,4 @@
-"""Middleware and end hooks around every run (issue #50, hooks.py), in real
+"""Middleware and end hooks around every run (issue #50, handlers.py), in real
 consumer processes: the middleware's context is seen by async handlers and
 by sync handlers in threads, not in --pool process children (documented);
 the end hook gets every run's id, queue, attempt, outcome, duration and

@@ -32,8 +32,7 @@ import uuid
 from types import MappingProxyType
 from typing import Any
 
-from jobq.handlers import Handlers
-from jobq.hooks import RunEnd
+from jobq.handlers import Handlers, RunEnd
 from jobq.job import Job
 from jobq.lease import Lease
 from jobq.rows import Claim
