@@ -49,7 +49,7 @@ DECLARE
 BEGIN
     IF signal.name IS NULL OR octet_length(signal.name) NOT BETWEEN 1 AND 200 THEN
         RAISE EXCEPTION 'jobq: a signal name is 1 to 200 bytes, got %', quote_nullable(signal.name)
-            USING ERRCODE = '22023', HINT = 'the name the handler waits for (job.wait_for)';
+            USING ERRCODE = '22023', HINT = 'use the name the handler waits for: job.wait_for(name)';
     END IF;
     IF octet_length(coalesce(signal.payload, 'null'::jsonb)::text) > 1048576 THEN
         RAISE EXCEPTION 'jobq: a signal''s payload is at most 1 MB'

@@ -2058,7 +2058,7 @@ SELECT status FROM jobq.job WHERE id = $1;
 SELECT id, queue, payload, status, lock, worker_id, lease_expires_at, attempts, errors, stalls,
        last_error, idempotency_key, run_at, published_at, created_at, started_at,
        finished_at, progress, progress_at, result, priority, key, waiting_on, workflow_id,
-       snoozes, last_traceback
+       snoozes, key_policy, wake_on, joining, last_traceback
 FROM jobq.job
 WHERE id = $1;
 

@@ -18,6 +18,7 @@ from typing import Any
 import asyncpg
 
 from jobq.db import Database, execute, fetch, fetchrow, fetchval
+from jobq.db_errors import pg_message
 from jobq.errors import BadInput, UnknownJob
 from jobq.newjob import COLUMNS, NewJob, arrays
 from jobq.sql import Q
@@ -93,11 +94,11 @@ async def signal(db: Database, job_id: uuid.UUID, name: str, payload_json: str) 
     try:
         return bool(await fetchval(db, Q["signal"], job_id, name, payload_json))
     except asyncpg.exceptions.NoDataFoundError as exc:
-        raise UnknownJob(exc.args[0] if exc.args else f"no job {job_id}") from None
+        raise UnknownJob(pg_message(exc)) from None
     except (asyncpg.exceptions.ObjectNotInPrerequisiteStateError,
             asyncpg.exceptions.InvalidParameterValueError,
             asyncpg.exceptions.StringDataRightTruncationError) as exc:
-        raise BadInput(exc.args[0] if exc.args else str(exc)) from None
+        raise BadInput(pg_message(exc)) from None
 
 
 async def watch(db: Database, job_id: uuid.UUID) -> JobState | None:
