@@ -41,8 +41,20 @@ __all__ = ["QUEUE_NAME", "RESERVED_QUEUES", "App", "Handler", "check_queue_name"
 class App(Handlers):
     def __init__(self, settings: Settings | None = None) -> None:
         super().__init__()
-        self.settings = settings  # for the clients tasks open (None: Settings())
         self.clients = Clients(settings)
+
+    @property
+    def settings(self) -> Settings | None:
+        """The settings of the clients tasks open (None: Settings(), the
+        environment's). Set later, it applies to the clients opened after."""
+        return self.clients.settings
+
+    @settings.setter
+    def settings(self, value: Settings | None) -> None:
+        # Once a copy of its own, the clients kept the value given to
+        # __init__: a task then published into the environment's namespace
+        # while its consumer read the test's (test_tasks, seen under load).
+        self.clients.settings = value
 
     @overload
     def task(self, queue: str, *,
