@@ -215,6 +215,8 @@ def sync_handler(job: Job) -> None:
         f.write(f"start {job.attempt} {job.worker_id}\n")
     if (job.payload or {}).get("deep_key"):
         settings_lookup({})
+    for value in (job.payload or {}).get("progress", []):
+        job.progress_sync(value)  # from this thread (issue #50)
     deadline = time.monotonic() + float((job.payload or {}).get("sleep", 0))
     while time.monotonic() < deadline:
         time.sleep(0.05)  # a CPU- or IO-bound sync handler

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import uuid
 from dataclasses import dataclass, field
@@ -130,11 +131,22 @@ class Job(Generic[P]):
     async def progress(self, value: Any) -> None:
         """Report progress (a number or a small JSON object): stored on the
         job's row, fenced, at most once a second (the latest value wins);
-        shown in ``jobq.running`` and ``jobq inspect``. Async handlers only.
+        shown in ``jobq.running`` and ``jobq inspect``. Async handlers (sync ones:
+        ``progress_sync``).
         Raises :class:`LeaseLost` if the lease is gone."""
         if self._progress is None:
             raise RuntimeError("job.progress() works in async handlers run by a consumer")
         await self._progress.set(value)
+
+    def progress_sync(self, value: Any) -> None:
+        """``progress`` for sync handlers in the consumer's thread pool: the
+        write runs on the consumer's loop while this thread waits for it
+        (the same rate limit and fence; :class:`LeaseLost` if the lease is
+        gone). Not in a ``--pool process`` child (no link to the database)."""
+        if self._progress is None or self._link is None or not hasattr(self._link, "loop"):
+            raise RuntimeError("job.progress_sync() works in sync handlers run by a consumer's "
+                               "thread pool")
+        asyncio.run_coroutine_threadsafe(self._progress.set(value), self._link.loop).result()
 
     @property
     def stop_requested(self) -> threading.Event:

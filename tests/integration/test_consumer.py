@@ -251,3 +251,13 @@ def test_payload_reaches_the_handler_as_json(settings: Settings) -> None:
         assert json.loads(seen) == {"type": "dict", "payload": sent}  # what the handler got
 
     scenario(settings, body, ["work", "echo"])
+
+
+def test_a_sync_handler_reports_progress_from_its_thread(settings: Settings) -> None:
+    async def body(w: World) -> None:
+        (jid,) = await w.publish("sync", {"progress": [1, {"done": 2, "of": 3}]})
+        row = await w.wait_status(jid, "completed")
+        assert row["progress"] is not None  # the first write landed at once
+        assert json.loads(row["progress"]) in (1, {"done": 2, "of": 3})
+
+    scenario(settings, body)
