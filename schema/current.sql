@@ -969,7 +969,10 @@ CREATE FUNCTION jobq.q_complete(uuid[], uuid[], jsonb[]) RETURNS TABLE(id uuid)
     AS $_$
 #variable_conflict use_column
 BEGIN
-RETURN QUERY WITH done AS (
+RETURN QUERY WITH locked AS MATERIALIZED (  -- id order whatever the plan (see lock_order below)
+    SELECT j.id FROM jobq.job j WHERE j.id = ANY($1::uuid[]) ORDER BY j.id
+    FOR NO KEY UPDATE OF j
+), done AS (
     UPDATE jobq.job j
     SET status = CASE WHEN j.key_policy = 'latest' THEN
                      CASE WHEN EXISTS (SELECT 1 FROM jobq.job n
@@ -991,9 +994,9 @@ RETURN QUERY WITH done AS (
                                    WHERE n.queue = j.queue AND n.key = j.key AND n.seq > j.seq
                                    ORDER BY n.seq DESC LIMIT 1), j.last_error)
                          ELSE j.last_error END
-    FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) AS t(id, lock, result)
+    FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) AS t(id, lock, result), locked l
     WHERE j.id = ANY($1::uuid[])  -- an index lookup whatever the statistics (issue #49)
-      AND j.id = t.id
+      AND j.id = t.id AND j.id = l.id
       AND j.lock = t.lock
       AND j.status COLLATE "C" = 'active'
       AND j.lease_expires_at > now()
@@ -1072,7 +1075,10 @@ CREATE FUNCTION jobq.q_fail(uuid[], uuid[], text[], boolean[], double precision[
     AS $_$
 #variable_conflict use_column
 BEGIN
-RETURN QUERY WITH failing AS (
+RETURN QUERY WITH locked AS MATERIALIZED (  -- id order whatever the plan (see lock_order below)
+    SELECT j.id FROM jobq.job j WHERE j.id = ANY($1::uuid[]) ORDER BY j.id
+    FOR NO KEY UPDATE OF j
+), failing AS (
     SELECT j.id, t.lock, t.error, t.tb,
            t.retry AND j.errors + 1 < q.max_attempts AS again,
            now() + make_interval(secs => coalesce(t.delay_s,
@@ -1095,9 +1101,9 @@ RETURN QUERY WITH failing AS (
         published_at = NULL,
         suspect = false,  -- it ran and returned an error: it does not crash workers
         finished_at = CASE WHEN f.again THEN NULL ELSE now() END
-    FROM failing f, jobq.queue q
+    FROM failing f, jobq.queue q, locked l
     WHERE j.id = ANY($1::uuid[])
-      AND j.id = f.id
+      AND j.id = f.id AND j.id = l.id
       AND j.lock = f.lock
       AND j.status COLLATE "C" = 'active'
       AND j.lease_expires_at > now()
@@ -1373,7 +1379,10 @@ CREATE FUNCTION jobq.q_release(uuid[], uuid[], text, boolean) RETURNS TABLE(id u
     AS $_$
 #variable_conflict use_column
 BEGIN
-RETURN QUERY WITH released AS (
+RETURN QUERY WITH locked AS MATERIALIZED (  -- id order whatever the plan (see lock_order below)
+    SELECT j.id FROM jobq.job j WHERE j.id = ANY($1::uuid[]) ORDER BY j.id
+    FOR NO KEY UPDATE OF j
+), released AS (
     UPDATE jobq.job j
     SET status = 'queued',
         lease_expires_at = NULL,
@@ -1382,9 +1391,9 @@ RETURN QUERY WITH released AS (
         published_at = NULL,
         isolated = false,
         handoffs = j.handoffs + CASE WHEN $4 THEN 1 ELSE 0 END
-    FROM unnest($1::uuid[], $2::uuid[]) AS t(id, lock), jobq.queue q
+    FROM unnest($1::uuid[], $2::uuid[]) AS t(id, lock), jobq.queue q, locked l
     WHERE j.id = ANY($1::uuid[])
-      AND j.id = t.id
+      AND j.id = t.id AND j.id = l.id
       AND j.lock = t.lock
       AND j.status COLLATE "C" = 'active'
       AND j.lease_expires_at > now()

@@ -659,7 +659,14 @@ WHERE j.id = ANY($1::uuid[])
 -- result dropped (schema 0027): no superseded completion is accepted, even
 -- one that lands before its renewal would have stopped it; its id is left
 -- out, so the worker takes it as lost. The subquery runs for those jobs only.
-WITH done AS (
+-- Rows are locked in id order first (locked), whatever scan the update's
+-- plan takes: on a table the planner thought tiny it scanned in physical
+-- order and deadlocked with the reapers' id-ordered cut of a vanished
+-- worker's leases (bench/nemesis.py seed 5201; test_lock_order.py).
+WITH locked AS MATERIALIZED (  -- id order whatever the plan (see lock_order below)
+    SELECT j.id FROM jobq.job j WHERE j.id = ANY($1::uuid[]) ORDER BY j.id
+    FOR NO KEY UPDATE OF j
+), done AS (
     UPDATE jobq.job j
     SET status = CASE WHEN j.key_policy = 'latest' THEN
                      CASE WHEN EXISTS (SELECT 1 FROM jobq.job n
@@ -681,9 +688,9 @@ WITH done AS (
                                    WHERE n.queue = j.queue AND n.key = j.key AND n.seq > j.seq
                                    ORDER BY n.seq DESC LIMIT 1), j.last_error)
                          ELSE j.last_error END
-    FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) AS t(id, lock, result)
+    FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) AS t(id, lock, result), locked l
     WHERE j.id = ANY($1::uuid[])  -- an index lookup whatever the statistics (issue #49)
-      AND j.id = t.id
+      AND j.id = t.id AND j.id = l.id
       AND j.lock = t.lock
       AND j.status COLLATE "C" = 'active'
       AND j.lease_expires_at > now()
@@ -783,7 +790,11 @@ WHERE j.id = $1;
 -- relay_after = run_at). Backoff: backoff_base_s * 2^(errors so far).
 -- $6: the failures' tracebacks (schema 0025), kept in last_traceback.
 -- optional: $6
-WITH failing AS (
+-- Rows locked in id order first, as complete's.
+WITH locked AS MATERIALIZED (  -- id order whatever the plan (see lock_order below)
+    SELECT j.id FROM jobq.job j WHERE j.id = ANY($1::uuid[]) ORDER BY j.id
+    FOR NO KEY UPDATE OF j
+), failing AS (
     SELECT j.id, t.lock, t.error, t.tb,
            t.retry AND j.errors + 1 < q.max_attempts AS again,
            now() + make_interval(secs => coalesce(t.delay_s,
@@ -806,9 +817,9 @@ WITH failing AS (
         published_at = NULL,
         suspect = false,  -- it ran and returned an error: it does not crash workers
         finished_at = CASE WHEN f.again THEN NULL ELSE now() END
-    FROM failing f, jobq.queue q
+    FROM failing f, jobq.queue q, locked l
     WHERE j.id = ANY($1::uuid[])
-      AND j.id = f.id
+      AND j.id = f.id AND j.id = l.id
       AND j.lock = f.lock
       AND j.status COLLATE "C" = 'active'
       AND j.lease_expires_at > now()
@@ -989,8 +1000,11 @@ RETURNING s.payload::text;
 -- plan: generic
 -- Graceful shutdown (or a suspect handed on by a busy worker): give the job
 -- back at once, without counting a stall or an error. The releasing worker publishes the id itself; the relay is the
--- fallback (relay_after = now()).
-WITH released AS (
+-- fallback (relay_after = now()). Rows locked in id order first, as complete's.
+WITH locked AS MATERIALIZED (  -- id order whatever the plan (see lock_order below)
+    SELECT j.id FROM jobq.job j WHERE j.id = ANY($1::uuid[]) ORDER BY j.id
+    FOR NO KEY UPDATE OF j
+), released AS (
     UPDATE jobq.job j
     SET status = 'queued',
         lease_expires_at = NULL,
@@ -999,9 +1013,9 @@ WITH released AS (
         published_at = NULL,
         isolated = false,
         handoffs = j.handoffs + CASE WHEN $4 THEN 1 ELSE 0 END
-    FROM unnest($1::uuid[], $2::uuid[]) AS t(id, lock), jobq.queue q
+    FROM unnest($1::uuid[], $2::uuid[]) AS t(id, lock), jobq.queue q, locked l
     WHERE j.id = ANY($1::uuid[])
-      AND j.id = t.id
+      AND j.id = t.id AND j.id = l.id
       AND j.lock = t.lock
       AND j.status COLLATE "C" = 'active'
       AND j.lease_expires_at > now()
@@ -1698,16 +1712,11 @@ WITH gone AS (
     -- worker's batched complete, fail, renew and release: lease.in_lock_order;
     -- the claim): a worker whose session was cut is often alive and
     -- completing these very jobs (tests/integration/test_lock_order.py).
-    -- SKIP LOCKED: a row its worker writes right now is skipped, never waited
-    -- for. Its order is the plan's, and on a table the planner thinks tiny
-    -- (a fresh install) a completion scans it in physical order: waiting
-    -- deadlocked there (bench/nemesis.py seed 5201, twice). A skipped row is
-    -- being finished by its live worker, or lapses at its lease as usual.
     SELECT j.id
     FROM jobq.job j JOIN gone ON j.worker_id = gone.worker_id
     WHERE j.status = 'active'
     ORDER BY j.id
-    FOR NO KEY UPDATE OF j SKIP LOCKED
+    FOR NO KEY UPDATE OF j
 ), shortened AS (
     UPDATE jobq.job j
     SET lease_expires_at = least(j.lease_expires_at,

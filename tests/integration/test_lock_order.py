@@ -5,10 +5,7 @@ batched completion, which locks in id order (lease.in_lock_order).
 Found by bench/nemesis.py (seed 201, 10 minutes): PostgreSQL logged
 ``deadlock detected`` between ``q_complete`` and ``workers_vanished``. A
 worker whose registry session was terminated is alive and completes its jobs
-while a reaper cuts them; the cut locked them in scan order. Then (issue
-#52's nemesis, seed 5201) the completion itself scanned in physical order on
-a table the planner thought tiny, and deadlocked with the id-ordered cut: the
-cut now skips a row someone holds (SKIP LOCKED) instead of waiting."""
+while a reaper cuts them; the cut locked them in scan order."""
 
 from __future__ import annotations
 
@@ -19,7 +16,7 @@ import asyncpg
 
 from harness.helpers import with_pool
 from jobq import lease
-from jobq.sql import Q
+from jobq.sql import BODY, Q, statements
 
 LOW = uuid.UUID("00000000-0000-4000-8000-000000000001")
 HIGH = uuid.UUID("ffffffff-ffff-4fff-bfff-fffffffffffe")
@@ -38,7 +35,7 @@ async def _vanished_worker_with_two_jobs(pool: asyncpg.Pool) -> None:
             "gen_random_uuid(), 1, now() + interval '1 hour', now())", job_id)
 
 
-def test_a_cut_skips_a_row_its_worker_is_finishing_instead_of_waiting(db_url: str) -> None:
+def test_a_cut_waits_for_a_completion_in_id_order_instead_of_deadlocking(db_url: str) -> None:
     async def body(pool: asyncpg.Pool) -> None:
         await _vanished_worker_with_two_jobs(pool)
         worker = await asyncpg.connect(db_url)  # the live worker's completion, in two steps
@@ -46,19 +43,58 @@ def test_a_cut_skips_a_row_its_worker_is_finishing_instead_of_waiting(db_url: st
             tx = worker.transaction()
             await tx.start()
             await worker.execute("SELECT 1 FROM jobq.job WHERE id = $1 FOR UPDATE", LOW)
-            # The cut neither waits for LOW nor closes a cycle: it skips the row
-            # its worker is finishing (a completion may lock in the plan's
-            # order, not id order: bench/nemesis.py seed 5201 deadlocked) and
-            # cuts the other one, at once.
-            (gone,) = await asyncio.wait_for(lease.cut_vanished(pool), 5)
-            assert gone.worker_id == "w-cut" and gone.jobs == 1, gone
+            cut = asyncio.create_task(lease.cut_vanished(pool))
+            await asyncio.sleep(0.3)  # the cut is now waiting for a row lock
+            # The completion's second row. A cut that took HIGH before it
+            # waited for LOW now closes a cycle: PostgreSQL fails one of the
+            # two after deadlock_timeout.
             await worker.execute("UPDATE jobq.job SET status = 'completed', finished_at = now(), "
                                  "lease_expires_at = NULL WHERE id = ANY($1::uuid[])",
                                  [LOW, HIGH])
             await tx.commit()
-            assert await pool.fetchval("SELECT count(*) FROM jobq.job WHERE status = "
-                                       "'completed'") == 2
+            (gone,) = await asyncio.wait_for(cut, 10)
+            assert gone.worker_id == "w-cut" and gone.jobs == 0, gone  # both finished first
         finally:
+            await worker.close()
+
+    with_pool(db_url, body)
+
+
+def test_a_completion_locks_in_id_order_whatever_its_plan_scans(db_url: str) -> None:
+    """The two ``deadlock detected`` of bench/nemesis.py seed 5201: on a table
+    the planner thought tiny, the completion's update scanned it in physical
+    order (HIGH before LOW here) and took HIGH first, against the cut's id
+    order. With index scans off the plan is that one; the completion must
+    still wait on LOW before it touches HIGH."""
+    async def body(pool: asyncpg.Pool) -> None:
+        await _vanished_worker_with_two_jobs(pool)
+        tokens = {r["id"]: r["lock"] for r in await pool.fetch("SELECT id, lock FROM jobq.job")}
+        holder = await asyncpg.connect(db_url)
+        worker = await asyncpg.connect(db_url)
+        try:
+            await worker.execute("SET enable_indexscan = off; SET enable_bitmapscan = off")
+            tx = holder.transaction()
+            await tx.start()
+            await holder.execute("SELECT 1 FROM jobq.job WHERE id = $1 FOR UPDATE", LOW)
+            pid = await worker.fetchval("SELECT pg_backend_pid()")
+            done = asyncio.create_task(worker.fetch(
+                statements(BODY["complete"])[-1], [LOW, HIGH], [tokens[LOW], tokens[HIGH]],
+                [None, None]))
+            for _ in range(500):  # until the completion waits for a row lock
+                if await pool.fetchval("SELECT wait_event_type = 'Lock' FROM pg_stat_activity "
+                                       "WHERE pid = $1", pid):
+                    break
+                await asyncio.sleep(0.01)
+            else:
+                raise AssertionError("the completion never waited for LOW")
+            # It waits for LOW and holds nothing after it: HIGH is free.
+            async with pool.acquire() as other, other.transaction():
+                assert await other.fetchval(
+                    "SELECT 1 FROM jobq.job WHERE id = $1 FOR UPDATE NOWAIT", HIGH) == 1
+            await tx.commit()
+            assert len(await asyncio.wait_for(done, 10)) == 2
+        finally:
+            await holder.close()
             await worker.close()
 
     with_pool(db_url, body)
