@@ -1652,7 +1652,7 @@ $_$;
 -- Name: q_suspend(uuid, uuid, double precision, text, text, uuid[]); Type: FUNCTION; Schema: jobq; Owner: -
 --
 
-CREATE FUNCTION jobq.q_suspend(uuid, uuid, double precision, text, text, uuid[] DEFAULT NULL::uuid[]) RETURNS TABLE(id uuid, status text, attempts integer, run_at timestamp with time zone)
+CREATE FUNCTION jobq.q_suspend(uuid, uuid, double precision, text, text, uuid[]) RETURNS TABLE(id uuid, status text, attempts integer, run_at timestamp with time zone)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET plan_cache_mode TO 'force_custom_plan'

@@ -903,7 +903,6 @@ FROM snoozed;
 -- (schema 0029): all ended already, due now; otherwise the wake duty.
 -- Never relay_after 'infinity' (that is a parked job). Fenced by the lease
 -- like every worker write.
--- optional: $6
 WITH mine AS (
     SELECT j.id,
            $4::text IS NOT NULL AND EXISTS (
