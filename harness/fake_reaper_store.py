@@ -10,7 +10,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from jobq.rows import DueSlot, Lapsed, Overdue, Probe, Settled, Vanished
+from jobq.rows import Backlog, DueSlot, Lapsed, Overdue, Probe, Settled, Vanished
 
 
 class FakeReaperStore:
@@ -100,6 +100,10 @@ class FakeReaperStore:
 
     async def prune_workers(self) -> None:
         self._enter("prune_workers")
+
+    async def backlog(self, timeout_s: float) -> list[Backlog]:
+        self._enter("backlog")
+        return []
 
     async def record_sweep(self, reaper_id: str, sweeps: int, failing: str | None) -> Overdue:
         self._enter("record_sweep")

@@ -2218,6 +2218,32 @@ CREATE TABLE jobq.job (
 WITH (fillfactor='80');
 
 --
+-- Name: backlog; Type: VIEW; Schema: jobq; Owner: -
+--
+
+CREATE VIEW jobq.backlog AS
+ SELECT q.name AS queue,
+    count(s.id) FILTER (WHERE (s.state = 'ready'::text)) AS ready,
+    count(s.id) FILTER (WHERE (s.state = 'delayed'::text)) AS delayed,
+    count(s.id) FILTER (WHERE (s.state = 'waiting'::text)) AS waiting,
+    count(s.id) FILTER (WHERE (s.state = 'parked'::text)) AS parked,
+    count(s.id) FILTER (WHERE (s.state = 'suspended'::text)) AS suspended,
+    (COALESCE(EXTRACT(epoch FROM (now() - min(s.run_at) FILTER (WHERE (s.state = 'ready'::text)))), (0)::numeric))::double precision AS oldest_ready_s
+   FROM (jobq.queue q
+     LEFT JOIN LATERAL ( SELECT j.id,
+            j.run_at,
+                CASE
+                    WHEN (j.waiting_on > 0) THEN 'waiting'::text
+                    WHEN (j.relay_after = 'infinity'::timestamp with time zone) THEN 'parked'::text
+                    WHEN (((j.wake_on IS NOT NULL) OR (j.joining IS NOT NULL)) AND (j.run_at > now())) THEN 'suspended'::text
+                    WHEN (j.run_at > now()) THEN 'delayed'::text
+                    ELSE 'ready'::text
+                END AS state
+           FROM jobq.job j
+          WHERE ((j.status = 'queued'::text) AND (j.queue = q.name))) s ON (true))
+  GROUP BY q.name;
+
+--
 -- Name: failed; Type: VIEW; Schema: jobq; Owner: -
 --
 
@@ -2464,19 +2490,26 @@ CREATE TABLE jobq.queue_limits (
 
 CREATE VIEW jobq.queue_stats AS
  SELECT q.name AS queue,
-    count(j.id) FILTER (WHERE ((j.status = 'queued'::text) AND (j.run_at <= now()))) AS queued,
-    count(j.id) FILTER (WHERE ((j.status = 'queued'::text) AND (j.run_at > now()))) AS delayed,
+    COALESCE(b.ready, (0)::bigint) AS queued,
+    COALESCE(b.delayed, (0)::bigint) AS delayed,
     count(j.id) FILTER (WHERE ((j.status = 'active'::text) AND (j.lease_expires_at >= now()))) AS running,
     count(j.id) FILTER (WHERE ((j.status = 'active'::text) AND (j.lease_expires_at < now()))) AS stalled,
     count(j.id) FILTER (WHERE (j.status = 'completed'::text)) AS completed,
     count(j.id) FILTER (WHERE (j.status = 'failed'::text)) AS failed,
     count(j.id) FILTER (WHERE (j.status = 'cancelled'::text)) AS cancelled,
-    max((now() - j.run_at)) FILTER (WHERE ((j.status = 'queued'::text) AND (j.run_at <= now()))) AS oldest_queued_age,
+        CASE
+            WHEN (COALESCE(b.ready, (0)::bigint) > 0) THEN make_interval(secs => b.oldest_ready_s)
+            ELSE NULL::interval
+        END AS oldest_queued_age,
     count(j.id) FILTER (WHERE ((j.status = 'completed'::text) AND (j.finished_at > (now() - '00:01:00'::interval)))) AS completed_last_minute,
-    q.paused
-   FROM (jobq.queue q
-     LEFT JOIN jobq.job j ON ((j.queue = q.name)))
-  GROUP BY q.name, q.paused;
+    q.paused,
+    COALESCE(b.waiting, (0)::bigint) AS waiting,
+    COALESCE(b.parked, (0)::bigint) AS parked,
+    COALESCE(b.suspended, (0)::bigint) AS suspended
+   FROM ((jobq.queue q
+     LEFT JOIN jobq.backlog b ON ((b.queue = q.name)))
+     LEFT JOIN jobq.job j ON (((j.queue = q.name) AND (j.status <> 'queued'::text))))
+  GROUP BY q.name, q.paused, b.ready, b.delayed, b.oldest_ready_s, b.waiting, b.parked, b.suspended;
 
 --
 -- Name: reaper_status; Type: VIEW; Schema: jobq; Owner: -
@@ -3494,6 +3527,13 @@ GRANT UPDATE(wake_on) ON TABLE jobq.job TO jobq_reaper;
 --
 
 GRANT UPDATE(joining) ON TABLE jobq.job TO jobq_reaper;
+
+--
+-- Name: TABLE backlog; Type: ACL; Schema: jobq; Owner: -
+--
+
+GRANT SELECT ON TABLE jobq.backlog TO jobq_reader;
+GRANT SELECT ON TABLE jobq.backlog TO jobq_reaper;
 
 --
 -- Name: TABLE failed; Type: ACL; Schema: jobq; Owner: -

@@ -45,10 +45,10 @@
 --   claim and run: claim, claim_plain, claim_recover, claim_misses, renew
 --   run and finish: complete, finished_by, progress, parents, step_get, step_record, signal,
 --       watch, fail, snooze, suspend, spawn, join_results, signal_get, release
---   reap: requeue_lapsed, isolate, child_died, quarantine, lost_candidates, lost_horizon,
---       unpublish_lost, unpark, unpark_freed, wake_signalled, settle_dependants, schedules_due,
---       schedule_fire, schedule_set, schedule_upsert, schedule_skip, db_now, schedule_list,
---       schedule_delete, sweep_probe
+--   reap: requeue_lapsed, isolate, child_died, quarantine, lost_candidates,
+--       local_statement_timeout, backlog, lost_horizon, unpublish_lost, unpark, unpark_freed,
+--       wake_signalled, settle_dependants, schedules_due, schedule_fire, schedule_set,
+--       schedule_upsert, schedule_skip, db_now, schedule_list, schedule_delete, sweep_probe
 --   workers: worker_busy, worker_lock, client_check_interval, worker_register, worker_gone,
 --       worker_pool, workers_vanished, workers_prune, lease_lost_event
 --   operator verbs: cancel, retry_failed, cancel_queue_batch, retry_queue_batch,
@@ -1231,6 +1231,19 @@ CROSS JOIN LATERAL (
     ORDER BY j.run_at
     LIMIT 1) waiting;
 
+-- name: local_statement_timeout
+-- For the rest of the caller's transaction only ($1: milliseconds, as text).
+SELECT set_config('statement_timeout', $1::text, true);
+
+-- name: backlog
+-- The reapers' backlog gauges (jobq_queue_depth{queue,state},
+-- jobq_queue_oldest_wait_seconds): queued rows only (schema 0030), at most
+-- once per backlog_every_s, under a statement timeout so a huge backlog
+-- costs a missed sample, never a sweep.
+SELECT queue, ready, delayed, waiting, parked, suspended, oldest_ready_s
+FROM jobq.backlog
+ORDER BY queue;
+
 -- name: lost_horizon
 -- Before which moment a waiting row of queue $1 has lost its message
 -- (unpublish_lost): $2 s before a horizon. With the broker queue empty ($3)
@@ -2053,8 +2066,8 @@ RETURNING auto_create, max_queues, (SELECT count(*) FROM jobq.queue) AS queues;
 -- ───────────────────────────── inspect ─────────────────────────────
 
 -- name: stats
-SELECT queue, queued, delayed, running, stalled, completed, failed, cancelled,
-       extract(epoch FROM oldest_queued_age)::float8 AS oldest_queued_s,
+SELECT queue, queued, delayed, waiting, parked, suspended, running, stalled, completed,
+       failed, cancelled, extract(epoch FROM oldest_queued_age)::float8 AS oldest_queued_s,
        completed_last_minute AS done_1m, paused
 FROM jobq.queue_stats
 ORDER BY queue;
@@ -2119,22 +2132,22 @@ SELECT count(*) FROM cancelled;
 
 -- name: dash_queues
 -- Counts per queue, stalled right now included (a lease that lapsed, not
--- yet reaped), in one round trip.
+-- yet reaped), in one round trip; what is queued by state from
+-- jobq.backlog (schema 0030: "queued" is what could start now).
 SELECT q.name AS queue,
-       (SELECT count(*) FROM jobq.job j WHERE j.queue = q.name AND j.status = 'queued'
-          AND j.run_at <= now()) AS queued,
-       (SELECT count(*) FROM jobq.job j WHERE j.queue = q.name AND j.status = 'queued'
-          AND j.run_at > now()) AS delayed,
+       coalesce(b.ready, 0) AS queued, coalesce(b.delayed, 0) AS delayed,
+       coalesce(b.waiting, 0) AS waiting, coalesce(b.parked, 0) AS parked,
+       coalesce(b.suspended, 0) AS suspended,
        (SELECT count(*) FROM jobq.job j WHERE j.queue = q.name AND j.status = 'active'
           AND j.lease_expires_at >= now()) AS running,
        (SELECT count(*) FROM jobq.job j WHERE j.queue = q.name AND j.status = 'active'
           AND j.lease_expires_at < now()) AS stalled,
        (SELECT count(*) FROM jobq.job j WHERE j.queue = q.name AND j.status = 'failed')
           AS failed,
-       (SELECT extract(epoch FROM now() - min(j.run_at))::float8 FROM jobq.job j
-         WHERE j.queue = q.name AND j.status = 'queued' AND j.run_at <= now()) AS oldest_wait_s,
+       CASE WHEN b.ready > 0 THEN b.oldest_ready_s END AS oldest_wait_s,
        q.max_running, q.rate_per_s, q.max_running_per_key, q.rate_per_s_per_key, q.paused
 FROM jobq.queue q
+LEFT JOIN jobq.backlog b ON b.queue = q.name
 ORDER BY q.name;
 
 -- name: dash_throughput

@@ -151,6 +151,22 @@ class Vanished:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Backlog:
+    """One queue's queued jobs by state and its oldest ready job's wait
+    (jobq.backlog, schema 0030)."""
+
+    queue: str
+    ready: int
+    delayed: int
+    waiting: int
+    parked: int
+    suspended: int
+    oldest_ready_s: float
+
+    STATES = ("ready", "delayed", "waiting", "parked", "suspended")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Overdue:
     """Leases past their deadline that no reaper has moved yet (reaper_swept)."""
 

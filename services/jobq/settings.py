@@ -101,6 +101,11 @@ class ReaperSettings(BaseModel):
     prune_every_s: float = Field(default=60.0, ge=0)
     prune_batch: int = Field(default=500, ge=1, le=100_000)
     prune_max_batches: int = Field(default=20, ge=1)
+    # Backlog gauges (jobq_queue_depth, jobq_queue_oldest_wait_seconds): a
+    # sample of jobq.backlog every backlog_every_s (0: off), given up after
+    # backlog_timeout_s (the statement reads every queued row).
+    backlog_every_s: float = Field(default=15.0, ge=0)
+    backlog_timeout_s: float = Field(default=2.0, gt=0, le=60)
     # Dependants (jobs published `after` others): a sweep settles at most
     # settle_budget edges, in at most settle_rounds rounds (a chain one level
     # a round), in one transaction; the probe brings the reaper straight back

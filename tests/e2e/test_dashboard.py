@@ -87,7 +87,7 @@ def test_stalled_jobs_show_before_any_reaper_and_the_timeline_says_why(
     page = browser.new_page(viewport={"width": 1280, "height": 640})
     page.goto(dashboard + "/")
     row = page.locator('tr[data-queue="work"]')
-    expect(row.locator("td").nth(3)).to_have_text("3", timeout=15000)  # running
+    expect(row.locator("td").nth(4)).to_have_text("3", timeout=15000)  # running
     a.signal(signal.SIGKILL)  # no reaper yet: the leases lapse and nobody requeues them
     expect(row.locator("td.stalled")).to_have_text("3", timeout=15000)
     expect(page.locator("#stalled-warning")).to_contain_text("3 job(s) stalled right now")

@@ -133,8 +133,8 @@ def test_queue_settings_stats_and_inspect(env: dict[str, str], db: SyncDB) -> No
 
     jid = run_cli(env, "publish", "emails", '{"a": 1}').stdout.strip()
     stats = run_cli(env, "stats").stdout.splitlines()
-    assert stats[0].split()[:6] == ["queue", "queued", "delayed", "running", "stalled",
-                                    "completed"]
+    assert stats[0].split()[:9] == ["queue", "queued", "delayed", "waiting", "parked",
+                                    "suspended", "running", "stalled", "completed"]
     assert stats[1].split()[:3] == ["emails", "1", "0"]
     shown = run_cli(env, "inspect", jid)
     assert shown.returncode == 0 and "queued" in shown.stdout and jid in shown.stdout

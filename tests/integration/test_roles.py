@@ -40,6 +40,7 @@ TABLE_RIGHTS = {
     ("jobq_consumer", "job_trace", "SELECT"),
     ("jobq_reaper", "job_signal", "SELECT"),  # its wake duty (0028)
     ("jobq_reaper", "job_signal", "UPDATE"),
+    ("jobq_reaper", "backlog", "SELECT"),  # its backlog gauges (0030)
 }
 FUNCTION_RIGHTS = {("jobq_producer", "enqueue"), ("jobq_producer", "enqueue_many"),
                    ("jobq_reaper", "enqueue"), ("jobq_reaper", "rate_tokens"),
@@ -167,7 +168,7 @@ def test_the_reader_reads_everything_and_writes_nothing(db: SyncDB, logins: Any)
     url = logins.url("reader", db.url)
     jid = db.val("SELECT jobq.enqueue('q', '{\"a\": 1}')")
     assert _as(url, "SELECT payload FROM jobq.job WHERE id = $1", jid)
-    for view in ("queue_stats", "stalled", "running", "failed", "history", "workers",
+    for view in ("queue_stats", "backlog", "stalled", "running", "failed", "history", "workers",
                  "reaper_status", "overdue"):
         _as(url, f"SELECT * FROM jobq.{view} LIMIT 1")
     _denied(url, "UPDATE jobq.job SET status = 'failed' WHERE id = $1", jid)

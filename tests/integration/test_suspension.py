@@ -68,6 +68,9 @@ def test_a_signal_wakes_the_waiting_job_once_and_its_payload_is_returned(
         (jid,) = await w.publish("waits", {"signal": "approve"})
         row = await _suspended(w, jid)
         assert row["wake_on"] == "approve" and row["lease_expires_at"] is None
+        backlog = await w.pool.fetchrow("SELECT * FROM jobq.backlog WHERE queue = 'waits'")
+        assert backlog is not None
+        assert (backlog["suspended"], backlog["ready"]) == (1, 0), dict(backlog)  # issue #50
         assert await w.client.signal(jid, "approve", {"by": "ana"}) is True
         assert await w.client.signal(jid, "approve", {"by": "bob"}) is False  # first kept
         done = await w.wait_status(jid, "completed")

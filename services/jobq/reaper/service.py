@@ -13,9 +13,10 @@ relay time or schedule slot comes; the sweep runs only those, then the loop
 sleeps until then (or a NOTIFY from ``jobq.enqueue``), at most
 ``max_sleep_s``; with nothing going on, up to ``idle_sleep_s`` (``wakes.py``
 says why that is safe). On their own clocks: the lost-message check
-(``lost.py``) and retention (``retention.py``). Idle, the probe, the sweep
-record and the lost-message check are all a reaper sends
-(bench/idle_cost.py). Errors are logged and the loop goes on. Any number of
+(``lost.py``), retention (``retention.py``) and the backlog gauges
+(``backlog.py``, one statement each 15 s). Idle, the probe, the sweep
+record, the lost-message check and the backlog sample are all a reaper
+sends (bench/idle_cost.py). Errors are logged and the loop goes on. Any number of
 reapers may run; they are symmetric peers. Limits: a reaper frozen inside
 the relay transaction holds its rows until PostgreSQL's
 ``idle_in_transaction_session_timeout`` ends its session (5 s).
@@ -35,6 +36,7 @@ import asyncpg
 from jobq.amqp.broker import Broker
 from jobq.db import open_pool
 from jobq.errors import UnavailableError
+from jobq.reaper.backlog import BacklogGauges
 from jobq.reaper.duties import DUTIES, Duty, Sweep
 from jobq.reaper.lost import republish_lost
 from jobq.reaper.retention import prune_expired as prune_finished
@@ -68,6 +70,7 @@ class Reaper:
         self._stop = asyncio.Event()
         self._wakes = Wakes(settings.session_url, self.cfg)
         self._next_workers_prune = 0.0  # workers gone for a day: check_lost deletes them
+        self.backlog = BacklogGauges()
         self.sweeps = 0
         self.last_sweep_at: float | None = None
         self.failures = 0  # sweeps failed in a row
@@ -214,6 +217,7 @@ class Reaper:
         backoff = Backoff(0.5, 5.0)
         next_lost_check = time.monotonic() + self.cfg.lost_check_s
         next_prune = time.monotonic() + min(self.cfg.prune_every_s, 5.0)
+        next_backlog = time.monotonic()  # the gauges exist from the first sweep on
         while not self._stop.is_set():
             self._wakes.before_probe()
             await self._wakes.listen()
@@ -224,6 +228,9 @@ class Reaper:
                 if self.cfg.prune_every_s and time.monotonic() >= next_prune:
                     next_prune = time.monotonic() + self.cfg.prune_every_s
                     await self.prune_expired()
+                if self.cfg.backlog_every_s and time.monotonic() >= next_backlog:
+                    next_backlog = time.monotonic() + self.cfg.backlog_every_s
+                    await self.backlog.sample(self._store, self.cfg.backlog_timeout_s)
                 probe = await self.probe()
                 sweep = await self.run_once(probe)
                 if sweep.requeued or sweep.failed or sweep.published:

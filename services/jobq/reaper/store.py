@@ -21,7 +21,7 @@ import asyncpg
 from jobq import lease
 from jobq.amqp.broker import Broker
 from jobq.db import execute, fetch, fetchrow, fetchval, transaction, translated
-from jobq.rows import DueSlot, Lapsed, Overdue, Probe, Settled, Vanished, of
+from jobq.rows import Backlog, DueSlot, Lapsed, Overdue, Probe, Settled, Vanished, of
 from jobq.runtime import crash
 from jobq.sql import Q
 
@@ -66,6 +66,9 @@ class ReaperStore(Protocol):
     async def prune_keys(self) -> None: ...
 
     async def prune_workers(self) -> None: ...
+
+    async def backlog(self, timeout_s: float) -> list[Backlog]:
+        """Queued jobs per queue and state; gives up after ``timeout_s``."""
 
     async def record_sweep(self, reaper_id: str, sweeps: int, failing: str | None) -> Overdue:
         """Monitor the monitor: this reaper's last sweep (jobq.reaper_status)."""
@@ -172,6 +175,14 @@ class PgReaperStore:
     async def prune_workers(self) -> None:
         with translated():
             await execute(self.pool, Q["workers_prune"])
+
+    async def backlog(self, timeout_s: float) -> list[Backlog]:
+        # A local setting: the timeout ends with the transaction, the pooled
+        # connection keeps its own.
+        with translated():
+            async with transaction(self.pool) as conn:
+                await execute(conn, Q["local_statement_timeout"], str(int(timeout_s * 1000)))
+                return [of(Backlog, r) for r in await fetch(conn, Q["backlog"])]
 
     async def record_sweep(self, reaper_id: str, sweeps: int, failing: str | None) -> Overdue:
         with translated():

@@ -5,6 +5,9 @@
 Monitor the monitor: ``jobq_reaper_last_sweep_timestamp_seconds``,
 ``jobq_leases_overdue`` (due but not reaped) and
 ``jobq_oldest_overdue_lease_seconds`` turn a stopped reaper into an alert.
+Backlog: ``jobq_queue_depth{queue,state}`` and
+``jobq_queue_oldest_wait_seconds{queue}``; the rules that use them are in
+``deploy/prometheus/jobq-alerts.yaml``.
 """
 
 from __future__ import annotations
@@ -72,6 +75,18 @@ OVERDUE = Gauge("jobq_leases_overdue", "Active jobs whose lease lapsed and that 
                 "requeued yet (all queues).", registry=REGISTRY)
 OLDEST_OVERDUE = Gauge("jobq_oldest_overdue_lease_seconds", "How long ago the oldest "
                        "unreaped lease lapsed.", registry=REGISTRY)
+
+# Backlog (issue #50): every reaper samples jobq.backlog each backlog_every_s
+# and exports the same figures, so alert on max by (queue, state), not sum.
+QUEUE_DEPTH = Gauge("jobq_queue_depth", "Queued jobs per queue by state: ready (could start "
+                    "now), delayed, waiting (for parent jobs), parked (held by limits), "
+                    "suspended (waiting for a signal or children).", ["queue", "state"],
+                    registry=REGISTRY)
+OLDEST_WAIT = Gauge("jobq_queue_oldest_wait_seconds", "How long the oldest ready job of the "
+                    "queue has been due and not started (0: none).", ["queue"],
+                    registry=REGISTRY)
+BACKLOG_SAMPLED = Gauge("jobq_backlog_sampled_timestamp_seconds", "Unix time of this reaper's "
+                        "last backlog sample.", registry=REGISTRY)
 
 
 def exposition() -> bytes:

@@ -14,10 +14,12 @@ from jobq.telemetry.logs import printable
 def register(sub: Any) -> None:
     st = sub.add_parser("stats",
                         help="jobs per queue and state (stalled = lease lapsed, not reaped)",
-                        description="Per queue: queued, delayed, running, stalled (active with a "
+                        description="Per queue: queued (due and free to start), delayed, "
+                        "waiting (for parent jobs), parked (held by the queue's limits), suspended "
+                        "(waiting for a signal or children), running, stalled (active with a "
                         "lapsed lease that no reaper requeued yet: marked (!)), completed, failed, "
-                        "cancelled, the oldest wait, completions in the last minute, and whether "
-                        "it is paused. The same as SELECT * FROM jobq.queue_stats.")
+                        "cancelled, the oldest queued job's wait, completions in the last minute, "
+                        "and whether it is paused. The same as SELECT * FROM jobq.queue_stats.")
     st.set_defaults(run=stats)
     ins = sub.add_parser("inspect", help="show one job row and its history, or a workflow",
                          description="The job's row and its history, oldest first: who "
