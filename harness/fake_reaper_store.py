@@ -75,6 +75,10 @@ class FakeReaperStore:
         self._enter("wake_signalled")
         return self.woken
 
+    async def expire_due(self, limit: int) -> int:
+        self._enter("expire_due")
+        return 0
+
     async def settle(self, budget: int, rounds: int) -> Settled:
         self._enter("settle")
         return self.settled

@@ -139,7 +139,7 @@ class FakeStore:
 
     async def claim_misses(self, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Miss]:
         self._enter("claim_misses", list(ids))
-        return {i: Miss(i, r.queue, r.status, r.run_at > now(), False)
+        return {i: Miss(i, r.queue, r.status, r.run_at > now(), False, False)
                 for i in ids if (r := self.rows.get(i)) is not None}
 
     async def quarantine(self, job_id: uuid.UUID, lock: uuid.UUID) -> bool:

@@ -215,12 +215,18 @@ def run_cli(env: dict[str, str], *args: str, timeout: float = 30,
 
 def publish(settings: Any, queue: str, payloads: list[Any]) -> list[Any]:
     """Publish jobs through the Python client; returns their ids."""
-    from jobq.client.producer import Client
     from jobq.newjob import NewJob
+
+    return publish_jobs(settings, [NewJob(queue, p) for p in payloads])
+
+
+def publish_jobs(settings: Any, jobs: list[Any]) -> list[Any]:
+    """Publish NewJobs (with their options) through the Python client; their ids."""
+    from jobq.client.producer import Client
 
     async def go() -> list[Any]:
         async with Client(settings) as client:
-            return await client.publish_many([NewJob(queue, p) for p in payloads])
+            return await client.publish_many(jobs)
 
     return asyncio.run(go())
 

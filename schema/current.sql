@@ -243,10 +243,10 @@ BEGIN
 END $$;
 
 --
--- Name: enqueue(text, jsonb, double precision, text, double precision, integer, text, double precision, uuid[], uuid); Type: FUNCTION; Schema: jobq; Owner: -
+-- Name: enqueue(text, jsonb, double precision, text, double precision, integer, text, double precision, uuid[], uuid, double precision); Type: FUNCTION; Schema: jobq; Owner: -
 --
 
-CREATE FUNCTION jobq.enqueue(queue text, payload jsonb DEFAULT '{}'::jsonb, delay_s double precision DEFAULT 0, idempotency_key text DEFAULT NULL::text, relay_grace_s double precision DEFAULT 0, priority integer DEFAULT 0, key text DEFAULT NULL::text, debounce_s double precision DEFAULT 0, after uuid[] DEFAULT NULL::uuid[], workflow_id uuid DEFAULT NULL::uuid) RETURNS uuid
+CREATE FUNCTION jobq.enqueue(queue text, payload jsonb DEFAULT '{}'::jsonb, delay_s double precision DEFAULT 0, idempotency_key text DEFAULT NULL::text, relay_grace_s double precision DEFAULT 0, priority integer DEFAULT 0, key text DEFAULT NULL::text, debounce_s double precision DEFAULT 0, after uuid[] DEFAULT NULL::uuid[], workflow_id uuid DEFAULT NULL::uuid, expires_in_s double precision DEFAULT NULL::double precision) RETURNS uuid
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET plan_cache_mode TO 'force_custom_plan'
@@ -301,6 +301,21 @@ BEGIN
     IF debounce > 0 AND (enqueue.key IS NULL OR enqueue.idempotency_key IS NOT NULL) THEN
         RAISE EXCEPTION 'jobq: debounce_s needs a key (what the jobs collapse on) and no idempotency key'
             USING ERRCODE = '22023', HINT = 'pass key => ''...''';
+    END IF;
+    IF enqueue.expires_in_s IS NOT NULL AND NOT (enqueue.expires_in_s > 0
+                                                 AND enqueue.expires_in_s < 31536000) THEN
+        RAISE EXCEPTION 'jobq: expires_in_s must be a positive number of seconds under a year, got %',
+            enqueue.expires_in_s USING ERRCODE = '22023',
+            HINT = 'the time from now within which the job must start, in seconds';
+    END IF;
+    IF enqueue.expires_in_s IS NOT NULL AND enqueue.expires_in_s <= delay THEN
+        RAISE EXCEPTION 'jobq: expires_in_s (%) is not after delay_s (%): the job could never start',
+            enqueue.expires_in_s, delay USING ERRCODE = '22023',
+            HINT = 'expires_in_s counts from now, as delay_s does';
+    END IF;
+    IF enqueue.expires_in_s IS NOT NULL AND debounce > 0 THEN
+        RAISE EXCEPTION 'jobq: a debounced job takes no expires_in_s'
+            USING ERRCODE = '22023', HINT = 'drop debounce_s or expires_in_s';
     END IF;
     IF cardinality(parents) > 1000 THEN
         RAISE EXCEPTION 'jobq: a job may wait for at most 1000 jobs, got %', cardinality(parents)
@@ -415,7 +430,7 @@ BEGIN
     END IF;
     INSERT INTO jobq.job AS j (queue, payload, idempotency_key, run_at, relay_after, enqueued_by,
                                priority, key, waiting_on, workflow_id, status, finished_at,
-                               last_error, debounced, key_policy, seq)
+                               last_error, debounced, key_policy, seq, expires_at)
     VALUES (enqueue.queue, doc, enqueue.idempotency_key,
             now() + make_interval(secs => delay),
             -- A delayed job is published by the relay when due; otherwise the
@@ -431,7 +446,8 @@ BEGIN
             CASE WHEN dead_parent IS NULL THEN NULL
                  ELSE format('cancelled: job %s it waits for was %s', dead_parent, dead_status) END,
             debounce > 0, policy,
-            CASE WHEN policy IN ('fifo', 'latest') THEN nextval('jobq.job_seq') END)
+            CASE WHEN policy IN ('fifo', 'latest') THEN nextval('jobq.job_seq') END,
+            now() + make_interval(secs => enqueue.expires_in_s))
     -- No target: the idempotency key's index, or job_singleton_idx (another
     -- publisher's live job of the key; this waits for its commit).
     ON CONFLICT DO NOTHING
@@ -690,6 +706,8 @@ RETURN QUERY WITH candidate AS (
       AND j.run_at <= now()
       AND j.queue = ANY($3::text[])
       AND j.waiting_on = 0  -- a job waiting for others is released by their ends
+      AND (j.expires_at IS NULL OR j.expires_at > now()  -- past its deadline unstarted:
+           OR j.started_at IS NOT NULL)                   -- the reapers cancel it (0031)
     ORDER BY j.id
     FOR UPDATE OF j
 ), claimed AS (
@@ -750,6 +768,7 @@ RETURN QUERY WITH better AS (  -- waiting jobs of a priority above 0: an empty i
         FROM jobq.job x
         WHERE x.queue = q.name AND x.status COLLATE "C" = 'queued' AND x.priority > 0
           AND x.run_at <= now() AND x.relay_after < 'infinity'
+          AND (x.expires_at IS NULL OR x.expires_at > now() OR x.started_at IS NOT NULL)
           AND x.id <> ALL ($1::uuid[])
           AND (x.key IS NULL
                OR (q.max_running_per_key IS NULL AND q.rate_per_s_per_key IS NULL))
@@ -783,6 +802,8 @@ RETURN QUERY WITH better AS (  -- waiting jobs of a priority above 0: an empty i
       AND j.run_at <= now()
       AND j.queue = ANY($3::text[])
       AND j.waiting_on = 0  -- a job waiting for others is released by their ends
+      AND (j.expires_at IS NULL OR j.expires_at > now()  -- past its deadline unstarted:
+           OR j.started_at IS NOT NULL)                   -- the reapers cancel it (0031)
     ORDER BY j.id
     FOR UPDATE OF j
 ), allowance AS (  -- jobq.allowance and jobq.rate_tokens: schema 0010, 0013
@@ -919,7 +940,7 @@ $_$;
 -- Name: q_claim_misses(uuid[]); Type: FUNCTION; Schema: jobq; Owner: -
 --
 
-CREATE FUNCTION jobq.q_claim_misses(uuid[]) RETURNS TABLE(id uuid, queue text, status text, not_due boolean, parked boolean, waiting boolean)
+CREATE FUNCTION jobq.q_claim_misses(uuid[]) RETURNS TABLE(id uuid, queue text, status text, not_due boolean, parked boolean, waiting boolean, expired boolean)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET plan_cache_mode TO 'force_custom_plan'
@@ -927,7 +948,8 @@ CREATE FUNCTION jobq.q_claim_misses(uuid[]) RETURNS TABLE(id uuid, queue text, s
 #variable_conflict use_column
 BEGIN
 RETURN QUERY SELECT id, queue, status, run_at > now() AS not_due,
-       relay_after = 'infinity' AND waiting_on = 0 AS parked, waiting_on > 0 AS waiting
+       relay_after = 'infinity' AND waiting_on = 0 AS parked, waiting_on > 0 AS waiting,
+       coalesce(expires_at <= now() AND started_at IS NULL, false) AS expired
 FROM jobq.job
 WHERE id = ANY($1::uuid[]);
 END
@@ -1012,10 +1034,10 @@ END
 $_$;
 
 --
--- Name: q_enqueue_linked(text, jsonb, double precision, text, integer, text, double precision, double precision, uuid[], uuid, jsonb); Type: FUNCTION; Schema: jobq; Owner: -
+-- Name: q_enqueue_linked(text, jsonb, double precision, text, integer, text, double precision, double precision, uuid[], uuid, jsonb, double precision); Type: FUNCTION; Schema: jobq; Owner: -
 --
 
-CREATE FUNCTION jobq.q_enqueue_linked(text, jsonb, double precision, text, integer, text, double precision, double precision, uuid[], uuid, jsonb) RETURNS TABLE(id uuid)
+CREATE FUNCTION jobq.q_enqueue_linked(text, jsonb, double precision, text, integer, text, double precision, double precision, uuid[], uuid, jsonb, double precision) RETURNS TABLE(id uuid)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET plan_cache_mode TO 'force_custom_plan'
@@ -1026,7 +1048,8 @@ RETURN QUERY WITH made AS (  -- the options named in the order of newjob.COLUMNS
     SELECT jobq.enqueue(queue => $1::text, payload => $2::jsonb, delay_s => $3::float8,
                         idempotency_key => $4::text, priority => $5::int, key => $6::text,
                         debounce_s => $7::float8, relay_grace_s => $8::float8,
-                        after => $9::uuid[], workflow_id => $10::uuid) AS id
+                        after => $9::uuid[], workflow_id => $10::uuid,
+                        expires_in_s => $12::float8) AS id
 ), stored AS (
     INSERT INTO jobq.job_trace (job_id, carrier)
     SELECT made.id, $11::jsonb FROM made WHERE $11::text IS NOT NULL
@@ -2211,6 +2234,7 @@ CREATE TABLE jobq.job (
     seq bigint,
     wake_on text,
     joining uuid[],
+    expires_at timestamp with time zone,
     CONSTRAINT job_key_policy_check CHECK ((key_policy = ANY (ARRAY['fifo'::text, 'latest'::text, 'singleton'::text]))),
     CONSTRAINT job_last_traceback_size CHECK ((octet_length(last_traceback) <= 16384)),
     CONSTRAINT job_status_check CHECK ((status = ANY (ARRAY['queued'::text, 'active'::text, 'completed'::text, 'failed'::text, 'cancelled'::text])))
@@ -2862,6 +2886,12 @@ CREATE INDEX job_ended_parent_idx ON jobq.job USING btree (finished_at) WHERE (h
 CREATE INDEX job_event_job_idx ON jobq.job_event USING btree (job_id, n);
 
 --
+-- Name: job_expiring_idx; Type: INDEX; Schema: jobq; Owner: -
+--
+
+CREATE INDEX job_expiring_idx ON jobq.job USING btree (expires_at) WHERE ((status = 'queued'::text) AND (expires_at IS NOT NULL) AND (started_at IS NULL));
+
+--
 -- Name: job_failed_idx; Type: INDEX; Schema: jobq; Owner: -
 --
 
@@ -3120,12 +3150,12 @@ REVOKE ALL ON FUNCTION jobq.check_queues_truncated() FROM PUBLIC;
 REVOKE ALL ON FUNCTION jobq.claim_or_fail(p_job uuid, p_worker text, p_queues text[], p_token uuid) FROM PUBLIC;
 
 --
--- Name: FUNCTION enqueue(queue text, payload jsonb, delay_s double precision, idempotency_key text, relay_grace_s double precision, priority integer, key text, debounce_s double precision, after uuid[], workflow_id uuid); Type: ACL; Schema: jobq; Owner: -
+-- Name: FUNCTION enqueue(queue text, payload jsonb, delay_s double precision, idempotency_key text, relay_grace_s double precision, priority integer, key text, debounce_s double precision, after uuid[], workflow_id uuid, expires_in_s double precision); Type: ACL; Schema: jobq; Owner: -
 --
 
-REVOKE ALL ON FUNCTION jobq.enqueue(queue text, payload jsonb, delay_s double precision, idempotency_key text, relay_grace_s double precision, priority integer, key text, debounce_s double precision, after uuid[], workflow_id uuid) FROM PUBLIC;
-GRANT ALL ON FUNCTION jobq.enqueue(queue text, payload jsonb, delay_s double precision, idempotency_key text, relay_grace_s double precision, priority integer, key text, debounce_s double precision, after uuid[], workflow_id uuid) TO jobq_producer;
-GRANT ALL ON FUNCTION jobq.enqueue(queue text, payload jsonb, delay_s double precision, idempotency_key text, relay_grace_s double precision, priority integer, key text, debounce_s double precision, after uuid[], workflow_id uuid) TO jobq_reaper;
+REVOKE ALL ON FUNCTION jobq.enqueue(queue text, payload jsonb, delay_s double precision, idempotency_key text, relay_grace_s double precision, priority integer, key text, debounce_s double precision, after uuid[], workflow_id uuid, expires_in_s double precision) FROM PUBLIC;
+GRANT ALL ON FUNCTION jobq.enqueue(queue text, payload jsonb, delay_s double precision, idempotency_key text, relay_grace_s double precision, priority integer, key text, debounce_s double precision, after uuid[], workflow_id uuid, expires_in_s double precision) TO jobq_producer;
+GRANT ALL ON FUNCTION jobq.enqueue(queue text, payload jsonb, delay_s double precision, idempotency_key text, relay_grace_s double precision, priority integer, key text, debounce_s double precision, after uuid[], workflow_id uuid, expires_in_s double precision) TO jobq_reaper;
 
 --
 -- Name: FUNCTION enqueue_many(queues text[], payloads jsonb[], delays_s double precision[], idempotency_keys text[], relay_grace_s double precision, priorities integer[], keys text[], debounces_s double precision[]); Type: ACL; Schema: jobq; Owner: -
@@ -3196,11 +3226,11 @@ REVOKE ALL ON FUNCTION jobq.q_complete(uuid[], uuid[], jsonb[]) FROM PUBLIC;
 GRANT ALL ON FUNCTION jobq.q_complete(uuid[], uuid[], jsonb[]) TO jobq_consumer;
 
 --
--- Name: FUNCTION q_enqueue_linked(text, jsonb, double precision, text, integer, text, double precision, double precision, uuid[], uuid, jsonb); Type: ACL; Schema: jobq; Owner: -
+-- Name: FUNCTION q_enqueue_linked(text, jsonb, double precision, text, integer, text, double precision, double precision, uuid[], uuid, jsonb, double precision); Type: ACL; Schema: jobq; Owner: -
 --
 
-REVOKE ALL ON FUNCTION jobq.q_enqueue_linked(text, jsonb, double precision, text, integer, text, double precision, double precision, uuid[], uuid, jsonb) FROM PUBLIC;
-GRANT ALL ON FUNCTION jobq.q_enqueue_linked(text, jsonb, double precision, text, integer, text, double precision, double precision, uuid[], uuid, jsonb) TO jobq_producer;
+REVOKE ALL ON FUNCTION jobq.q_enqueue_linked(text, jsonb, double precision, text, integer, text, double precision, double precision, uuid[], uuid, jsonb, double precision) FROM PUBLIC;
+GRANT ALL ON FUNCTION jobq.q_enqueue_linked(text, jsonb, double precision, text, integer, text, double precision, double precision, uuid[], uuid, jsonb, double precision) TO jobq_producer;
 
 --
 -- Name: FUNCTION q_enqueue_many_traced(text[], jsonb[], double precision[], text[], integer[], text[], double precision[], double precision, text[]); Type: ACL; Schema: jobq; Owner: -

@@ -41,7 +41,9 @@ class JobOptions(TypedDict, total=False):
     rates and fairness); ``debounce_s`` with a key: jobs of the queue and key
     published within that time run once, with the last payload, that long
     after the last publish; ``after``: job ids it runs after, once each
-    completed (cancelled, with the reason, if one failed)."""
+    completed (cancelled, with the reason, if one failed); ``expires_in_s``:
+    not started within that many seconds of the publish, the job is
+    cancelled with reason ``expired`` and never runs."""
 
     delay_s: float
     idempotency_key: str | None
@@ -49,6 +51,7 @@ class JobOptions(TypedDict, total=False):
     key: str | None
     debounce_s: float
     after: Iterable[uuid.UUID]
+    expires_in_s: float | None
 
 
 OPTIONS = frozenset(JobOptions.__annotations__)
@@ -67,6 +70,7 @@ class NewJob:
     key: str | None = None
     debounce_s: float = 0.0
     after: Sequence[uuid.UUID] = field(default=())
+    expires_in_s: float | None = None
     workflow_id: uuid.UUID | None = None
 
     def __post_init__(self) -> None:
@@ -80,8 +84,9 @@ class NewJob:
 
     @property
     def linked(self) -> bool:
-        """Enqueued one by one through jobq.enqueue (workflow.py), not in a batch."""
-        return bool(self.after) or self.workflow_id is not None
+        """Enqueued one by one through jobq.enqueue (workflow.py), not in a
+        batch: jobq.enqueue_many takes no after, workflow or deadline."""
+        return bool(self.after) or self.workflow_id is not None or self.expires_in_s is not None
 
     def options(self) -> JobOptions:
         """Its options that differ from the defaults (a workflow step keeps them)."""
@@ -135,7 +140,8 @@ def validate(job: NewJob) -> str:
 
 
 def check_flow(job: NewJob) -> None:
-    """priority, key, debounce_s and after are what jobq.enqueue accepts."""
+    """priority, key, debounce_s, after and expires_in_s are what jobq.enqueue
+    accepts."""
     p = job.priority
     if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p <= 9:
         raise InvalidPayload(f"priority must be a whole number 0 to 9 (higher first), got {p!r}")
@@ -153,6 +159,16 @@ def check_flow(job: NewJob) -> None:
                              f"got {len(job.after)}")
     if not all(isinstance(a, uuid.UUID) for a in job.after):
         raise InvalidPayload("after takes job ids (uuid.UUID), as publish returns them")
+    e = job.expires_in_s
+    if e is not None and (isinstance(e, bool) or not isinstance(e, int | float)
+                          or not 0 < e < MAX_DELAY_S):
+        raise InvalidPayload(f"expires_in_s must be a positive number of seconds under a "
+                             f"year, got {e!r}")
+    if e is not None and e <= max(job.delay_s, 0):
+        raise InvalidPayload(f"expires_in_s ({e}) is not after delay_s ({job.delay_s}): the "
+                             "job could never start; both count from the publish")
+    if e is not None and d > 0:
+        raise InvalidPayload("a debounced job takes no expires_in_s")
     if d > 0 and (k is None or job.idempotency_key is not None):
         raise InvalidPayload("debounce_s needs a key (what the jobs collapse on) and no "
                              "idempotency key")

@@ -48,7 +48,8 @@
 --   reap: requeue_lapsed, isolate, child_died, quarantine, lost_candidates,
 --       local_statement_timeout, backlog, lost_horizon, unpublish_lost, unpark, unpark_freed,
 --       wake_signalled, settle_dependants, schedules_due, schedule_fire, schedule_set,
---       schedule_upsert, schedule_skip, db_now, schedule_list, schedule_delete, sweep_probe
+--       schedule_upsert, schedule_skip, db_now, schedule_list, schedule_delete, expire_due,
+--       sweep_probe
 --   workers: worker_busy, worker_lock, client_check_interval, worker_register, worker_gone,
 --       worker_pool, workers_vanished, workers_prune, lease_lost_event
 --   operator verbs: cancel, retry_failed, cancel_queue_batch, retry_queue_batch,
@@ -117,11 +118,13 @@ SELECT carrier::text FROM jobq.job_trace WHERE job_id = $1;
 -- jobq.enqueue with every option; workflow.py runs a batch of these in one
 -- transaction, parents before the jobs that wait for them. The publisher's
 -- trace context ($11: JSON or NULL) is stored beside it, as enqueue_many_traced does.
+-- A job with a deadline ($12: expires_in_s, schema 0031) comes this way too.
 WITH made AS (  -- the options named in the order of newjob.COLUMNS, one value each
     SELECT jobq.enqueue(queue => $1::text, payload => $2::jsonb, delay_s => $3::float8,
                         idempotency_key => $4::text, priority => $5::int, key => $6::text,
                         debounce_s => $7::float8, relay_grace_s => $8::float8,
-                        after => $9::uuid[], workflow_id => $10::uuid) AS id
+                        after => $9::uuid[], workflow_id => $10::uuid,
+                        expires_in_s => $12::float8) AS id
 ), stored AS (
     INSERT INTO jobq.job_trace (job_id, carrier)
     SELECT made.id, $11::jsonb FROM made WHERE $11::text IS NOT NULL
@@ -339,6 +342,7 @@ WITH better AS (  -- waiting jobs of a priority above 0: an empty index when non
         FROM jobq.job x
         WHERE x.queue = q.name AND x.status COLLATE "C" = 'queued' AND x.priority > 0
           AND x.run_at <= now() AND x.relay_after < 'infinity'
+          AND (x.expires_at IS NULL OR x.expires_at > now() OR x.started_at IS NOT NULL)
           AND x.id <> ALL ($1::uuid[])
           AND (x.key IS NULL
                OR (q.max_running_per_key IS NULL AND q.rate_per_s_per_key IS NULL))
@@ -372,6 +376,8 @@ WITH better AS (  -- waiting jobs of a priority above 0: an empty index when non
       AND j.run_at <= now()
       AND j.queue = ANY($3::text[])
       AND j.waiting_on = 0  -- a job waiting for others is released by their ends
+      AND (j.expires_at IS NULL OR j.expires_at > now()  -- past its deadline unstarted:
+           OR j.started_at IS NOT NULL)                   -- the reapers cancel it (0031)
     ORDER BY j.id
     FOR UPDATE OF j
 ), allowance AS (  -- jobq.allowance and jobq.rate_tokens: schema 0010, 0013
@@ -533,6 +539,8 @@ WITH candidate AS (
       AND j.run_at <= now()
       AND j.queue = ANY($3::text[])
       AND j.waiting_on = 0  -- a job waiting for others is released by their ends
+      AND (j.expires_at IS NULL OR j.expires_at > now()  -- past its deadline unstarted:
+           OR j.started_at IS NOT NULL)                   -- the reapers cancel it (0031)
     ORDER BY j.id
     FOR UPDATE OF j
 ), claimed AS (
@@ -579,7 +587,8 @@ WHERE j.status = 'active' AND j.worker_id = $3 AND j.lease_expires_at > now();
 -- grant: jobq_consumer
 -- Why ids could not be claimed: for the log line and counters only.
 SELECT id, queue, status, run_at > now() AS not_due,
-       relay_after = 'infinity' AND waiting_on = 0 AS parked, waiting_on > 0 AS waiting
+       relay_after = 'infinity' AND waiting_on = 0 AS parked, waiting_on > 0 AS waiting,
+       coalesce(expires_at <= now() AND started_at IS NULL, false) AS expired
 FROM jobq.job
 WHERE id = ANY($1::uuid[]);
 
@@ -1597,10 +1606,38 @@ ORDER BY name;
 -- name: schedule_delete
 DELETE FROM jobq.schedule WHERE name = $1 RETURNING name;
 
+-- name: expire_due
+-- Deadlines (schema 0031): up to $1 unstarted queued jobs past their
+-- expires_at cancelled with reason "expired", in id order like every
+-- multi-row write; a row another transaction holds is skipped (SKIP LOCKED:
+-- the reaper never waits on a producer's or operator's lock, I11) and taken
+-- by the next sweep. Dependants are cancelled by the dependants duty after
+-- it, with the reason. How many.
+WITH doomed AS (
+    SELECT id FROM jobq.job
+    WHERE status = 'queued' AND expires_at IS NOT NULL AND started_at IS NULL
+      AND expires_at <= now()
+    ORDER BY id
+    LIMIT $1
+    FOR NO KEY UPDATE SKIP LOCKED
+), expired AS (
+    UPDATE jobq.job j
+    SET status = 'cancelled', finished_at = now(), lease_expires_at = NULL,
+        last_error = format('expired: not started by its deadline %s', j.expires_at)
+    FROM doomed d, jobq.queue q
+    WHERE j.id = d.id AND q.name = j.queue
+      AND j.status = 'queued' AND j.started_at IS NULL AND j.expires_at <= now()
+    RETURNING j.id, j.attempts, j.last_error, q.history
+), logged AS (
+    INSERT INTO jobq.job_event (job_id, event, attempt, detail)
+    SELECT id, 'cancelled', attempts, last_error FROM expired WHERE history
+)
+SELECT count(*) FROM expired;
+
 -- name: sweep_probe
 -- Reaper, before each sweep (issue #37): which duties have anything to do,
 -- and the seconds until the earliest lease deadline, relay time or schedule
--- slot (NULL: none pending). Index probes only, one statement: what an idle
+-- slot or job deadline (NULL: none pending). Index probes only, one statement: what an idle
 -- fleet costs the database. Each flag is the condition of its duty's own
 -- statement (workers_vanished and requeue_lapsed, unpark, relay_take,
 -- schedules_due), so a duty skipped had nothing to do when this ran; what
@@ -1632,12 +1669,17 @@ SELECT EXISTS (SELECT 1 FROM jobq.job WHERE status = 'active') AS active,
            OR EXISTS (SELECT 1 FROM jobq.job
                       WHERE has_dependants
                         AND status IN ('completed', 'failed', 'cancelled')) AS dependants,
+       EXISTS (SELECT 1 FROM jobq.job  -- job_expiring_idx (schema 0031)
+               WHERE status = 'queued' AND expires_at IS NOT NULL AND started_at IS NULL
+                 AND expires_at <= now()) AS expiring,
        extract(epoch FROM least(
            (SELECT min(lease_expires_at) FROM jobq.job WHERE status = 'active'),
            (SELECT min(relay_after) FROM jobq.job
              WHERE status = 'queued' AND published_at IS NULL
                AND relay_after < 'infinity'),  -- parked by a limit: unpark decides
-           (SELECT min(next_run_at) FROM jobq.schedule WHERE enabled)
+           (SELECT min(next_run_at) FROM jobq.schedule WHERE enabled),
+           (SELECT min(expires_at) FROM jobq.job
+             WHERE status = 'queued' AND expires_at IS NOT NULL AND started_at IS NULL)
        ) - now())::float8 AS seconds,
        (SELECT min(lease_s) FROM jobq.queue)::float8 AS min_lease_s;
 
@@ -2079,7 +2121,7 @@ SELECT status FROM jobq.job WHERE id = $1;
 SELECT id, queue, payload, status, lock, worker_id, lease_expires_at, attempts, errors, stalls,
        last_error, idempotency_key, run_at, published_at, created_at, started_at,
        finished_at, progress, progress_at, result, priority, key, waiting_on, workflow_id,
-       snoozes, key_policy, wake_on, joining, last_traceback
+       snoozes, key_policy, wake_on, joining, expires_at, last_traceback
 FROM jobq.job
 WHERE id = $1;
 

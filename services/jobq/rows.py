@@ -101,6 +101,7 @@ class Miss:
     status: str
     not_due: bool
     parked: bool
+    expired: bool  # unstarted past its deadline (schema 0031): the reapers cancel it
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -188,6 +189,7 @@ class Probe:
     min_lease_s: float | None = None  # the shortest queue lease (None: no queue)
     dependants: bool = False  # new edges, or ended jobs with dependants to settle
     signals: bool = False  # signals no wake or read saw yet (issue #52)
+    expiring: bool = False  # unstarted jobs past their deadline (schema 0031)
 
     @property
     def idle(self) -> bool:

@@ -7,27 +7,17 @@ timestamps."""
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import signal
 from typing import Any
 
 import pytest
 
-from harness.helpers import Procs, SyncDB, set_queue, wait_until
-from jobq.client.producer import Client
+from harness.helpers import Procs, SyncDB, publish_jobs, set_queue, wait_until
 from jobq.newjob import NewJob
 from jobq.settings import Settings
 
 pytestmark = pytest.mark.e2e
-
-
-def _publish(settings: Settings, jobs: list[NewJob]) -> list[Any]:
-    async def go() -> list[Any]:
-        async with Client(settings) as client:
-            return await client.publish_many(jobs)
-
-    return asyncio.run(go())
 
 
 def _kill_holder(db: SyncDB, procs: list[Any], jid: Any) -> None:
@@ -47,7 +37,7 @@ def test_a_killed_fifo_head_runs_again_before_its_successors(
     consumers = [procs.consumer("--queue", "fair", "--concurrency", "4") for _ in range(2)]
     for c in consumers:
         c.worker_id()
-    ids = _publish(settings, [NewJob("fair", {"sleep": 1.0 if i == 0 else 0.05}, key="k")
+    ids = publish_jobs(settings, [NewJob("fair", {"sleep": 1.0 if i == 0 else 0.05}, key="k")
                               for i in range(4)])
     _kill_holder(db, consumers, ids[0])
     wait_until(lambda: db.val("SELECT count(*) FROM jobq.job WHERE id = ANY($1) AND "
@@ -66,9 +56,9 @@ def test_a_superseded_latest_job_on_a_killed_consumer_never_runs_again(
     consumers = [procs.consumer("--queue", "other", "--concurrency", "4") for _ in range(2)]
     for c in consumers:
         c.worker_id()
-    (old,) = _publish(settings, [NewJob("other", {"sleep": 30}, key="k")])
+    (old,) = publish_jobs(settings, [NewJob("other", {"sleep": 30}, key="k")])
     _kill_holder(db, consumers, old)
-    (new,) = _publish(settings, [NewJob("other", {}, key="k")])
+    (new,) = publish_jobs(settings, [NewJob("other", {}, key="k")])
     wait_until(lambda: db.val("SELECT status FROM jobq.job WHERE id = $1", new) == "completed",
                30, "the newer job")
     wait_until(lambda: db.val("SELECT status FROM jobq.job WHERE id = $1", old) == "cancelled",

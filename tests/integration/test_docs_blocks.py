@@ -60,8 +60,8 @@ def test_every_python_block_is_named_and_each_is_tested() -> None:
     named = {p.relative_to(ROOT).as_posix(): sorted(python_blocks(p)) for p in PAGES}
     assert {k: v for k, v in named.items() if v} == {
         "README.md": ["myapp.py", "publish_example.py"],
-        "docs/how-to/flow-control.md": ["flow_example.py", "handler_flow_example.py",
-                                        "key_policy_example.py"],
+        "docs/how-to/flow-control.md": ["deadline_example.py", "flow_example.py",
+                                        "handler_flow_example.py", "key_policy_example.py"],
         "docs/how-to/frameworks.md": sorted([
             "handles_example.py", "examples/django_project/signup/views.py",
             "examples/django_project/signup/tasks.py", "psycopg_example.py",
@@ -92,6 +92,15 @@ def test_the_handlers_page_runs_as_written(tmp_path: Path, env: dict[str, str],
     _run(env, tmp_path, "publish_example.py")
     assert db.val("SELECT count(*) FROM jobq.job WHERE queue = 'emails'") == 6
     assert db.val("SELECT count(*) FROM jobq.job WHERE idempotency_key = 'order-42'") == 1
+
+
+def test_the_deadline_example_runs_as_written(tmp_path: Path, env: dict[str, str],
+                                              db: SyncDB) -> None:
+    _write(tmp_path, "docs/how-to/flow-control.md", "deadline_example.py")
+    jid = uuid.UUID(_run(env, tmp_path, "deadline_example.py").strip())
+    left = db.val("SELECT extract(epoch FROM expires_at - created_at) FROM jobq.job "
+                  "WHERE id = $1", jid)
+    assert 59 < left <= 60.5
 
 
 def test_the_flow_control_script_runs_as_written(tmp_path: Path, env: dict[str, str],

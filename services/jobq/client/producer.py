@@ -210,7 +210,7 @@ class Client:
         """
         job = new_job(queue, payload, options, "enqueue")
         payload_json = validate(job)
-        if job.after:
+        if job.linked:  # after or a deadline: through jobq.enqueue
             with translated():
                 return await enqueue_one(conn, job, payload_json, job.after, 0.0)
         with translated():

@@ -8,6 +8,7 @@ others.
     cut         leases of vanished workers cut to their grace (rescue.py)
     requeue     lapsed leases requeued, or failed as jobs of death (rescue.py)
     schedules   due schedule slots fired, once per slot (periodic.py)
+    expire      unstarted jobs past their deadline cancelled (expired)
     unpark      jobs a limit parked, released as slots free
     wake        jobs suspended for a signal that came, made due (issue #52)
     dependants  edges of jobs published after others settled (dependants.py)
@@ -40,6 +41,7 @@ class Sweep:
     fired: int = 0
     unparked: int = 0
     woken: int = 0
+    expired: int = 0
     released: int = 0
     published: int = 0
     more: bool = False  # a bounded duty stopped with work left: sweep again at once
@@ -95,6 +97,19 @@ class Schedules:
         sweep.fired += await fire_due(store)
 
 
+class Expire:
+    name = "expire"
+
+    def due(self, probe: Probe, sweep: Sweep) -> bool:
+        return probe.expiring
+
+    async def run(self, store: ReaperStore, cfg: ReaperSettings, reaper_id: str,
+                  sweep: Sweep) -> None:
+        sweep.expired += await store.expire_due(cfg.batch_size)
+        if sweep.expired >= cfg.batch_size:
+            sweep.more = True  # more past their deadline: sweep again at once
+
+
 class Unpark:
     name = "unpark"
 
@@ -121,7 +136,7 @@ class Dependants:
     name = "dependants"
 
     def due(self, probe: Probe, sweep: Sweep) -> bool:
-        return probe.dependants
+        return probe.dependants or sweep.expired > 0  # an expired job's dependants too
 
     async def run(self, store: ReaperStore, cfg: ReaperSettings, reaper_id: str,
                   sweep: Sweep) -> None:
@@ -143,5 +158,5 @@ class Relay:
         sweep.published += await store.relay(cfg.batch_size, budget_s=cfg.max_sleep_s)
 
 
-DUTIES: tuple[Duty, ...] = (Cut(), Requeue(), Schedules(), Unpark(), Wake(), Dependants(),
-                             Relay())
+DUTIES: tuple[Duty, ...] = (Cut(), Requeue(), Schedules(), Expire(), Unpark(), Wake(),
+                             Dependants(), Relay())

@@ -54,7 +54,8 @@ log = logging.getLogger("jobq.reaper")
 
 IDLE_IN_TX_S = 5.0
 FAILING_AFTER = 3  # sweeps failed in a row before /readyz says not ready
-EVERYTHING = Probe(True, True, True, True, True, None, dependants=True, signals=True)
+EVERYTHING = Probe(True, True, True, True, True, None, dependants=True, signals=True,
+                   expiring=True)
 
 __all__ = ["DUTIES", "IDLE_IN_TX_S", "Reaper", "Sweep"]
 
@@ -126,6 +127,7 @@ class Reaper:
         metrics.SWEEP_ROWS.labels("requeued").inc(len(sweep.requeued))
         metrics.SWEEP_ROWS.labels("failed").inc(len(sweep.failed))
         metrics.SWEEP_ROWS.labels("published").inc(sweep.published)
+        metrics.SWEEP_ROWS.labels("expired").inc(sweep.expired)
         metrics.LAST_SWEEP.set(time.time())
         if len(sweep.errors) == len(DUTIES):  # nothing worked: the loop backs off
             raise next(iter(sweep.errors.values()))

@@ -50,6 +50,9 @@ class ReaperStore(Protocol):
     async def wake_signalled(self, limit: int) -> int:
         """Make jobs waiting for a signal that came due now; how many."""
 
+    async def expire_due(self, limit: int) -> int:
+        """Cancel unstarted jobs past their deadline (expired); how many."""
+
     async def settle(self, budget: int, rounds: int) -> Settled: ...
 
     async def relay(self, batch: int, budget_s: float | None) -> int:
@@ -115,6 +118,10 @@ class PgReaperStore:
 
     async def wake_signalled(self, limit: int) -> int:
         return int(await fetchval(self.pool, Q["wake_signalled"], limit))
+
+    async def expire_due(self, limit: int) -> int:
+        with translated():
+            return int(await fetchval(self.pool, Q["expire_due"], limit))
 
     async def settle(self, budget: int, rounds: int) -> Settled:
         with translated():

@@ -1,6 +1,7 @@
 """Why a delivered id could not be claimed, said once per id and counted:
 an unknown job, one of a queue this worker does not handle, one held back
-by a limit (parked), one not due yet, or a duplicate delivery. The intake
+by a limit (parked), one not due yet, one past its deadline (expired), or a
+duplicate delivery. The intake
 acks and drops each: the row, not the message, is the truth."""
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ async def explain_misses(store: WorkerStore, tally: Tally, queues: list[str],
                         "dropped (its own queue's message, or the relay, brings it)",
                         row.queue,
                         extra=fields(event="foreign_queue", job=i, queue=row.queue))
+        elif row.status == Status.QUEUED and row.expired:
+            tally.drop("expired")
+            log.info("job not started by its deadline (expires_in_s); dropped, never run "
+                     "(the reapers cancel it: expired)",
+                     extra=fields(event="expired", job=i, queue=row.queue))
         elif row.status == Status.QUEUED and row.parked:
             tally.note("limited")
             log.info("held back by its queue's limit (max_running / rate_per_s): parked; "

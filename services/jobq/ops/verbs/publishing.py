@@ -41,6 +41,9 @@ def register(sub: Any) -> None:
     pub.add_argument("--debounce", type=float, default=0.0, metavar="SECONDS",
                      help="with --key: jobs of the same queue and key published within this "
                      "time run once, with the last payload, this long after the last publish")
+    pub.add_argument("--expires-in", type=float, default=None, metavar="SECONDS",
+                     help="a deadline: not started within this many seconds of now, the job "
+                     "is cancelled with reason expired and never runs")
     pub.add_argument("--lines", action="store_true",
                      help="bulk: JSON names a file (- for stdin) of payloads, one JSON value "
                      "per line; all are checked first, then committed in batches of 1,000 "
@@ -86,7 +89,8 @@ async def publish(settings: Settings, args: argparse.Namespace) -> None:
     else:
         text = sys.stdin.read() if args.payload == "-" else args.payload
         jobs = [NewJob(args.queue, decode(text), args.delay, args.idempotency_key, args.priority,
-                       args.key, args.debounce, after=tuple(parse_id(a) for a in args.after))]
+                       args.key, args.debounce, after=tuple(parse_id(a) for a in args.after),
+                       expires_in_s=args.expires_in)]
         validate(jobs[0])  # before connecting
     async with Client(settings) as client:
         assert client.pool is not None
@@ -124,7 +128,7 @@ def bulk_jobs(args: argparse.Namespace) -> list[NewJob]:
         for n, line in enumerate(f, 1):
             if line.strip():
                 job = NewJob(args.queue, decode(line, f"line {n}"), args.delay, None,
-                             args.priority, args.key)
+                             args.priority, args.key, expires_in_s=args.expires_in)
                 try:
                     validate(job)
                 except BadInput as exc:
