@@ -82,7 +82,7 @@ def restart(fault: str) -> None:
 def producer(settings: Settings, stop: threading.Event, rng: random.Random,
              published: list[Any]) -> None:
     """Single jobs, batches of 10 (half of them with relay=True), delayed jobs,
-    keyed and limited jobs, dependants, until stopped."""
+    jobs with a deadline, keyed and limited jobs, dependants, until stopped."""
     async def go() -> None:
         async with Client(settings) as client:
             n = 0
@@ -96,8 +96,11 @@ def producer(settings: Settings, stop: threading.Event, rng: random.Random,
                     elif kind < 0.55:  # half of them bulk: the reapers' relay publishes them
                         jobs = [NewJob("work", {"sleep": sleep}) for _ in range(10)]
                         relay = kind >= 0.475
-                    elif kind < 0.7:
+                    elif kind < 0.65:
                         jobs = [NewJob("work", {"sleep": sleep}, delay_s=rng.uniform(0.5, 3))]
+                    elif kind < 0.7:  # a deadline (issue #51.7): started by then or expired
+                        jobs = [NewJob("work", {"sleep": sleep},
+                                       expires_in_s=rng.uniform(0.1, 2))]
                     elif kind < 0.74:
                         jobs = [NewJob("fair", {"sleep": sleep}, key=f"k{n % 3}")]
                     elif kind < 0.78:
@@ -261,7 +264,8 @@ def _cut_consumer(procs: Procs, host: netns.Host, db_url: str, amqp_url: str) ->
 # What must be 0 for a run to pass (the rest is reported).
 FAILURES = ("lost", "not_in_db", "completed_by_non_owner", "completed_twice",
             "dependants_started_early", "schedule_slots_twice", "fifo_out_of_order",
-            "singleton_two_live", "superseded_completed", "waits_unfinished")
+            "singleton_two_live", "superseded_completed", "waits_unfinished",
+            "expired_ran_late", "expired_but_ran")
 
 
 def check(db: SyncDB, published: list[Any], last_fault: Any) -> dict[str, Any]:
@@ -270,7 +274,8 @@ def check(db: SyncDB, published: list[Any], last_fault: Any) -> dict[str, Any]:
         "published_ids_returned": len(published),
         "lost": db.val("SELECT count(*) FROM jobq.job WHERE status <> 'completed' "
                        "AND queue NOT IN ('chain', 'big') AND NOT (status = 'cancelled' "
-                       "AND last_error LIKE 'superseded by job %')"),
+                       "AND last_error LIKE 'superseded by job %') AND NOT (status = "
+                       "'cancelled' AND last_error LIKE 'expired%')"),
         "not_in_db": db.val("SELECT count(*) FROM unnest($1::uuid[]) p(id) WHERE NOT EXISTS "
                             "(SELECT 1 FROM jobq.job j WHERE j.id = p.id)", published),
         "completed_by_non_owner": db.val(  # (big's handler records no run: hostile.py)
@@ -324,6 +329,17 @@ def check(db: SyncDB, published: list[Any], last_fault: Any) -> dict[str, Any]:
         "suspended_runs": db.val("SELECT count(*) FROM test_run r JOIN jobq.job j "
                                  "ON j.id = r.job_id WHERE j.queue = 'waits' "
                                  "AND r.outcome = 'suspended'"),
+        # deadlines (issue #51.7): no job's first claim was past its deadline;
+        # no job cancelled as expired had ever run
+        "with_deadline": db.val("SELECT count(*) FROM jobq.job WHERE expires_at IS NOT NULL"),
+        "expired": db.val("SELECT count(*) FROM jobq.job WHERE last_error LIKE 'expired%'"),
+        "expired_ran_late": db.val(
+            "SELECT count(*) FROM jobq.job j WHERE j.expires_at IS NOT NULL AND "
+            "(SELECT min(e.at) FROM jobq.job_event e WHERE e.job_id = j.id "
+            "AND e.event = 'claimed') > j.expires_at"),  # the claim's clock, not the handler's
+        "expired_but_ran": db.val(
+            "SELECT count(*) FROM jobq.job j WHERE j.last_error LIKE 'expired%' "
+            "AND EXISTS (SELECT 1 FROM test_run r WHERE r.job_id = j.id)"),
         "terminal_after_last_fault_s": db.val(
             "SELECT round(extract(epoch FROM max(finished_at) - $1::timestamptz)::numeric, 2) "
             "FROM jobq.job", last_fault),
