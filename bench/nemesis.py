@@ -101,8 +101,11 @@ def producer(settings: Settings, stop: threading.Event, rng: random.Random,
                     elif kind < 0.7:  # a deadline (issue #51.7): started by then or expired
                         jobs = [NewJob("work", {"sleep": sleep},
                                        expires_in_s=rng.uniform(0.1, 2))]
-                    elif kind < 0.74:
+                    elif kind < 0.72:
                         jobs = [NewJob("fair", {"sleep": sleep}, key=f"k{n % 3}")]
+                    elif kind < 0.74:  # a key held while its job is live (issue #51.4)
+                        jobs = [NewJob("work", {"sleep": sleep}, idempotency_key=f"u{n % 2}",
+                                       idempotency_while_live=True)]
                     elif kind < 0.78:
                         jobs = [NewJob("limited", {"sleep": sleep})]
                     elif kind < 0.82:  # key policies (issue #51)
@@ -265,7 +268,7 @@ def _cut_consumer(procs: Procs, host: netns.Host, db_url: str, amqp_url: str) ->
 FAILURES = ("lost", "not_in_db", "completed_by_non_owner", "completed_twice",
             "dependants_started_early", "schedule_slots_twice", "fifo_out_of_order",
             "singleton_two_live", "superseded_completed", "waits_unfinished",
-            "expired_ran_late", "expired_but_ran")
+            "expired_ran_late", "expired_but_ran", "unique_two_live")
 
 
 def check(db: SyncDB, published: list[Any], last_fault: Any) -> dict[str, Any]:
@@ -340,6 +343,17 @@ def check(db: SyncDB, published: list[Any], last_fault: Any) -> dict[str, Any]:
         "expired_but_ran": db.val(
             "SELECT count(*) FROM jobq.job j WHERE j.last_error LIKE 'expired%' "
             "AND EXISTS (SELECT 1 FROM test_run r WHERE r.job_id = j.id)"),
+        # a key held while live (issue #51.4): no job made with it while another
+        # job holding it was queued or running (created_at is its transaction's
+        # start, which may come a moment before the read that saw the holder end)
+        "unique_live_jobs": db.val("SELECT count(*) FROM jobq.job "
+                                   "WHERE idempotency_scope = 'live'"),
+        "unique_two_live": db.val(
+            "SELECT count(*) FROM jobq.job a JOIN jobq.job b ON b.queue = a.queue "
+            "AND b.idempotency_key = a.idempotency_key AND b.id <> a.id "
+            "AND b.created_at > a.created_at WHERE a.idempotency_scope = 'live' "
+            "AND b.idempotency_scope = 'live' "
+            "AND (a.finished_at IS NULL OR b.created_at < a.finished_at - interval '200 ms'))"),
         "terminal_after_last_fault_s": db.val(
             "SELECT round(extract(epoch FROM max(finished_at) - $1::timestamptz)::numeric, 2) "
             "FROM jobq.job", last_fault),

@@ -243,10 +243,10 @@ BEGIN
 END $$;
 
 --
--- Name: enqueue(text, jsonb, double precision, text, double precision, integer, text, double precision, uuid[], uuid, double precision); Type: FUNCTION; Schema: jobq; Owner: -
+-- Name: enqueue(text, jsonb, double precision, text, double precision, integer, text, double precision, uuid[], uuid, double precision, double precision, boolean, text); Type: FUNCTION; Schema: jobq; Owner: -
 --
 
-CREATE FUNCTION jobq.enqueue(queue text, payload jsonb DEFAULT '{}'::jsonb, delay_s double precision DEFAULT 0, idempotency_key text DEFAULT NULL::text, relay_grace_s double precision DEFAULT 0, priority integer DEFAULT 0, key text DEFAULT NULL::text, debounce_s double precision DEFAULT 0, after uuid[] DEFAULT NULL::uuid[], workflow_id uuid DEFAULT NULL::uuid, expires_in_s double precision DEFAULT NULL::double precision) RETURNS uuid
+CREATE FUNCTION jobq.enqueue(queue text, payload jsonb DEFAULT '{}'::jsonb, delay_s double precision DEFAULT 0, idempotency_key text DEFAULT NULL::text, relay_grace_s double precision DEFAULT 0, priority integer DEFAULT 0, key text DEFAULT NULL::text, debounce_s double precision DEFAULT 0, after uuid[] DEFAULT NULL::uuid[], workflow_id uuid DEFAULT NULL::uuid, expires_in_s double precision DEFAULT NULL::double precision, idempotency_window_s double precision DEFAULT NULL::double precision, idempotency_while_live boolean DEFAULT false, on_duplicate text DEFAULT 'return'::text) RETURNS uuid
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET plan_cache_mode TO 'force_custom_plan'
@@ -271,6 +271,9 @@ DECLARE
     dead_parent uuid;
     dead_status text;
     policy text;  -- the queue's key policy for this keyed job (NULL: none, 'queue')
+    scope text := CASE WHEN enqueue.idempotency_while_live THEN 'live'
+                       WHEN enqueue.idempotency_window_s IS NOT NULL THEN 'window' END;
+    take_id uuid;  -- a windowed key's new job id, drawn before its hold is taken
 BEGIN
     IF enqueue.queue IS NULL OR enqueue.queue !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$' THEN
         RAISE EXCEPTION 'jobq: invalid queue name %', quote_nullable(enqueue.queue)
@@ -316,6 +319,29 @@ BEGIN
     IF enqueue.expires_in_s IS NOT NULL AND debounce > 0 THEN
         RAISE EXCEPTION 'jobq: a debounced job takes no expires_in_s'
             USING ERRCODE = '22023', HINT = 'drop debounce_s or expires_in_s';
+    END IF;
+    IF enqueue.on_duplicate IS NULL OR enqueue.on_duplicate NOT IN ('return', 'refuse') THEN
+        RAISE EXCEPTION 'jobq: on_duplicate must be return or refuse, got %',
+            quote_nullable(enqueue.on_duplicate) USING ERRCODE = '22023',
+            HINT = 'return: the holder''s id (the default); refuse: an error naming it';
+    END IF;
+    IF enqueue.idempotency_window_s IS NOT NULL AND NOT (enqueue.idempotency_window_s > 0
+                                                         AND enqueue.idempotency_window_s < 31536000) THEN
+        RAISE EXCEPTION 'jobq: idempotency_window_s must be a positive number of seconds under a year, got %',
+            enqueue.idempotency_window_s USING ERRCODE = '22023',
+            HINT = 'how long after its publish the key stays held';
+    END IF;
+    IF scope IS NOT NULL AND enqueue.idempotency_key IS NULL THEN
+        RAISE EXCEPTION 'jobq: idempotency_window_s and idempotency_while_live need an idempotency_key'
+            USING ERRCODE = '22023', HINT = 'pass idempotency_key => ''...''';
+    END IF;
+    IF enqueue.idempotency_while_live AND enqueue.idempotency_window_s IS NOT NULL THEN
+        RAISE EXCEPTION 'jobq: pass idempotency_window_s or idempotency_while_live, not both'
+            USING ERRCODE = '22023', HINT = 'while live: until its job ends; a window: N seconds';
+    END IF;
+    IF scope IS NOT NULL AND slot_key THEN
+        RAISE EXCEPTION 'jobq: a schedule''s slot key takes no window'
+            USING ERRCODE = '22023', HINT = 'leave idempotency_window_s and idempotency_while_live out';
     END IF;
     IF cardinality(parents) > 1000 THEN
         RAISE EXCEPTION 'jobq: a job may wait for at most 1000 jobs, got %', cardinality(parents)
@@ -428,10 +454,26 @@ BEGIN
         INTO waiting, dead_parent, dead_status
         FROM unnest(p_id, p_status) AS u(i, s);
     END IF;
-    INSERT INTO jobq.job AS j (queue, payload, idempotency_key, run_at, relay_after, enqueued_by,
+    IF scope IS NOT NULL THEN
+        -- A windowed key (schema 0032): its hold is a row of jobq.job_unique,
+        -- never a lock on the holder's job row (I11).
+        take_id := gen_random_uuid();
+        new_id := jobq.idempotency_take(enqueue.queue, who, enqueue.idempotency_key, take_id,
+                                        enqueue.idempotency_window_s, scope = 'live');
+        IF new_id IS NOT NULL THEN
+            IF enqueue.on_duplicate = 'refuse' THEN
+                RAISE EXCEPTION 'jobq: duplicate: idempotency key % is held by job %',
+                    quote_literal(enqueue.idempotency_key), new_id USING ERRCODE = '23505',
+                    HINT = 'the job that holds the key is the one to wait for';
+            END IF;
+            RETURN new_id;
+        END IF;
+    END IF;
+    INSERT INTO jobq.job AS j (id, queue, payload, idempotency_key, run_at, relay_after, enqueued_by,
                                priority, key, waiting_on, workflow_id, status, finished_at,
-                               last_error, debounced, key_policy, seq, expires_at)
-    VALUES (enqueue.queue, doc, enqueue.idempotency_key,
+                               last_error, debounced, key_policy, seq, expires_at,
+                               idempotency_scope)
+    VALUES (coalesce(take_id, gen_random_uuid()), enqueue.queue, doc, enqueue.idempotency_key,
             now() + make_interval(secs => delay),
             -- A delayed job is published by the relay when due; otherwise the
             -- caller may promise to publish it itself within relay_grace_s. A
@@ -447,7 +489,7 @@ BEGIN
                  ELSE format('cancelled: job %s it waits for was %s', dead_parent, dead_status) END,
             debounce > 0, policy,
             CASE WHEN policy IN ('fifo', 'latest') THEN nextval('jobq.job_seq') END,
-            now() + make_interval(secs => enqueue.expires_in_s))
+            now() + make_interval(secs => enqueue.expires_in_s), scope)
     -- No target: the idempotency key's index, or job_singleton_idx (another
     -- publisher's live job of the key; this waits for its commit).
     ON CONFLICT DO NOTHING
@@ -455,7 +497,12 @@ BEGIN
     IF new_id IS NULL THEN  -- this login used the key before: that job
         SELECT jj.id INTO new_id FROM jobq.job AS jj
         WHERE jj.queue = enqueue.queue AND jj.idempotency_key = enqueue.idempotency_key
-          AND jj.enqueued_by = who;
+          AND jj.enqueued_by = who AND jj.idempotency_scope IS NULL;
+        IF new_id IS NOT NULL AND enqueue.on_duplicate = 'refuse' THEN
+            RAISE EXCEPTION 'jobq: duplicate: idempotency key % is held by job %',
+                quote_literal(enqueue.idempotency_key), new_id USING ERRCODE = '23505',
+                HINT = 'the job that holds the key is the one to wait for';
+        END IF;
         IF new_id IS NULL AND policy = 'singleton' THEN  -- the key's live job
             SELECT jj.id INTO new_id FROM jobq.job AS jj
             WHERE jj.queue = enqueue.queue AND jj.key = enqueue.key
@@ -571,6 +618,50 @@ BEGIN
               AS u(queue, delay) WHERE coalesce(u.delay, 0) <= 0) AS d;
     END IF;
 END;
+$$;
+
+--
+-- Name: idempotency_take(text, text, text, uuid, double precision, boolean); Type: FUNCTION; Schema: jobq; Owner: -
+--
+
+CREATE FUNCTION jobq.idempotency_take(q text, who text, k text, new_id uuid, window_s double precision, while_live boolean) RETURNS uuid
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+-- The job that holds key k of queue q for login who, or NULL when the hold
+-- is now new_id's. Each statement reads what committed before it (READ
+-- COMMITTED), so a loser of a race reads the winner's hold on its next turn.
+DECLARE
+    h jobq.job_unique;
+    held boolean;
+BEGIN
+    FOR turn IN 1..8 LOOP
+        SELECT * INTO h FROM jobq.job_unique u WHERE u.queue = q AND u.login = who AND u.key = k;
+        IF FOUND THEN
+            held := CASE WHEN h.while_live
+                         THEN EXISTS (SELECT 1 FROM jobq.job j WHERE j.id = h.job_id
+                                        AND j.status IN ('queued', 'active'))
+                         ELSE h.held_until > now() END;
+            IF held THEN
+                RETURN h.job_id;
+            END IF;
+            UPDATE jobq.job_unique u
+            SET job_id = new_id, while_live = idempotency_take.while_live,
+                held_until = now() + make_interval(secs => window_s)
+            WHERE u.queue = q AND u.login = who AND u.key = k AND u.job_id = h.job_id;
+        ELSE
+            INSERT INTO jobq.job_unique (queue, login, key, job_id, held_until, while_live)
+            VALUES (q, who, k, new_id, now() + make_interval(secs => window_s),
+                    idempotency_take.while_live)
+            ON CONFLICT DO NOTHING;
+        END IF;
+        IF FOUND THEN
+            RETURN NULL;
+        END IF;
+    END LOOP;
+    RAISE EXCEPTION 'jobq: idempotency key % of queue % is contended', quote_literal(k),
+        quote_literal(q) USING ERRCODE = '40001', HINT = 'publish again';
+END
 $$;
 
 --
@@ -1034,10 +1125,10 @@ END
 $_$;
 
 --
--- Name: q_enqueue_linked(text, jsonb, double precision, text, integer, text, double precision, double precision, uuid[], uuid, jsonb, double precision); Type: FUNCTION; Schema: jobq; Owner: -
+-- Name: q_enqueue_linked(text, jsonb, double precision, text, integer, text, double precision, double precision, uuid[], uuid, jsonb, double precision, double precision, boolean, text); Type: FUNCTION; Schema: jobq; Owner: -
 --
 
-CREATE FUNCTION jobq.q_enqueue_linked(text, jsonb, double precision, text, integer, text, double precision, double precision, uuid[], uuid, jsonb, double precision) RETURNS TABLE(id uuid)
+CREATE FUNCTION jobq.q_enqueue_linked(text, jsonb, double precision, text, integer, text, double precision, double precision, uuid[], uuid, jsonb, double precision, double precision, boolean, text) RETURNS TABLE(id uuid)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET plan_cache_mode TO 'force_custom_plan'
@@ -1049,7 +1140,9 @@ RETURN QUERY WITH made AS (  -- the options named in the order of newjob.COLUMNS
                         idempotency_key => $4::text, priority => $5::int, key => $6::text,
                         debounce_s => $7::float8, relay_grace_s => $8::float8,
                         after => $9::uuid[], workflow_id => $10::uuid,
-                        expires_in_s => $12::float8) AS id
+                        expires_in_s => $12::float8, idempotency_window_s => $13::float8,
+                        idempotency_while_live => $14::boolean,
+                        on_duplicate => $15::text) AS id
 ), stored AS (
     INSERT INTO jobq.job_trace (job_id, carrier)
     SELECT made.id, $11::jsonb FROM made WHERE $11::text IS NOT NULL
@@ -2235,6 +2328,8 @@ CREATE TABLE jobq.job (
     wake_on text,
     joining uuid[],
     expires_at timestamp with time zone,
+    idempotency_scope text,
+    CONSTRAINT job_idempotency_scope_check CHECK ((idempotency_scope = ANY (ARRAY['live'::text, 'window'::text]))),
     CONSTRAINT job_key_policy_check CHECK ((key_policy = ANY (ARRAY['fifo'::text, 'latest'::text, 'singleton'::text]))),
     CONSTRAINT job_last_traceback_size CHECK ((octet_length(last_traceback) <= 16384)),
     CONSTRAINT job_status_check CHECK ((status = ANY (ARRAY['queued'::text, 'active'::text, 'completed'::text, 'failed'::text, 'cancelled'::text])))
@@ -2414,6 +2509,19 @@ CREATE TABLE jobq.job_trace (
     carrier jsonb NOT NULL,
     CONSTRAINT job_trace_carrier_check CHECK (((jsonb_typeof(carrier) = 'object'::text) AND (octet_length((carrier)::text) <= 4096))),
     CONSTRAINT job_trace_headers CHECK ((NOT jsonb_path_exists(carrier, '$.*?(@.type() != "string")'::jsonpath)))
+);
+
+--
+-- Name: job_unique; Type: TABLE; Schema: jobq; Owner: -
+--
+
+CREATE TABLE jobq.job_unique (
+    queue text NOT NULL,
+    login text NOT NULL,
+    key text NOT NULL,
+    job_id uuid NOT NULL,
+    held_until timestamp with time zone,
+    while_live boolean NOT NULL
 );
 
 --
@@ -2752,6 +2860,13 @@ ALTER TABLE ONLY jobq.job_trace
     ADD CONSTRAINT job_trace_pkey PRIMARY KEY (job_id);
 
 --
+-- Name: job_unique job_unique_pkey; Type: CONSTRAINT; Schema: jobq; Owner: -
+--
+
+ALTER TABLE ONLY jobq.job_unique
+    ADD CONSTRAINT job_unique_pkey PRIMARY KEY (queue, login, key);
+
+--
 -- Name: job_watch job_watch_pkey; Type: CONSTRAINT; Schema: jobq; Owner: -
 --
 
@@ -2904,10 +3019,10 @@ CREATE INDEX job_failed_idx ON jobq.job USING btree (queue, finished_at) WHERE (
 CREATE INDEX job_finished_idx ON jobq.job USING btree (finished_at) WHERE (status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text]));
 
 --
--- Name: job_idempotency_login_idx; Type: INDEX; Schema: jobq; Owner: -
+-- Name: job_idempotency_kept_idx; Type: INDEX; Schema: jobq; Owner: -
 --
 
-CREATE UNIQUE INDEX job_idempotency_login_idx ON jobq.job USING btree (queue, idempotency_key, enqueued_by) WHERE (idempotency_key IS NOT NULL);
+CREATE UNIQUE INDEX job_idempotency_kept_idx ON jobq.job USING btree (queue, idempotency_key, enqueued_by) WHERE ((idempotency_key IS NOT NULL) AND (idempotency_scope IS NULL));
 
 --
 -- Name: job_in_line_key_idx; Type: INDEX; Schema: jobq; Owner: -
@@ -3150,12 +3265,12 @@ REVOKE ALL ON FUNCTION jobq.check_queues_truncated() FROM PUBLIC;
 REVOKE ALL ON FUNCTION jobq.claim_or_fail(p_job uuid, p_worker text, p_queues text[], p_token uuid) FROM PUBLIC;
 
 --
--- Name: FUNCTION enqueue(queue text, payload jsonb, delay_s double precision, idempotency_key text, relay_grace_s double precision, priority integer, key text, debounce_s double precision, after uuid[], workflow_id uuid, expires_in_s double precision); Type: ACL; Schema: jobq; Owner: -
+-- Name: FUNCTION enqueue(queue text, payload jsonb, delay_s double precision, idempotency_key text, relay_grace_s double precision, priority integer, key text, debounce_s double precision, after uuid[], workflow_id uuid, expires_in_s double precision, idempotency_window_s double precision, idempotency_while_live boolean, on_duplicate text); Type: ACL; Schema: jobq; Owner: -
 --
 
-REVOKE ALL ON FUNCTION jobq.enqueue(queue text, payload jsonb, delay_s double precision, idempotency_key text, relay_grace_s double precision, priority integer, key text, debounce_s double precision, after uuid[], workflow_id uuid, expires_in_s double precision) FROM PUBLIC;
-GRANT ALL ON FUNCTION jobq.enqueue(queue text, payload jsonb, delay_s double precision, idempotency_key text, relay_grace_s double precision, priority integer, key text, debounce_s double precision, after uuid[], workflow_id uuid, expires_in_s double precision) TO jobq_producer;
-GRANT ALL ON FUNCTION jobq.enqueue(queue text, payload jsonb, delay_s double precision, idempotency_key text, relay_grace_s double precision, priority integer, key text, debounce_s double precision, after uuid[], workflow_id uuid, expires_in_s double precision) TO jobq_reaper;
+REVOKE ALL ON FUNCTION jobq.enqueue(queue text, payload jsonb, delay_s double precision, idempotency_key text, relay_grace_s double precision, priority integer, key text, debounce_s double precision, after uuid[], workflow_id uuid, expires_in_s double precision, idempotency_window_s double precision, idempotency_while_live boolean, on_duplicate text) FROM PUBLIC;
+GRANT ALL ON FUNCTION jobq.enqueue(queue text, payload jsonb, delay_s double precision, idempotency_key text, relay_grace_s double precision, priority integer, key text, debounce_s double precision, after uuid[], workflow_id uuid, expires_in_s double precision, idempotency_window_s double precision, idempotency_while_live boolean, on_duplicate text) TO jobq_producer;
+GRANT ALL ON FUNCTION jobq.enqueue(queue text, payload jsonb, delay_s double precision, idempotency_key text, relay_grace_s double precision, priority integer, key text, debounce_s double precision, after uuid[], workflow_id uuid, expires_in_s double precision, idempotency_window_s double precision, idempotency_while_live boolean, on_duplicate text) TO jobq_reaper;
 
 --
 -- Name: FUNCTION enqueue_many(queues text[], payloads jsonb[], delays_s double precision[], idempotency_keys text[], relay_grace_s double precision, priorities integer[], keys text[], debounces_s double precision[]); Type: ACL; Schema: jobq; Owner: -
@@ -3163,6 +3278,12 @@ GRANT ALL ON FUNCTION jobq.enqueue(queue text, payload jsonb, delay_s double pre
 
 REVOKE ALL ON FUNCTION jobq.enqueue_many(queues text[], payloads jsonb[], delays_s double precision[], idempotency_keys text[], relay_grace_s double precision, priorities integer[], keys text[], debounces_s double precision[]) FROM PUBLIC;
 GRANT ALL ON FUNCTION jobq.enqueue_many(queues text[], payloads jsonb[], delays_s double precision[], idempotency_keys text[], relay_grace_s double precision, priorities integer[], keys text[], debounces_s double precision[]) TO jobq_producer;
+
+--
+-- Name: FUNCTION idempotency_take(q text, who text, k text, new_id uuid, window_s double precision, while_live boolean); Type: ACL; Schema: jobq; Owner: -
+--
+
+REVOKE ALL ON FUNCTION jobq.idempotency_take(q text, who text, k text, new_id uuid, window_s double precision, while_live boolean) FROM PUBLIC;
 
 --
 -- Name: FUNCTION key_allowance(q jobq.queue, active bigint, tokens double precision); Type: ACL; Schema: jobq; Owner: -
@@ -3226,11 +3347,11 @@ REVOKE ALL ON FUNCTION jobq.q_complete(uuid[], uuid[], jsonb[]) FROM PUBLIC;
 GRANT ALL ON FUNCTION jobq.q_complete(uuid[], uuid[], jsonb[]) TO jobq_consumer;
 
 --
--- Name: FUNCTION q_enqueue_linked(text, jsonb, double precision, text, integer, text, double precision, double precision, uuid[], uuid, jsonb, double precision); Type: ACL; Schema: jobq; Owner: -
+-- Name: FUNCTION q_enqueue_linked(text, jsonb, double precision, text, integer, text, double precision, double precision, uuid[], uuid, jsonb, double precision, double precision, boolean, text); Type: ACL; Schema: jobq; Owner: -
 --
 
-REVOKE ALL ON FUNCTION jobq.q_enqueue_linked(text, jsonb, double precision, text, integer, text, double precision, double precision, uuid[], uuid, jsonb, double precision) FROM PUBLIC;
-GRANT ALL ON FUNCTION jobq.q_enqueue_linked(text, jsonb, double precision, text, integer, text, double precision, double precision, uuid[], uuid, jsonb, double precision) TO jobq_producer;
+REVOKE ALL ON FUNCTION jobq.q_enqueue_linked(text, jsonb, double precision, text, integer, text, double precision, double precision, uuid[], uuid, jsonb, double precision, double precision, boolean, text) FROM PUBLIC;
+GRANT ALL ON FUNCTION jobq.q_enqueue_linked(text, jsonb, double precision, text, integer, text, double precision, double precision, uuid[], uuid, jsonb, double precision, double precision, boolean, text) TO jobq_producer;
 
 --
 -- Name: FUNCTION q_enqueue_many_traced(text[], jsonb[], double precision[], text[], integer[], text[], double precision[], double precision, text[]); Type: ACL; Schema: jobq; Owner: -
@@ -3610,6 +3731,13 @@ GRANT SELECT ON TABLE jobq.job_step TO jobq_reader;
 
 GRANT SELECT ON TABLE jobq.job_trace TO jobq_reader;
 GRANT SELECT ON TABLE jobq.job_trace TO jobq_consumer;
+
+--
+-- Name: TABLE job_unique; Type: ACL; Schema: jobq; Owner: -
+--
+
+GRANT SELECT ON TABLE jobq.job_unique TO jobq_reader;
+GRANT SELECT,DELETE ON TABLE jobq.job_unique TO jobq_reaper;
 
 --
 -- Name: TABLE job_watch; Type: ACL; Schema: jobq; Owner: -

@@ -14,6 +14,7 @@ from jobq.client.sync import ClientClosed, SyncClient
 from jobq.client.task import Task
 from jobq.client.workflow import Workflow
 from jobq.errors import (
+    DuplicateJob,
     Fail,
     InvalidPayload,
     JobqError,
@@ -34,6 +35,7 @@ __all__ = [
            "App",
            "Client",
            "ClientClosed",
+           "DuplicateJob",
            "Fail",
            "InvalidPayload",
            "Job",

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import re
 import ssl
+import uuid
 from typing import Any
 
 import asyncpg
@@ -19,6 +20,7 @@ from jobq.errors import (
     BadInput,
     ConfigError,
     DatabaseUnavailable,
+    DuplicateJob,
     InvalidPayload,
     InvalidQueue,
     JobqError,
@@ -112,8 +114,9 @@ def translated() -> Any:
     except asyncpg.exceptions.UntranslatableCharacterError as exc:  # \u0000 in jsonb
         raise InvalidPayload(f"{pg_message(exc)}: PostgreSQL cannot store a NUL character "
                              "(\\u0000) in a payload") from exc
-    except (asyncpg.exceptions.CheckViolationError,
-            asyncpg.exceptions.UniqueViolationError,  # an idempotency key of another login
+    except asyncpg.exceptions.UniqueViolationError as exc:
+        raise duplicate(exc) from exc
+    except (asyncpg.exceptions.CheckViolationError,  # an idempotency key of another login
             asyncpg.exceptions.ForeignKeyViolationError) as exc:  # after => an unknown job
         raise BadInput(pg_message(exc)) from exc
     except asyncpg.exceptions.ProtocolViolationError as exc:  # before TRANSIENT: a subclass
@@ -127,6 +130,18 @@ def translated() -> Any:
             "sslrootcert and the host name in JOBQ_DATABASE_URL") from exc
     except TRANSIENT as exc:
         raise DatabaseUnavailable(f"database unavailable: {type(exc).__name__}: {exc}") from exc
+
+
+_HOLDER = re.compile(r"^jobq: duplicate: .* held by job ([0-9a-f-]{36})")
+
+
+def duplicate(exc: asyncpg.exceptions.UniqueViolationError) -> BadInput:
+    """on_duplicate 'refuse' (schema 0032): DuplicateJob naming the holder;
+    any other unique violation (an idempotency key of another login): BadInput."""
+    found = _HOLDER.match(str(exc))
+    if found is None:
+        return BadInput(pg_message(exc))
+    return DuplicateJob(pg_message(exc), uuid.UUID(found.group(1)))
 
 
 def certificate_refused(exc: BaseException) -> str | None:

@@ -28,6 +28,7 @@ Driver exceptions (asyncpg, aio-pika) are translated only at the edges, in
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 MAX_DELAY_S = 365 * 86400.0  # the longest delay, retry or snooze jobq takes
@@ -78,6 +79,15 @@ class InvalidQueue(BadInput):
 
 class UnknownJob(BadInput):
     pass
+
+
+class DuplicateJob(BadInput):
+    """A publish with ``on_duplicate="refuse"`` whose idempotency key is held:
+    ``job_id`` is the job that holds it."""
+
+    def __init__(self, message: str, job_id: uuid.UUID | None = None) -> None:
+        super().__init__(message)
+        self.job_id = job_id
 
 
 class LeaseLost(JobqError):

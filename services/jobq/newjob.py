@@ -22,7 +22,7 @@ import re
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, TypedDict
+from typing import Any, Literal, TypedDict
 
 from jobq.errors import MAX_DELAY_S, InvalidPayload
 from jobq.queues import BY_COLUMN, check_queue_name
@@ -43,7 +43,11 @@ class JobOptions(TypedDict, total=False):
     after the last publish; ``after``: job ids it runs after, once each
     completed (cancelled, with the reason, if one failed); ``expires_in_s``:
     not started within that many seconds of the publish, the job is
-    cancelled with reason ``expired`` and never runs."""
+    cancelled with reason ``expired`` and never runs. How long an idempotency
+    key holds: ``idempotency_while_live`` (until its job ends) or
+    ``idempotency_window_s`` (that long after the publish); by default as
+    long as the job is kept. ``on_duplicate``: ``"return"`` the holder's id
+    (the default) or ``"refuse"`` (:class:`jobq.DuplicateJob`, naming it)."""
 
     delay_s: float
     idempotency_key: str | None
@@ -52,6 +56,9 @@ class JobOptions(TypedDict, total=False):
     debounce_s: float
     after: Iterable[uuid.UUID]
     expires_in_s: float | None
+    idempotency_window_s: float | None
+    idempotency_while_live: bool
+    on_duplicate: Literal["return", "refuse"]
 
 
 OPTIONS = frozenset(JobOptions.__annotations__)
@@ -71,6 +78,9 @@ class NewJob:
     debounce_s: float = 0.0
     after: Sequence[uuid.UUID] = field(default=())
     expires_in_s: float | None = None
+    idempotency_window_s: float | None = None
+    idempotency_while_live: bool = False
+    on_duplicate: Literal["return", "refuse"] = "return"
     workflow_id: uuid.UUID | None = None
 
     def __post_init__(self) -> None:
@@ -85,8 +95,10 @@ class NewJob:
     @property
     def linked(self) -> bool:
         """Enqueued one by one through jobq.enqueue (workflow.py), not in a
-        batch: jobq.enqueue_many takes no after, workflow or deadline."""
-        return bool(self.after) or self.workflow_id is not None or self.expires_in_s is not None
+        batch: jobq.enqueue_many takes no after, workflow, deadline or key hold."""
+        return (bool(self.after) or self.workflow_id is not None
+                or self.expires_in_s is not None or self.idempotency_window_s is not None
+                or self.idempotency_while_live or self.on_duplicate != "return")
 
     def options(self) -> JobOptions:
         """Its options that differ from the defaults (a workflow step keeps them)."""
@@ -169,9 +181,31 @@ def check_flow(job: NewJob) -> None:
                              "job could never start; both count from the publish")
     if e is not None and d > 0:
         raise InvalidPayload("a debounced job takes no expires_in_s")
+    check_key_hold(job)
     if d > 0 and (k is None or job.idempotency_key is not None):
         raise InvalidPayload("debounce_s needs a key (what the jobs collapse on) and no "
                              "idempotency key")
+
+
+def check_key_hold(job: NewJob) -> None:
+    """idempotency_window_s, idempotency_while_live and on_duplicate as
+    jobq.enqueue accepts them."""
+    w = job.idempotency_window_s
+    if w is not None and (isinstance(w, bool) or not isinstance(w, int | float)
+                          or not 0 < w < MAX_DELAY_S):
+        raise InvalidPayload(f"idempotency_window_s must be a positive number of seconds "
+                             f"under a year, got {w!r}")
+    if not isinstance(job.idempotency_while_live, bool):
+        raise InvalidPayload("idempotency_while_live is True or False, got "
+                             f"{job.idempotency_while_live!r}")
+    if (w is not None or job.idempotency_while_live) and job.idempotency_key is None:
+        raise InvalidPayload("idempotency_window_s and idempotency_while_live need an "
+                             "idempotency_key")
+    if w is not None and job.idempotency_while_live:
+        raise InvalidPayload("pass idempotency_window_s or idempotency_while_live, not both")
+    if job.on_duplicate not in ("return", "refuse"):
+        raise InvalidPayload(f"on_duplicate must be 'return' or 'refuse', got "
+                             f"{job.on_duplicate!r}")
 
 
 # A job (its checked payload text beside it) as the statements' arguments:

@@ -118,13 +118,16 @@ SELECT carrier::text FROM jobq.job_trace WHERE job_id = $1;
 -- jobq.enqueue with every option; workflow.py runs a batch of these in one
 -- transaction, parents before the jobs that wait for them. The publisher's
 -- trace context ($11: JSON or NULL) is stored beside it, as enqueue_many_traced does.
--- A job with a deadline ($12: expires_in_s, schema 0031) comes this way too.
+-- A job with a deadline ($12: expires_in_s, schema 0031) comes this way too,
+-- and one with a windowed key or on_duplicate 'refuse' ($13-$15, schema 0032).
 WITH made AS (  -- the options named in the order of newjob.COLUMNS, one value each
     SELECT jobq.enqueue(queue => $1::text, payload => $2::jsonb, delay_s => $3::float8,
                         idempotency_key => $4::text, priority => $5::int, key => $6::text,
                         debounce_s => $7::float8, relay_grace_s => $8::float8,
                         after => $9::uuid[], workflow_id => $10::uuid,
-                        expires_in_s => $12::float8) AS id
+                        expires_in_s => $12::float8, idempotency_window_s => $13::float8,
+                        idempotency_while_live => $14::boolean,
+                        on_duplicate => $15::text) AS id
 ), stored AS (
     INSERT INTO jobq.job_trace (job_id, carrier)
     SELECT made.id, $11::jsonb FROM made WHERE $11::text IS NOT NULL
@@ -1949,13 +1952,25 @@ WITH doomed AS (
 DELETE FROM jobq.job j USING doomed WHERE j.id = doomed.id;
 
 -- name: key_rate_prune
--- Reapers, with retention: per-key rate buckets idle for an hour are full
+-- Reapers, with retention: windowed idempotency keys whose hold ended are
+-- forgotten (1,000 a round); per-key rate buckets idle for an hour are full
 -- again, which is what a missing row means; a key's claim lock with no job
 -- of its key waiting or running is made again by the next claim that needs
 -- it (a delete waits for a claim holding it, a moment; the lock is a mutex
 -- and nothing else: gone between claims, it is made anew).
 WITH buckets AS (
     DELETE FROM jobq.key_rate WHERE at < now() - interval '1 hour'
+), holds AS (  -- windowed idempotency keys nobody holds any more (schema 0032):
+    -- a hold a producer has locked now is skipped, never waited for
+    DELETE FROM jobq.job_unique u
+    WHERE (u.queue, u.login, u.key) IN (
+        SELECT x.queue, x.login, x.key FROM jobq.job_unique x
+        WHERE CASE WHEN x.while_live
+                   THEN NOT EXISTS (SELECT 1 FROM jobq.job j WHERE j.id = x.job_id
+                                      AND j.status IN ('queued', 'active'))
+                   ELSE x.held_until < now() END
+        LIMIT 1000
+        FOR UPDATE SKIP LOCKED)
 )
 DELETE FROM jobq.key_lock l
 WHERE NOT EXISTS (SELECT 1 FROM jobq.job j
@@ -2121,7 +2136,7 @@ SELECT status FROM jobq.job WHERE id = $1;
 SELECT id, queue, payload, status, lock, worker_id, lease_expires_at, attempts, errors, stalls,
        last_error, idempotency_key, run_at, published_at, created_at, started_at,
        finished_at, progress, progress_at, result, priority, key, waiting_on, workflow_id,
-       snoozes, key_policy, wake_on, joining, expires_at, last_traceback
+       snoozes, key_policy, wake_on, joining, expires_at, idempotency_scope, last_traceback
 FROM jobq.job
 WHERE id = $1;
 

@@ -61,7 +61,8 @@ def test_every_python_block_is_named_and_each_is_tested() -> None:
     assert {k: v for k, v in named.items() if v} == {
         "README.md": ["myapp.py", "publish_example.py"],
         "docs/how-to/flow-control.md": ["deadline_example.py", "flow_example.py",
-                                        "handler_flow_example.py", "key_policy_example.py"],
+                                        "handler_flow_example.py", "key_policy_example.py",
+                                        "unique_example.py"],
         "docs/how-to/frameworks.md": sorted([
             "handles_example.py", "examples/django_project/signup/views.py",
             "examples/django_project/signup/tasks.py", "psycopg_example.py",
@@ -101,6 +102,15 @@ def test_the_deadline_example_runs_as_written(tmp_path: Path, env: dict[str, str
     left = db.val("SELECT extract(epoch FROM expires_at - created_at) FROM jobq.job "
                   "WHERE id = $1", jid)
     assert 59 < left <= 60.5
+
+
+def test_the_unique_example_runs_as_written(tmp_path: Path, env: dict[str, str],
+                                            db: SyncDB) -> None:
+    _write(tmp_path, "docs/how-to/flow-control.md", "unique_example.py")
+    out = _run(env, tmp_path, "unique_example.py")
+    held = db.val("SELECT id FROM jobq.job WHERE queue = 'digest'")
+    assert out.strip() == f"already queued: {held}"
+    assert db.val("SELECT count(*) FROM jobq.job WHERE queue = 'sync'") == 1
 
 
 def test_the_flow_control_script_runs_as_written(tmp_path: Path, env: dict[str, str],

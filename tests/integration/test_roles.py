@@ -41,6 +41,8 @@ TABLE_RIGHTS = {
     ("jobq_reaper", "job_signal", "SELECT"),  # its wake duty (0028)
     ("jobq_reaper", "job_signal", "UPDATE"),
     ("jobq_reaper", "backlog", "SELECT"),  # its backlog gauges (0030)
+    ("jobq_reaper", "job_unique", "SELECT"),  # retention forgets ended holds (0032)
+    ("jobq_reaper", "job_unique", "DELETE"),
 }
 FUNCTION_RIGHTS = {("jobq_producer", "enqueue"), ("jobq_producer", "enqueue_many"),
                    ("jobq_reaper", "enqueue"), ("jobq_reaper", "rate_tokens"),

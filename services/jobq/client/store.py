@@ -65,7 +65,8 @@ async def insert_linked(db: Database, job: NewJob, text: str, after: Sequence[uu
     ``after``, or belong to a workflow), in the caller's transaction."""
     job_id: uuid.UUID = await fetchval(
         db, Q["enqueue_linked"], *(get(job, text) for _, get in COLUMNS), grace_s,
-        list(after) or None, job.workflow_id, trace, job.expires_in_s)
+        list(after) or None, job.workflow_id, trace, job.expires_in_s,
+        job.idempotency_window_s, job.idempotency_while_live, job.on_duplicate)
     return job_id
 
 

@@ -41,6 +41,7 @@ def register(sub: Any) -> None:
     pub.add_argument("--debounce", type=float, default=0.0, metavar="SECONDS",
                      help="with --key: jobs of the same queue and key published within this "
                      "time run once, with the last payload, this long after the last publish")
+    _key_hold_options(pub)
     pub.add_argument("--expires-in", type=float, default=None, metavar="SECONDS",
                      help="a deadline: not started within this many seconds of now, the job "
                      "is cancelled with reason expired and never runs")
@@ -90,7 +91,10 @@ async def publish(settings: Settings, args: argparse.Namespace) -> None:
         text = sys.stdin.read() if args.payload == "-" else args.payload
         jobs = [NewJob(args.queue, decode(text), args.delay, args.idempotency_key, args.priority,
                        args.key, args.debounce, after=tuple(parse_id(a) for a in args.after),
-                       expires_in_s=args.expires_in)]
+                       expires_in_s=args.expires_in,
+                       idempotency_window_s=args.idempotency_window,
+                       idempotency_while_live=args.idempotency_while_live,
+                       on_duplicate=args.on_duplicate)]
         validate(jobs[0])  # before connecting
     async with Client(settings) as client:
         assert client.pool is not None
@@ -111,13 +115,28 @@ async def publish(settings: Settings, args: argparse.Namespace) -> None:
 BULK_BATCH = 1000  # jobq publish --lines: rows per transaction
 
 
+def _key_hold_options(pub: argparse.ArgumentParser) -> None:
+    """How long --idempotency-key holds, and what a duplicate gets (schema 0032)."""
+    hold = pub.add_mutually_exclusive_group()
+    hold.add_argument("--idempotency-window", type=float, default=None, metavar="SECONDS",
+                      help="with --idempotency-key: the key is held this long after the "
+                      "publish, then a publish with it makes a new job")
+    hold.add_argument("--idempotency-while-live", action="store_true",
+                      help="with --idempotency-key: the key is held while its job is queued "
+                      "or running, and freed when it ends")
+    pub.add_argument("--on-duplicate", choices=("return", "refuse"), default="return",
+                     help="a publish whose idempotency key is held: print the holder's id "
+                     "(return, the default) or fail naming it (refuse, exit 1)")
+
+
 def bulk_jobs(args: argparse.Namespace) -> list[NewJob]:
     """jobq publish --lines: one job per non-blank line of the file or stdin."""
     from jobq.newjob import NewJob, validate
 
-    if args.idempotency_key or args.after or args.debounce:
-        raise BadInput("--lines publishes many jobs: --idempotency-key, --after and --debounce "
-                       "name one job; leave them out")
+    if (args.idempotency_key or args.after or args.debounce or args.idempotency_window
+            or args.idempotency_while_live):
+        raise BadInput("--lines publishes many jobs: --idempotency-key (and its window), "
+                       "--after and --debounce name one job; leave them out")
     try:
         f = sys.stdin if args.payload == "-" else open(args.payload, encoding="utf-8")  # noqa: SIM115
     except OSError as exc:
