@@ -353,7 +353,7 @@ def check(db: SyncDB, published: list[Any], last_fault: Any) -> dict[str, Any]:
             "AND b.idempotency_key = a.idempotency_key AND b.id <> a.id "
             "AND b.created_at > a.created_at WHERE a.idempotency_scope = 'live' "
             "AND b.idempotency_scope = 'live' "
-            "AND (a.finished_at IS NULL OR b.created_at < a.finished_at - interval '200 ms'))"),
+            "AND (a.finished_at IS NULL OR b.created_at < a.finished_at - interval '200 ms')"),
         "terminal_after_last_fault_s": db.val(
             "SELECT round(extract(epoch FROM max(finished_at) - $1::timestamptz)::numeric, 2) "
             "FROM jobq.job", last_fault),
