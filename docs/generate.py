@@ -195,6 +195,8 @@ RIGHTS = {
     "spawn": "publish a child of its job once per name (job.spawn)",
     "join_results": "read the children its job joins (job.join)",
     "signal_get": "read a signal sent to its job (job.wait_for)",
+    "output_emit": "add the next chunk of its job's streamed output (job.emit)",
+    "output_read": "read a job's status and streamed output after an offset (client.stream)",
     "snooze": "put a job back for a while without counting the run (Snooze, RateLimited: "
               "and hold its key); only with the live lease's token",
     "finished_by": "did this token already finish the job (a retried write)",

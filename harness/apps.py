@@ -197,6 +197,21 @@ async def waits(job: Job) -> Any:
     return await run(job, start, end)
 
 
+@app.handler("emits")
+async def emits(job: Job) -> Any:
+    """job.emit (issue #52): harness/emits.py."""
+    from harness.emits import emits as run
+
+    return await run(job, start, end)
+
+
+@app.handler("emits_sync")
+def emits_sync(job: Job) -> Any:
+    from harness.emits import emits_sync as run
+
+    return run(job)
+
+
 @app.handler("echo")
 async def echo(job: Job) -> None:
     """Records the payload exactly as the handler received it."""

@@ -1413,6 +1413,59 @@ END
 $_$;
 
 --
+-- Name: q_output_emit(uuid, uuid, jsonb, integer); Type: FUNCTION; Schema: jobq; Owner: -
+--
+
+CREATE FUNCTION jobq.q_output_emit(uuid, uuid, jsonb, integer) RETURNS TABLE(ours boolean, n integer, before integer)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_custom_plan'
+    AS $_$
+#variable_conflict use_column
+BEGIN
+RETURN QUERY WITH mine AS (
+    SELECT j.id, j.attempts, q.max_payload_bytes
+    FROM jobq.job j JOIN jobq.queue q ON q.name = j.queue
+    WHERE j.id = $1 AND j.lock = $2
+      AND j.status COLLATE "C" = 'active' AND j.lease_expires_at > now()
+), prev AS (
+    SELECT coalesce(max(o.n), 0) AS n FROM jobq.job_output o WHERE o.job_id = $1
+), added AS (
+    INSERT INTO jobq.job_output (job_id, n, run, attempt, chunk)
+    SELECT m.id, p.n + 1, $2, m.attempts, $3::jsonb
+    FROM mine m, prev p
+    WHERE octet_length($3::text) <= m.max_payload_bytes AND p.n < $4
+    RETURNING job_id, n
+)
+SELECT EXISTS (SELECT 1 FROM mine) AS ours,
+       (SELECT a.n FROM added a WHERE pg_notify('jobq_output', a.job_id::text) IS NOT NULL) AS n,
+       (SELECT p.n FROM prev p) AS before;
+END
+$_$;
+
+--
+-- Name: q_output_read(uuid, integer, bigint); Type: FUNCTION; Schema: jobq; Owner: -
+--
+
+CREATE FUNCTION jobq.q_output_read(uuid, integer, bigint) RETURNS TABLE(status text, chunks text)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_custom_plan'
+    AS $_$
+#variable_conflict use_column
+BEGIN
+RETURN QUERY SELECT j.status,
+       coalesce((SELECT json_agg(json_build_object('n', o.n, 'run', o.run, 'attempt', o.attempt,
+                                                   'chunk', o.chunk) ORDER BY o.n)
+                 FROM (SELECT * FROM jobq.job_output o
+                       WHERE o.job_id = j.id AND o.n > $2
+                       ORDER BY o.n LIMIT $3) o), '[]')::text AS chunks
+FROM jobq.job j
+WHERE j.id = $1;
+END
+$_$;
+
+--
 -- Name: q_parents(uuid, uuid); Type: FUNCTION; Schema: jobq; Owner: -
 --
 
@@ -2462,6 +2515,19 @@ ALTER TABLE jobq.job_event ALTER COLUMN n ADD GENERATED ALWAYS AS IDENTITY (
 );
 
 --
+-- Name: job_output; Type: TABLE; Schema: jobq; Owner: -
+--
+
+CREATE TABLE jobq.job_output (
+    job_id uuid NOT NULL,
+    n integer NOT NULL,
+    run uuid NOT NULL,
+    attempt integer NOT NULL,
+    chunk jsonb NOT NULL,
+    at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
 -- Name: job_seq; Type: SEQUENCE; Schema: jobq; Owner: -
 --
 
@@ -2825,6 +2891,13 @@ ALTER TABLE jobq.job
     ADD CONSTRAINT job_key_length CHECK (((octet_length(key) >= 1) AND (octet_length(key) <= 200))) NOT VALID;
 
 --
+-- Name: job_output job_output_pkey; Type: CONSTRAINT; Schema: jobq; Owner: -
+--
+
+ALTER TABLE ONLY jobq.job_output
+    ADD CONSTRAINT job_output_pkey PRIMARY KEY (job_id, n);
+
+--
 -- Name: job job_pkey; Type: CONSTRAINT; Schema: jobq; Owner: -
 --
 
@@ -3176,6 +3249,13 @@ ALTER TABLE ONLY jobq.job_dependency
     ADD CONSTRAINT job_dependency_job_id_fkey FOREIGN KEY (job_id) REFERENCES jobq.job(id) ON DELETE CASCADE;
 
 --
+-- Name: job_output job_output_job_id_fkey; Type: FK CONSTRAINT; Schema: jobq; Owner: -
+--
+
+ALTER TABLE ONLY jobq.job_output
+    ADD CONSTRAINT job_output_job_id_fkey FOREIGN KEY (job_id) REFERENCES jobq.job(id) ON DELETE CASCADE;
+
+--
 -- Name: job_signal job_signal_job_id_fkey; Type: FK CONSTRAINT; Schema: jobq; Owner: -
 --
 
@@ -3415,6 +3495,21 @@ GRANT ALL ON FUNCTION jobq.q_mark_published(uuid[], uuid[]) TO jobq_producer;
 
 REVOKE ALL ON FUNCTION jobq.q_mark_republished(uuid[], uuid[]) FROM PUBLIC;
 GRANT ALL ON FUNCTION jobq.q_mark_republished(uuid[], uuid[]) TO jobq_consumer;
+
+--
+-- Name: FUNCTION q_output_emit(uuid, uuid, jsonb, integer); Type: ACL; Schema: jobq; Owner: -
+--
+
+REVOKE ALL ON FUNCTION jobq.q_output_emit(uuid, uuid, jsonb, integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION jobq.q_output_emit(uuid, uuid, jsonb, integer) TO jobq_consumer;
+
+--
+-- Name: FUNCTION q_output_read(uuid, integer, bigint); Type: ACL; Schema: jobq; Owner: -
+--
+
+REVOKE ALL ON FUNCTION jobq.q_output_read(uuid, integer, bigint) FROM PUBLIC;
+GRANT ALL ON FUNCTION jobq.q_output_read(uuid, integer, bigint) TO jobq_producer;
+GRANT ALL ON FUNCTION jobq.q_output_read(uuid, integer, bigint) TO jobq_reader;
 
 --
 -- Name: FUNCTION q_parents(uuid, uuid); Type: ACL; Schema: jobq; Owner: -
@@ -3711,6 +3806,12 @@ GRANT SELECT ON TABLE jobq.history TO jobq_reader;
 
 GRANT SELECT ON TABLE jobq.job_dependency TO jobq_reader;
 GRANT SELECT ON TABLE jobq.job_dependency TO jobq_reaper;
+
+--
+-- Name: TABLE job_output; Type: ACL; Schema: jobq; Owner: -
+--
+
+GRANT SELECT ON TABLE jobq.job_output TO jobq_reader;
 
 --
 -- Name: TABLE job_signal; Type: ACL; Schema: jobq; Owner: -

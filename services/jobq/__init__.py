@@ -10,6 +10,7 @@ reaper/ (one file per duty); docs/contributing.md says more.
 from jobq.app import App
 from jobq.client.producer import Client
 from jobq.client.results import JobFailed
+from jobq.client.stream import Chunk, RunBoundary
 from jobq.client.sync import ClientClosed, SyncClient
 from jobq.client.task import Task
 from jobq.client.workflow import Workflow
@@ -33,6 +34,7 @@ from jobq.telemetry.current import job_context
 
 __all__ = [
            "App",
+           "Chunk",
            "Client",
            "ClientClosed",
            "DuplicateJob",
@@ -45,6 +47,7 @@ __all__ = [
            "NewJob",
            "RateLimited",
            "Retry",
+           "RunBoundary",
            "RunEnd",
            "Settings",
            "SignalTimeout",

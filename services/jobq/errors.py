@@ -117,6 +117,7 @@ class Fail(HandlerSignal):
     """Fail the job now, without further attempts."""
 
 
+MAX_CHUNKS = 10_000  # job.emit: the most chunks a job keeps (schema 0033)
 MAX_SNOOZES = 100  # a job snoozed more often than this fails: nothing snoozes forever
 
 

@@ -66,8 +66,9 @@ class Job(Generic[P]):
 
     def _linked(self) -> Any:
         if self._link is None:  # a child process (--pool process): no retry can help
-            raise Fail("steps and parents need a job run by a consumer (--pool thread "
-                       "or an async handler); jobq.testing runs them in memory")
+            raise Fail("steps, parents, emit, sleeps, waits and children need a job run by "
+                       "a consumer (--pool thread or an async handler); jobq.testing runs "
+                       "them in memory")
         return self._link
 
     async def step(self, name: str, fn: Any, *args: Any) -> Any:
@@ -117,6 +118,19 @@ class Job(Generic[P]):
         propagate."""
         results: list[Any] = await self._linked().join(ids)
         return results
+
+    async def emit(self, chunk: Any) -> int:
+        """Stream ``chunk`` (JSON) to readers of ``client.stream(job.id)``:
+        stored in order with the job (durable when this returns) and its
+        offset returned. Chunks of every run are kept; a reader sees where a
+        re-run starts (:class:`jobq.RunBoundary`)."""
+        n: int = await self._linked().emit(chunk)
+        return n
+
+    def emit_sync(self, chunk: Any) -> int:
+        """``emit`` for sync handlers (run in the consumer's thread pool)."""
+        n: int = self._linked().emit_sync(chunk)
+        return n
 
     def step_key(self, name: str) -> str:
         """The same on every run of this job: an idempotency key for the

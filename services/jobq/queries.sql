@@ -43,8 +43,9 @@
 --   publish: enqueue_many, enqueue_many_traced, trace_of, enqueue_linked, held_back,
 --       queue_limits, mark_published, mark_republished, relay_take, relay_defer, relay_mark
 --   claim and run: claim, claim_plain, claim_recover, claim_misses, renew
---   run and finish: complete, finished_by, progress, parents, step_get, step_record, signal,
---       watch, fail, snooze, suspend, spawn, join_results, signal_get, release
+--   run and finish: complete, finished_by, progress, output_emit, parents, step_get,
+--       step_record, signal, output_read, watch, fail, snooze, suspend, spawn, join_results,
+--       signal_get, release
 --   reap: requeue_lapsed, isolate, child_died, quarantine, lost_candidates,
 --       local_statement_timeout, backlog, lost_horizon, unpublish_lost, unpark, unpark_freed,
 --       wake_signalled, settle_dependants, schedules_due, schedule_fire, schedule_set,
@@ -736,6 +737,31 @@ WHERE j.id = $1
   AND j.lease_expires_at > now()
 RETURNING j.id;
 
+-- name: output_emit
+-- grant: jobq_consumer
+-- job.emit(chunk) (schema 0033): the next chunk of the job ($3, JSON), from
+-- the holder of its live lease only ($2), at most the queue's
+-- max_payload_bytes and $4 chunks a job. ours false: the lease is lost; n
+-- NULL while ours: refused (too large, or the cap; `before` says which).
+-- The worker sends one emit of a job at a time, so n is free.
+WITH mine AS (
+    SELECT j.id, j.attempts, q.max_payload_bytes
+    FROM jobq.job j JOIN jobq.queue q ON q.name = j.queue
+    WHERE j.id = $1 AND j.lock = $2
+      AND j.status COLLATE "C" = 'active' AND j.lease_expires_at > now()
+), prev AS (
+    SELECT coalesce(max(o.n), 0) AS n FROM jobq.job_output o WHERE o.job_id = $1
+), added AS (
+    INSERT INTO jobq.job_output (job_id, n, run, attempt, chunk)
+    SELECT m.id, p.n + 1, $2, m.attempts, $3::jsonb
+    FROM mine m, prev p
+    WHERE octet_length($3::text) <= m.max_payload_bytes AND p.n < $4
+    RETURNING job_id, n
+)
+SELECT EXISTS (SELECT 1 FROM mine) AS ours,
+       (SELECT a.n FROM added a WHERE pg_notify('jobq_output', a.job_id::text) IS NOT NULL) AS n,
+       (SELECT p.n FROM prev p) AS before;
+
 -- name: parents
 -- grant: jobq_consumer
 -- await job.parents(): the jobs this one waited for, with their results.
@@ -774,6 +800,21 @@ RETURNING name;
 -- client.signal / jobq signal (issue #52): jobq.signal(id, name, payload),
 -- schema 0028; inside the caller's transaction when it passes its own.
 SELECT jobq.signal($1::uuid, $2::text, $3::jsonb);
+
+-- name: output_read
+-- grant: jobq_producer, jobq_reader
+-- client.stream (schema 0033): where the job is, and up to $3 of its chunks
+-- after offset $2, in order. The status is read first: once it is terminal
+-- no chunk can follow (an emit needs a live lease), so a reader that got
+-- fewer than $3 chunks with a terminal status has them all. No row: no job.
+SELECT j.status,
+       coalesce((SELECT json_agg(json_build_object('n', o.n, 'run', o.run, 'attempt', o.attempt,
+                                                   'chunk', o.chunk) ORDER BY o.n)
+                 FROM (SELECT * FROM jobq.job_output o
+                       WHERE o.job_id = j.id AND o.n > $2
+                       ORDER BY o.n LIMIT $3) o), '[]')::text AS chunks
+FROM jobq.job j
+WHERE j.id = $1;
 
 -- name: watch
 -- grant: jobq_producer

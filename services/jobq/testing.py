@@ -6,28 +6,27 @@
         result = await run_job(app, "emails", {"to": "a@b.c"})
         assert result == {"sent": 1}
 
-``run_job`` runs a handler as a consumer would, in memory: the payload is
-validated by the handler's model, a sync handler runs in a thread,
-``job.progress`` records values, ``job.step`` runs each step once per job
-(a second ``run_job`` of the same ``MemoryJob`` returns stored steps, as a re-run
-after a crash would), ``job.parents()`` returns what you give, and
-``Retry`` / ``Fail`` / ``Snooze`` / ``RateLimited`` / any other exception
-propagates, for ``pytest.raises``. ``job.sleep`` returns at once (time does
-not pass in a test; ``MemoryJob.slept`` lists the sleeps); ``job.wait_for``
-returns a signal given with ``MemoryJob.signal(name, payload)``, and without
-one raises ``jobq.errors.Suspended``: signal the job and run it again.
-``job.spawn`` records the child once per name (``MemoryJob.spawned``: name ->
-queue, payload, id); ``job.join`` returns ``MemoryJob.results[id]`` of each,
-and suspends until a test gives them all.
+``run_job`` runs a handler as a consumer would, in memory: the payload is validated
+by the handler's model, a sync handler runs in a thread, ``job.progress`` records
+values and ``job.emit`` chunks (``MemoryJob.output``), ``job.step`` runs each step
+once per job (a second ``run_job`` of the same ``MemoryJob`` returns stored steps, as
+a re-run after a crash would), ``job.parents()`` returns what you give, and ``Retry``
+/ ``Fail`` / ``Snooze`` / ``RateLimited`` / any other exception propagates, for
+``pytest.raises``. ``job.sleep`` returns at once (``MemoryJob.slept`` lists the
+sleeps); ``job.wait_for`` returns a signal given with ``MemoryJob.signal(name,
+payload)``, and without one raises ``jobq.errors.Suspended``: signal the job and run
+it again. ``job.spawn`` records the child once per name (``MemoryJob.spawned``: name
+-> queue, payload, id); ``job.join`` returns ``MemoryJob.results[id]`` of each, and
+suspends until a test gives them all.
 
-``InMemoryClient`` records what code under test publishes (the async
-client's ``publish`` / ``publish_many`` and the ``SyncClient``'s, without
-``await``; ``client.bind(app)`` also takes what ``app``'s task handles
-publish; ``publish_workflow`` and ``enqueue`` too) and can run it: ``await client.run_all(app)``
-runs every recorded job whose handler ``app`` has and that has not run yet,
-in publish order, then what those published, and returns their results.
-The pytest fixture ``jobq_client`` (``pytest -p jobq.testing``, or import it
-in a conftest) gives one per test.
+``InMemoryClient`` records what code under test publishes (the async client's
+``publish`` / ``publish_many`` and the ``SyncClient``'s, without ``await``;
+``client.bind(app)`` also takes what ``app``'s task handles publish;
+``publish_workflow`` and ``enqueue`` too) and can run it: ``await
+client.run_all(app)`` runs every recorded job whose handler ``app`` has and that has
+not run yet, in publish order, then what those published, and returns their results.
+The pytest fixture ``jobq_client`` (``pytest -p jobq.testing``, or import it in a
+conftest) gives one per test.
 """
 
 from __future__ import annotations
@@ -54,15 +53,17 @@ from jobq.worker.steps import fn_name
 
 @dataclass
 class _Memory:
-    """What a test job keeps between runs: its steps and its progress."""
+    """What a test job keeps between runs (steps, progress, output, signals,
+    children), and what its handler reaches through it, as a consumer's link."""
 
     steps: dict[str, tuple[str, Any]] = field(default_factory=dict)
     progress: list[Any] = field(default_factory=list)
-    parents: dict[uuid.UUID, Any] = field(default_factory=dict)
+    parent_results: dict[uuid.UUID, Any] = field(default_factory=dict)
     signals: dict[str, Any] = field(default_factory=dict)
     slept: list[str] = field(default_factory=list)
     spawned: dict[str, tuple[str, Any, uuid.UUID]] = field(default_factory=dict)
     results: dict[uuid.UUID, Any] = field(default_factory=dict)
+    output: list[Any] = field(default_factory=list)
 
     async def step(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
         who = fn_name(fn)
@@ -85,41 +86,34 @@ class _Memory:
     async def set(self, value: Any) -> None:  # job.progress
         self.progress.append(value)
 
-    async def parents_of(self) -> dict[uuid.UUID, Any]:
-        return dict(self.parents)
+    async def emit(self, chunk: Any) -> int:
+        self.output.append(json.loads(json.dumps(chunk, allow_nan=False)))
+        return len(self.output)
 
-
-class _Link:
-    def __init__(self, memory: _Memory) -> None:
-        self._m = memory
-
-    async def step(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
-        return await self._m.step(name, fn, *args)
-
-    def step_sync(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
-        return self._m.step_sync(name, fn, *args)
+    def emit_sync(self, chunk: Any) -> int:
+        return asyncio.run(self.emit(chunk))
 
     async def parents(self) -> dict[uuid.UUID, Any]:
-        return await self._m.parents_of()
+        return dict(self.parent_results)
 
     async def sleep(self, name: str, seconds: float) -> None:
-        self._m.slept.append(name)  # no time passes in a test
+        self.slept.append(name)  # no time passes in a test
 
     async def wait_for(self, name: str, timeout_s: float | None) -> Any:
-        if name not in self._m.signals:
+        if name not in self.signals:
             raise Suspended(None, name, f"waiting for signal {name!r} (signal the MemoryJob "
                             "and run it again)")
-        return self._m.signals[name]
+        return self.signals[name]
 
     async def spawn(self, name: str, queue: str, payload: Any, **options: Any) -> uuid.UUID:
-        return self._m.spawned.setdefault(name, (queue, payload, uuid.uuid4()))[2]
+        return self.spawned.setdefault(name, (queue, payload, uuid.uuid4()))[2]
 
     async def join(self, ids: Any) -> list[Any]:
         wanted = [uuid.UUID(str(i)) for i in ids]
-        if any(i not in self._m.results for i in wanted):
+        if any(i not in self.results for i in wanted):
             raise Suspended(None, None, "joining children (give MemoryJob.results[child_id] "
                             "and run it again)", joining=wanted)
-        return [self._m.results[i] for i in wanted]
+        return [self.results[i] for i in wanted]
 
 
 @dataclass
@@ -140,6 +134,11 @@ class MemoryJob:
     @property
     def steps(self) -> dict[str, Any]:
         return {k: v for k, (_, v) in self.memory.steps.items()}
+
+    @property
+    def output(self) -> list[Any]:
+        """What ``job.emit`` streamed, every run's, in order."""
+        return self.memory.output
 
     @property
     def slept(self) -> list[str]:
@@ -172,13 +171,13 @@ async def run_job(app: App, queue_or_job: str | MemoryJob | Task[Any],
     if handler is None:
         raise BadInput(f"the app has no handler for queue {tj.queue!r}")
     text = validate(NewJob(tj.queue, tj.payload))  # what publish would refuse
-    tj.memory.parents = dict(tj.parents)
+    tj.memory.parent_results = dict(tj.parents)
     job = Job(id=tj.id, queue=tj.queue, payload=json.loads(text), attempt=tj.attempt,
               lock=uuid.uuid4(), worker_id="jobq-testing")
     if handler.payload_model is not None:
         job.payload = handler.payload_model.model_validate(job.payload)
     job.attach_progress(tj.memory)
-    job.attach_link(_Link(tj.memory))
+    job.attach_link(tj.memory)
     try:
         if handler.is_async:
             return await handler.fn(job)

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from harness.helpers import SyncDB, run_cli, wait_until
+from harness.helpers import Procs, SyncDB, run_cli, wait_until
 from jobq.ops.cli import parser
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,6 +68,7 @@ def test_every_python_block_is_named_and_each_is_tested() -> None:
             "examples/django_project/signup/tasks.py", "psycopg_example.py",
             "sqlalchemy_example.py", "examples/fastapi_app/main.py"]),
         "docs/how-to/handlers.md": ["hooks_example.py", "myapp.py", "publish_example.py"],
+        "docs/how-to/results.md": ["stream_example.py"],
         "docs/how-to/workflows.md": ["workflow_example.py"],
         "docs/how-to/waiting.md": ["approve_example.py", "fanout_example.py",
                                    "waiting_example.py"],
@@ -111,6 +112,15 @@ def test_the_unique_example_runs_as_written(tmp_path: Path, env: dict[str, str],
     held = db.val("SELECT id FROM jobq.job WHERE queue = 'digest'")
     assert out.strip() == f"already queued: {held}"
     assert db.val("SELECT count(*) FROM jobq.job WHERE queue = 'sync'") == 1
+
+
+def test_the_stream_example_runs_as_written(tmp_path: Path, env: dict[str, str],
+                                            procs: Procs) -> None:
+    _write(tmp_path, "docs/how-to/results.md", "stream_example.py")
+    procs.start("consume", "stream_example:app", "--queue", "summaries",
+                environ={"PYTHONPATH": f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}"})
+    out = _run(env, tmp_path, "stream_example.py", timeout=60)
+    assert out.splitlines() == ["1 one two three", "2 four five"], out
 
 
 def test_the_flow_control_script_runs_as_written(tmp_path: Path, env: dict[str, str],

@@ -88,10 +88,17 @@ def test_fastapi_lifespan_client_publishes_and_waits_for_the_result(
         "    job = c.post('/reports', json={'customer': 'acme', 'month': '2026-11'}).json()\n"
         "    done = c.get(f\"/reports/{job['job']}\", params={'wait': 30})\n"
         "    bad = c.post('/reports', json={'customer': 'acme'})\n"
-        "print(json.dumps([job, done.status_code, done.json(), bad.status_code]))"),
+        "    sse = c.get(f\"/reports/{job['job']}/events\").text\n"
+        "    resumed = c.get(f\"/reports/{job['job']}/events\",\n"
+        "                    headers={'Last-Event-ID': '1'}).text\n"
+        "print(json.dumps([job, done.status_code, done.json(), bad.status_code, sse, resumed]))"),
         app_dir, **extra)
-    job, status, result, bad = json.loads(said.strip().splitlines()[-1])
+    job, status, result, bad, sse, resumed = json.loads(said.strip().splitlines()[-1])
     assert (status, bad) == (200, 422)
+    assert sse == ('id: 1\ndata: {"step": "query", "customer": "acme"}\n\n'
+                   'id: 2\ndata: {"step": "render", "month": "2026-11"}\n\n'
+                   'event: end\ndata: {}\n\n'), sse
+    assert resumed.startswith("id: 2\n") and resumed.count("id: ") == 1, resumed
     assert result == {"customer": "acme", "url": "/files/2026-11.pdf"}
     assert db.val("SELECT key FROM jobq.job WHERE id = $1::uuid", job["job"]) == "acme"
 

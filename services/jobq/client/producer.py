@@ -16,8 +16,8 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import AsyncGenerator, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 from typing_extensions import Unpack
@@ -34,6 +34,9 @@ from jobq.queues import BY_COLUMN
 from jobq.runtime import crash
 from jobq.settings import Settings
 from jobq.telemetry import tracing
+
+if TYPE_CHECKING:
+    from jobq.client.stream import Chunk, Listener, RunBoundary
 
 log = logging.getLogger("jobq.client.producer")
 
@@ -52,6 +55,7 @@ class Client:
         self._rows: Rows | None = None
         self._marks: Marks | None = None
         self._direct: asyncpg.Pool | None = None  # result waits behind PgBouncer
+        self._listener: Listener | None = None  # client.stream's one LISTEN session
         self._limits: dict[str, tuple[int, float]] = {}  # queue -> (max_payload_bytes, read at)
         self.broker = Broker(self.settings.amqp_url, self.settings.namespace,
                              self.settings.amqp_heartbeat_s)
@@ -74,6 +78,8 @@ class Client:
         if self._marks is not None:
             await self._marks.close()
         await self.broker.close()
+        if self._listener is not None:
+            await self._listener.close()
         if self._direct is not None:
             await self._direct.close()
         if self.pool is not None:
@@ -178,13 +184,32 @@ class Client:
         TimeoutError. Woken by NOTIFY at the job's end, no polling."""
         from jobq.client.results import wait
 
+        return await wait(await self._listening(), job_id, timeout)
+
+    async def _listening(self) -> asyncpg.Pool:
+        """Where a LISTEN works: the pool, or behind a pooler a session of its own."""
         assert self.pool is not None, "call connect() first"
-        if self.settings.database_pooled:  # LISTEN needs a session of its own
+        if self.settings.database_pooled:
             if self._direct is None:
                 self._direct = await open_pool(self.settings.session_url, wait=False,
                                                max_size=2, app_name="jobq-producer-results")
-            return await wait(self._direct, job_id, timeout)
-        return await wait(self.pool, job_id, timeout)
+            return self._direct
+        return self.pool
+
+    async def stream(self, job_id: uuid.UUID,
+                     from_offset: int = 0) -> AsyncGenerator[Chunk | RunBoundary, None]:
+        """The job's output (``job.emit``) in order, as it is emitted:
+        :class:`jobq.Chunk` items, a :class:`jobq.RunBoundary` where a later
+        run's chunks start; it ends once the job ended and all were given.
+        Resume with ``from_offset`` = the last chunk's offset."""
+        from jobq.client.stream import Listener, stream
+
+        assert self.pool is not None, "call connect() first"
+        if self._listener is None:
+            self._listener = Listener(await self._listening())
+        async for item in stream(self.pool, self._listener, uuid.UUID(str(job_id)),
+                                 from_offset):
+            yield item
 
     async def signal(self, job_id: uuid.UUID, name: str, payload: Any = None, *,
                      conn: asyncpg.Connection | None = None) -> bool:

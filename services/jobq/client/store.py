@@ -110,3 +110,9 @@ async def watch(db: Database, job_id: uuid.UUID) -> JobState | None:
         return None
     return JobState(row["id"], row["status"], row["result"], row["last_error"],
                     row["last_traceback"])
+
+
+async def output_read(db: Database, job_id: uuid.UUID, after: int, limit: int) -> Any:
+    """The job's status and up to ``limit`` chunks after offset ``after`` as
+    JSON text (client.stream); None: no such job."""
+    return await fetchrow(db, Q["output_read"], job_id, after, limit)

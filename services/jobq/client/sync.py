@@ -23,7 +23,7 @@ import os
 import threading
 import uuid
 import weakref
-from collections.abc import Coroutine, Iterable
+from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
@@ -101,6 +101,20 @@ class SyncClient:
 
     # ── life cycle ──
 
+    def stream(self, job_id: uuid.UUID, from_offset: int = 0) -> Iterator[Any]:
+        """``Client.stream`` as a plain iterator (each step on the client's loop)."""
+        loop, client = self._started()
+        agen = client.stream(job_id, from_offset)
+        try:
+            while True:
+                try:
+                    item = asyncio.run_coroutine_threadsafe(_next(agen), loop).result()
+                except StopAsyncIteration:
+                    return
+                yield item
+        finally:  # a reader that stopped early: the listening connection goes back
+            asyncio.run_coroutine_threadsafe(agen.aclose(), loop).result(30)
+
     def close(self) -> None:
         """Close this process's connections; later calls raise ClientClosed."""
         with self._lock:
@@ -156,6 +170,10 @@ def _serve(loop: asyncio.AbstractEventLoop) -> None:
         loop.run_forever()
     finally:
         loop.close()
+
+
+async def _next(agen: AsyncIterator[Any]) -> Any:
+    return await agen.__anext__()
 
 
 async def _on(client: Client, make: Any) -> Any:

@@ -31,7 +31,7 @@ from typing import Any
 from jobq import lease
 from jobq.client.results import ResultInvalid, encode
 from jobq.errors import LeaseLost, StepRefused
-from jobq.worker import suspension
+from jobq.worker import output, suspension
 
 
 def fn_name(fn: Callable[..., Any]) -> str:
@@ -49,6 +49,7 @@ class JobLink:
         self.lock = lock
         self.max_result_bytes = max_result_bytes
         self.loop = asyncio.get_running_loop()
+        self._emitting = asyncio.Lock()  # one emit of this run at a time (output.py)
 
     async def parents(self) -> dict[uuid.UUID, Any]:
         rows = await lease.parents(self.pool, self.job_id, self.lock)
@@ -66,6 +67,13 @@ class JobLink:
 
     async def join(self, ids: Any) -> list[Any]:
         return await suspension.join(self, ids)
+
+    async def emit(self, chunk: Any) -> int:
+        return await output.emit(self, chunk, self._emitting)
+
+    def emit_sync(self, chunk: Any) -> int:
+        n: int = asyncio.run_coroutine_threadsafe(self.emit(chunk), self.loop).result()
+        return n
 
     async def step(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
         if not isinstance(name, str) or not 1 <= len(name.encode()) <= 200:

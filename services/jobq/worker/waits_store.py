@@ -1,8 +1,9 @@
-"""What a running job that waits needs of the database (issue #52): the
-signal it waits for, the child it spawns once per name, the children it
-joins. Each statement is fenced by the job's lease token, as every worker
-write is: a zombie run reads and makes nothing. The suspend itself is the
-worker store's (worker/store.py), as every end of a run is."""
+"""What a running job that waits or streams needs of the database (issue
+#52): the signal it waits for, the child it spawns once per name, the
+children it joins, the chunks it emits. Each statement is fenced by the
+job's lease token, as every worker write is: a zombie run reads and makes
+nothing. The suspend itself is the worker store's (worker/store.py), as
+every end of a run is."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from jobq.db import Database, fetch
+from jobq.db import Database, fetch, fetchrow
 from jobq.sql import Q
 
 
@@ -51,3 +52,9 @@ async def children(pool: Database, job_id: uuid.UUID, lock: uuid.UUID,
         return None
     return [Child(r["id"], r["status"], r["result"], r["last_error"])
             for r in rows if r["id"] is not None]
+
+
+async def output_emit(pool: Database, job_id: uuid.UUID, lock: uuid.UUID, text: str,
+                      cap: int) -> Any:
+    """The chunk stored as the job's next (ours, n, before: queries.sql)."""
+    return await fetchrow(pool, Q["output_emit"], job_id, lock, text, cap)
