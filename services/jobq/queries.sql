@@ -2283,9 +2283,19 @@ LIMIT $1;
 SELECT id, queue, payload, status, worker_id, attempts, errors, stalls, suspect_stalls,
        snoozes, last_error, idempotency_key, run_at, created_at, started_at, finished_at,
        extract(epoch FROM lease_expires_at - now())::float8 AS lease_left_s, progress, result,
-       workflow_id, last_traceback, key, key_policy, wake_on, joining
+       workflow_id, last_traceback, key, key_policy, wake_on, joining, expires_at,
+       idempotency_scope
 FROM jobq.job
 WHERE id = $1;
+
+-- name: dash_output
+-- The job page: the last $2 chunks of its streamed output (schema 0033), newest
+-- first, on the primary key.
+SELECT n, attempt, chunk::text AS chunk, at
+FROM jobq.job_output
+WHERE job_id = $1
+ORDER BY n DESC
+LIMIT $2;
 
 -- name: dash_workers
 SELECT w.worker_id, w.host, w.pid, w.started_at, w.last_seen_at, w.vanished_at, w.drained,

@@ -218,3 +218,30 @@ def test_a_waiting_jobs_page_says_what_it_waits_for(
     assert page.locator("#wake_on td").inner_text().strip() == "approval"
     assert page.locator("#joining").count() == 0
     page.close()
+
+
+def test_a_jobs_page_shows_its_streamed_output_deadline_and_key_hold(
+        browser: Any, dashboard: str, db: SyncDB, procs: Procs, settings: Any) -> None:
+    bg(procs.consumer("--queue", "emits").worker_id)
+    procs.reaper()
+
+    def publish_one() -> Any:
+        from harness.helpers import publish_jobs
+        from jobq.newjob import NewJob
+
+        return publish_jobs(settings, [NewJob("emits", {"chunks": 3}, expires_in_s=600,
+                                              idempotency_key="k1",
+                                              idempotency_while_live=True)])[0]
+
+    jid = bg(publish_one)
+    bg(wait_until, lambda: db.val("SELECT status FROM jobq.job WHERE id = $1", jid)
+       == "completed", 20, "the job's end")
+    page = browser.new_page()
+    page.goto(f"{dashboard}/job/{jid}")
+    rows = page.locator("#output tr")
+    assert rows.count() == 3
+    assert rows.first.locator("td").first.inner_text().strip() == "3"  # newest first
+    assert '"i": 2' in rows.first.inner_text() or '"i":2' in rows.first.inner_text()
+    assert page.locator("#idempotency_scope td").inner_text().strip() == "live"
+    assert page.locator("#expires_at").count() == 1
+    page.close()

@@ -43,6 +43,9 @@ class Reads:
         rows = await fetch(self.pool, Q["dash_job"], job_id)
         return rows[0] if rows else None
 
+    async def output(self, job_id: uuid.UUID, limit: int) -> list[Any]:
+        return await fetch(self.pool, Q["dash_output"], job_id, limit)
+
     async def history(self, job_id: uuid.UUID) -> list[Any]:
         return await fetch(self.pool, Q["history"], job_id)
 

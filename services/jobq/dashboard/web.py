@@ -30,6 +30,7 @@ from jobq.errors import JobqError
 from jobq.ops import admin
 
 LIMIT = 200  # rows per list page
+OUTPUT_SHOWN = 50  # streamed chunks on a job page (newest first)
 # What an action's redirect may say (?done=...): a fixed text, never one
 # taken from the address (which anyone can write into a link).
 DONE = {"retried": "retried: queued again", "cancelled": "cancelled",
@@ -122,6 +123,7 @@ class Dashboard:
         return self._page(request, "job.html", job=job, events=events,
                           links=await self.reads.links(job_id),
                           steps=await self.reads.steps(job_id),
+                          output=await self.reads.output(job_id, OUTPUT_SHOWN),
                           runs=sum(1 for e in events if e["event"] == "claimed"),
                           message=DONE.get(request.query_params.get("done", ""), ""))
 
