@@ -18,7 +18,9 @@ import time
 import asyncpg
 
 from jobq.reaper import Reaper
+from jobq.reaper.store import PgReaperStore
 from jobq.reaper.wakes import Wakes
+from jobq.rows import Backlog
 from jobq.settings import Settings
 from tests.integration.test_idle_wakes import run
 
@@ -59,6 +61,49 @@ def test_lapsed_leases_are_requeued_in_time_while_the_relay_has_a_backlog(
             f"{', '.join(f'{x:.2f}' for x in late)}), with {left} rows still to relay when "
             "the first came back: the relay held up the requeue")
         assert 0 < left < BACKLOG, f"the relay was not busy when a lease lapsed ({left})"
+
+    run(settings, check)
+
+
+class SlowBacklog(PgReaperStore):
+    """The backlog statement as it is on a table of millions of queued rows:
+    seconds, up to its timeout (a real statement that takes that long)."""
+
+    async def backlog(self, timeout_s: float) -> list[Backlog]:
+        async with self.pool.acquire() as conn:
+            await conn.execute("SELECT pg_sleep(3)")
+        return await super().backlog(timeout_s)
+
+
+def test_a_slow_backlog_sample_does_not_hold_up_a_requeue(settings: Settings) -> None:
+    """The gauges' sample runs beside the sweeps, not in their loop: a sample
+    that takes seconds (once: all four sweeps' budget at startup, CI saw the
+    requeue 2 s late) leaves lease detection alone."""
+    async def check(reaper: Reaper, _wakes: Wakes, conn: asyncpg.Connection) -> None:
+        assert reaper.pool is not None
+        reaper.store = SlowBacklog(reaper.pool, reaper.broker)
+        await conn.execute("INSERT INTO jobq.queue (name, lease_s) VALUES ('short', 1)")
+        jids = [await conn.fetchval("SELECT jobq.enqueue('short', '{}'::jsonb, "
+                                    "relay_grace_s => 3600)") for _ in LAPSE_S]
+        deadlines = [await conn.fetchval(
+            "UPDATE jobq.job SET status = 'active', lock = gen_random_uuid(), "
+            "lease_expires_at = now() + make_interval(secs => $2) WHERE id = $1 "
+            "RETURNING lease_expires_at", jid, s) for jid, s in zip(jids, LAPSE_S)]
+        loop = asyncio.create_task(reaper._loop())
+        try:
+            late, _left = await requeued(conn, dict(zip(jids, deadlines)))
+            sampling = await conn.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(3)' "
+                "AND state = 'active'")
+        finally:
+            reaper.request_stop()
+            await loop
+        assert sampling == 1, "the slow sample was over before the last lease lapsed"
+        budget = settings.reaper.max_sleep_s
+        assert max(late) < 2 * budget + 0.8, (
+            f"requeued {max(late):.2f}s after its lease lapsed (all: "
+            f"{', '.join(f'{x:.2f}' for x in late)}) while a backlog sample ran: "
+            "the sample held up the requeue")
 
     run(settings, check)
 

@@ -13,8 +13,10 @@ relay time or schedule slot comes; the sweep runs only those, then the loop
 sleeps until then (or a NOTIFY from ``jobq.enqueue``), at most
 ``max_sleep_s``; with nothing going on, up to ``idle_sleep_s`` (``wakes.py``
 says why that is safe). On their own clocks: the lost-message check
-(``lost.py``), retention (``retention.py``) and the backlog gauges
-(``backlog.py``, one statement each 15 s). Idle, the probe, the sweep
+(``lost.py``) and retention (``retention.py``) between sweeps, and the
+backlog gauges (``backlog.py``, one statement each 15 s) in a task beside
+the loop: the sample reads every queued row and may take its whole timeout,
+which must never hold up a requeue (I3). Idle, the probe, the sweep
 record, the lost-message check and the backlog sample are all a reaper
 sends (bench/idle_cost.py). Errors are logged and the loop goes on. Any number of
 reapers may run; they are symmetric peers. Limits: a reaper frozen inside
@@ -219,7 +221,27 @@ class Reaper:
         backoff = Backoff(0.5, 5.0)
         next_lost_check = time.monotonic() + self.cfg.lost_check_s
         next_prune = time.monotonic() + min(self.cfg.prune_every_s, 5.0)
-        next_backlog = time.monotonic()  # the gauges exist from the first sweep on
+        sampler = asyncio.create_task(self._sample_backlog(), name="jobq-backlog")
+        try:
+            await self._sweep_loop(backoff, next_lost_check, next_prune)
+        finally:
+            sampler.cancel()
+            await asyncio.gather(sampler, return_exceptions=True)
+
+    async def _sample_backlog(self) -> None:
+        """The backlog gauges, from the first sweep on, each backlog_every_s
+        (errors are the sample's own: logged, the next one tried)."""
+        if not self.cfg.backlog_every_s:
+            return
+        while not self._stop.is_set():
+            await self.backlog.sample(self._store, self.cfg.backlog_timeout_s)
+            try:
+                await asyncio.wait_for(self._stop.wait(), self.cfg.backlog_every_s)
+            except TimeoutError:
+                pass
+
+    async def _sweep_loop(self, backoff: Backoff, next_lost_check: float,
+                          next_prune: float) -> None:
         while not self._stop.is_set():
             self._wakes.before_probe()
             await self._wakes.listen()
@@ -230,9 +252,6 @@ class Reaper:
                 if self.cfg.prune_every_s and time.monotonic() >= next_prune:
                     next_prune = time.monotonic() + self.cfg.prune_every_s
                     await self.prune_expired()
-                if self.cfg.backlog_every_s and time.monotonic() >= next_backlog:
-                    next_backlog = time.monotonic() + self.cfg.backlog_every_s
-                    await self.backlog.sample(self._store, self.cfg.backlog_timeout_s)
                 probe = await self.probe()
                 sweep = await self.run_once(probe)
                 if sweep.requeued or sweep.failed or sweep.published:
