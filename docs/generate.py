@@ -215,6 +215,8 @@ RIGHTS = {
     "renew": "extend its leases, on its own registry session; never waits for a row lock",
     "schedule_upsert": "store its app's schedules (also a producer only); never an "
                        "operator's, nor another login's",
+    "schedule_overlap": "set the overlap policy of a schedule its app stored (and only "
+                        "that one)",
     "step_get": "read a durable step of a job; only with the live lease's token",
     "step_record": "record a durable step; only with the live lease's token",
     "unpark_freed": "release one parked job of the queue of a job it just finished (the "

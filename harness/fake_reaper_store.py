@@ -57,11 +57,11 @@ class FakeReaperStore:
         self._enter("schedules_due")
         return self.due
 
-    async def fire(self, slot: DueSlot, next_slot: datetime) -> uuid.UUID | None:
+    async def fire(self, slot: DueSlot, next_slot: datetime) -> tuple[uuid.UUID | None, bool]:
         self._enter("fire")
         if slot.name in self.fire_errors:
             raise self.fire_errors[slot.name]
-        return uuid.uuid4()
+        return uuid.uuid4(), False
 
     async def skip(self, slot: DueSlot, next_slot: datetime | None, why: str) -> None:
         self._enter("skip")

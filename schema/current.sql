@@ -1636,6 +1636,23 @@ END
 $_$;
 
 --
+-- Name: q_schedule_overlap(text, text); Type: FUNCTION; Schema: jobq; Owner: -
+--
+
+CREATE FUNCTION jobq.q_schedule_overlap(text, text) RETURNS TABLE(name text)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_custom_plan'
+    AS $_$
+#variable_conflict use_column
+BEGIN
+RETURN QUERY UPDATE jobq.schedule SET overlap = $2
+WHERE name = $1 AND source = 'app' AND owner = session_user::text AND overlap <> $2
+RETURNING name;
+END
+$_$;
+
+--
 -- Name: q_schedule_upsert(text, text, jsonb, text, text, double precision, timestamp with time zone, boolean); Type: FUNCTION; Schema: jobq; Owner: -
 --
 
@@ -2762,11 +2779,16 @@ CREATE TABLE jobq.schedule (
     last_error text,
     last_error_at timestamp with time zone,
     owner text,
+    overlap text DEFAULT 'allow'::text NOT NULL,
+    skipped_slots timestamp with time zone[] DEFAULT '{}'::timestamp with time zone[] NOT NULL,
+    skipped_total bigint DEFAULT 0 NOT NULL,
     CONSTRAINT schedule_check CHECK (((cron IS NULL) <> (interval_s IS NULL))),
     CONSTRAINT schedule_cron_check CHECK ((length(cron) <= 200)),
     CONSTRAINT schedule_interval_s_check CHECK (((interval_s >= (1)::double precision) AND (interval_s < (31536000)::double precision))),
     CONSTRAINT schedule_name_check CHECK ((name ~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$'::text)),
+    CONSTRAINT schedule_overlap_check CHECK ((overlap = ANY (ARRAY['allow'::text, 'skip'::text]))),
     CONSTRAINT schedule_queue_check CHECK ((queue ~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$'::text)),
+    CONSTRAINT schedule_skipped_slots_check CHECK ((cardinality(skipped_slots) <= 100)),
     CONSTRAINT schedule_source_check CHECK ((source = ANY (ARRAY['operator'::text, 'app'::text]))),
     CONSTRAINT schedule_timezone_check CHECK ((length(timezone) <= 64))
 );
@@ -3552,6 +3574,13 @@ GRANT ALL ON FUNCTION jobq.q_release(uuid[], uuid[], text, boolean) TO jobq_cons
 
 REVOKE ALL ON FUNCTION jobq.q_renew(uuid[], uuid[], double precision[], text) FROM PUBLIC;
 GRANT ALL ON FUNCTION jobq.q_renew(uuid[], uuid[], double precision[], text) TO jobq_consumer;
+
+--
+-- Name: FUNCTION q_schedule_overlap(text, text); Type: ACL; Schema: jobq; Owner: -
+--
+
+REVOKE ALL ON FUNCTION jobq.q_schedule_overlap(text, text) FROM PUBLIC;
+GRANT ALL ON FUNCTION jobq.q_schedule_overlap(text, text) TO jobq_consumer;
 
 --
 -- Name: FUNCTION q_schedule_upsert(text, text, jsonb, text, text, double precision, timestamp with time zone, boolean); Type: ACL; Schema: jobq; Owner: -

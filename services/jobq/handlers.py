@@ -149,17 +149,19 @@ class Handlers:
 
     def schedule(self, name: str, queue: str, *, cron: str | None = None,
                  every: float | None = None, timezone: str = "UTC",
-                 payload: Any = None) -> None:
+                 payload: Any = None, overlap: str = "allow") -> None:
         """Declare a periodic job: a consumer of this app stores it in
-        jobq.schedule at start; the reapers enqueue it once per slot."""
+        jobq.schedule at start; the reapers enqueue it once per slot
+        (``overlap="skip"``: not while its last job is queued or running)."""
         try:
-            self.schedules[name] = Schedule(name, queue, payload, cron, every, timezone)
+            self.schedules[name] = Schedule(name, queue, payload, cron, every, timezone,
+                                            overlap=overlap)
         except (BadInput, TypeError) as exc:
             raise ConfigError(str(exc)) from exc
 
     def periodic(self, *, cron: str | None = None, every: float | None = None,
                  timezone: str = "UTC", payload: Any = None,
-                 name: str | None = None) -> Callable[[F], F]:
+                 name: str | None = None, overlap: str = "allow") -> Callable[[F], F]:
         """Put over ``@app.handler(queue)``: also run that queue's handler on a
         schedule (named after the queue unless ``name`` is given)."""
         def register(fn: F) -> F:
@@ -168,7 +170,7 @@ class Handlers:
             if queue is None:
                 raise ConfigError("@app.periodic goes above @app.handler(queue)")
             self.schedule(name or queue, queue, cron=cron, every=every, timezone=timezone,
-                          payload=payload)
+                          payload=payload, overlap=overlap)
             return fn
 
         return register

@@ -48,9 +48,10 @@
 --       signal_get, release
 --   reap: requeue_lapsed, isolate, child_died, quarantine, lost_candidates,
 --       local_statement_timeout, backlog, lost_horizon, unpublish_lost, unpark, unpark_freed,
---       wake_signalled, settle_dependants, schedules_due, schedule_fire, schedule_set,
---       schedule_upsert, schedule_skip, db_now, schedule_list, schedule_delete, expire_due,
---       sweep_probe
+--       wake_signalled, settle_dependants, schedules_due, schedule_lock, schedule_try_lock,
+--       schedule_fire, schedule_trigger, schedule_backfill, schedule_get, schedule_overlap,
+--       schedule_set, schedule_upsert, schedule_skip, db_now, schedule_list, schedule_delete,
+--       expire_due, sweep_probe
 --   workers: worker_busy, worker_lock, client_check_interval, worker_register, worker_gone,
 --       worker_pool, workers_vanished, workers_prune, lease_lost_event
 --   operator verbs: cancel, retry_failed, cancel_queue_batch, retry_queue_batch,
@@ -61,7 +62,7 @@
 --       queue_limits_get, queue_limits_set
 --   inspect: stats, job_status, job_get, job_links, job_steps, workflow_jobs, workflow_cancel
 --   dashboard: dash_queues, dash_throughput, dash_running, dash_stalled, dash_failed, dash_job,
---       dash_workers, reader_member, dash_reapers
+--       dash_output, dash_workers, reader_member, dash_reapers
 --   install: database_exists, create_database_statement, role_exists, role_create_statement,
 --       current_login, session_login, owner_joined, owner_join, schema_owner, as_owner,
 --       roles_shared_with, schema_present, schema_namespace, schema_create, migrations_present,
@@ -1553,41 +1554,125 @@ WHERE enabled AND next_run_at <= now()
 ORDER BY next_run_at
 LIMIT $1;
 
+-- name: schedule_lock
+-- The schedule's row lock, first and alone, in the transaction of a fire, a
+-- trigger or a backfill: the statement after it takes a new snapshot, so it
+-- sees a job the last holder of the lock put in line (overlap skip, and a
+-- backfill's missing slots, are read after the lock, not before it).
+SELECT name FROM jobq.schedule WHERE name = $1 FOR UPDATE;
+
+-- name: schedule_try_lock
+-- The reapers' schedule_lock: a schedule another session holds (a reaper
+-- firing it, an operator's trigger) is not waited for; no row back.
+SELECT name FROM jobq.schedule WHERE name = $1 FOR UPDATE SKIP LOCKED;
+
 -- name: schedule_fire
 -- One slot of one schedule, once: only if next_run_at is still the slot
--- this reaper read ($2); the row lock makes a racing reaper wait, then find
--- it advanced. The job's idempotency key names the slot. $3: the next slot.
+-- this reaper read ($2); the row lock (schedule_lock, just before, in the
+-- same transaction) makes a racing reaper wait, then find it advanced. The
+-- job's idempotency key names the slot. $3: the next slot. Under overlap
+-- skip a slot whose schedule still has a live job enqueues nothing and is
+-- kept in skipped_slots (the latest 100).
 WITH due AS (
-    SELECT name, queue, payload
-    FROM jobq.schedule
-    WHERE name = $1 AND next_run_at = $2 AND enabled
-    FOR UPDATE
+    SELECT s.name, s.queue, s.payload,
+           s.overlap = 'skip' AND EXISTS (
+               SELECT 1 FROM jobq.job j
+               WHERE j.id = s.last_job_id AND j.status IN ('queued', 'active')) AS busy
+    FROM jobq.schedule s
+    WHERE s.name = $1 AND s.next_run_at = $2 AND s.enabled
 ), job AS (
     SELECT jobq.enqueue(d.queue, d.payload, 0,
                format('schedule:%s:%s', d.name,
                       to_char($2::timestamptz AT TIME ZONE 'UTC',
                               'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')), 0) AS id
-    FROM due d
+    FROM due d WHERE NOT d.busy
 ), advanced AS (
     UPDATE jobq.schedule s
-    SET next_run_at = $3, last_slot = $2, last_job_id = (SELECT id FROM job)
+    SET next_run_at = $3, last_slot = $2,
+        last_job_id = CASE WHEN due.busy THEN s.last_job_id ELSE (SELECT id FROM job) END,
+        skipped_total = s.skipped_total + due.busy::int,
+        skipped_slots = CASE WHEN NOT due.busy THEN s.skipped_slots
+                             ELSE (s.skipped_slots || $2::timestamptz)[
+                                      greatest(1, cardinality(s.skipped_slots) - 98):] END
     FROM due WHERE s.name = due.name
 )
-SELECT id FROM job;
+SELECT (SELECT id FROM job) AS id, coalesce((SELECT busy FROM due), false) AS skipped;
+
+-- name: schedule_trigger
+-- `jobq schedule trigger NAME`: one job of the schedule now, outside its
+-- slots (next_run_at unchanged), under its row lock (schedule_lock first).
+-- Under overlap skip, a live job of the schedule is returned instead
+-- (live = true) and nothing is enqueued. NULL: no schedule of that name.
+WITH s AS (
+    SELECT s.name, s.queue, s.payload,
+           (SELECT j.id FROM jobq.job j
+            WHERE s.overlap = 'skip' AND j.id = s.last_job_id
+              AND j.status IN ('queued', 'active')) AS live_id
+    FROM jobq.schedule s WHERE s.name = $1
+), job AS (
+    SELECT jobq.enqueue(s.queue, s.payload, 0,
+               format('schedule:%s:trigger:%s', s.name,
+                      to_char(clock_timestamp() AT TIME ZONE 'UTC',
+                              'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')), 0) AS id
+    FROM s WHERE s.live_id IS NULL
+), noted AS (
+    UPDATE jobq.schedule t SET last_job_id = (SELECT id FROM job)
+    FROM job WHERE t.name = $1
+)
+SELECT coalesce((SELECT id FROM job), s.live_id) AS id, s.live_id IS NOT NULL AS live
+FROM s;
+
+-- name: schedule_backfill
+-- `jobq schedule backfill NAME --from --to`: a job for each slot of $2 (the
+-- schedule's slots in the range, computed by the caller) that has no job
+-- row yet (its key schedule:<name>:<slot>, whoever fired it), under the row
+-- lock (schedule_lock first), so running it twice, or beside a reaper
+-- firing, makes each missing slot's job exactly once. Overlap is not
+-- applied: a backfill asks for these slots. The slots enqueued, with ids.
+WITH s AS (
+    SELECT name, queue, payload FROM jobq.schedule WHERE name = $1
+), slots AS (
+    SELECT slot, format('schedule:%s:%s', s.name,
+                        to_char(slot AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')) AS key
+    FROM s, unnest($2::timestamptz[]) AS slot
+), missing AS (
+    SELECT slots.slot, slots.key FROM slots, s
+    WHERE NOT EXISTS (SELECT 1 FROM jobq.job j
+                      WHERE j.queue = s.queue AND j.idempotency_key = slots.key)
+)
+SELECT m.slot, jobq.enqueue(s.queue, s.payload, 0, m.key, 0) AS id
+FROM missing m, s
+ORDER BY m.slot;
+
+-- name: schedule_get
+-- One schedule (the backfill computes its slots from it).
+SELECT name, queue, cron, interval_s, timezone, enabled, next_run_at, created_at, overlap,
+       now() AS now
+FROM jobq.schedule WHERE name = $1;
+
+-- name: schedule_overlap
+-- grant: jobq_consumer
+-- The overlap an app declares for its schedule (@app.periodic(overlap=...)),
+-- after schedule_upsert stored it: only the app's own schedule (an operator's
+-- word wins, another login's schedule is not this one's).
+UPDATE jobq.schedule SET overlap = $2
+WHERE name = $1 AND source = 'app' AND owner = session_user::text AND overlap <> $2
+RETURNING name;
 
 -- name: schedule_set
 -- `jobq schedule set` (an operator verb, run as the schema owner). A
 -- schedule whose timing is unchanged keeps its next slot; a changed one
 -- starts anew. The operator's word wins over an app's declaration, and a
--- schedule set here is the operator's from now on (source).
+-- schedule set here is the operator's from now on (source). $9: the
+-- overlap policy, or NULL to keep the stored one ('allow' for a new one).
 WITH stored AS (
     INSERT INTO jobq.schedule AS s (name, queue, payload, cron, timezone, interval_s, next_run_at,
-                                    enabled, source)
-    VALUES ($1, $2, $3::jsonb, $4, $5, $6, $7, $8, 'operator')
+                                    enabled, source, overlap)
+    VALUES ($1, $2, $3::jsonb, $4, $5, $6, $7, $8, 'operator', coalesce($9, 'allow'))
     ON CONFLICT (name) DO UPDATE
     SET queue = excluded.queue, payload = excluded.payload, cron = excluded.cron,
         timezone = excluded.timezone, interval_s = excluded.interval_s, enabled = excluded.enabled,
-        source = 'operator', last_error = NULL,
+        source = 'operator', last_error = NULL, overlap = coalesce($9, s.overlap),
         next_run_at = CASE WHEN (s.cron, s.timezone, s.interval_s)
                                 IS NOT DISTINCT FROM (excluded.cron, excluded.timezone,
                                                       excluded.interval_s)
@@ -1643,7 +1728,8 @@ SELECT now();
 
 -- name: schedule_list
 SELECT name, queue, payload, cron, timezone, interval_s, enabled, next_run_at, last_slot,
-       last_job_id, source, last_error
+       last_job_id, source, last_error, overlap, skipped_total,
+       skipped_slots[cardinality(skipped_slots)] AS last_skipped
 FROM jobq.schedule
 ORDER BY name;
 

@@ -14,17 +14,22 @@ payload is over the queue's limit, its cron no longer parses) is recorded on
 its row (``last_error``) and stepped over, with one log line; only an
 outage of the database stops the sweep's schedules.
 
-Exactly once: every reaper sweep reads the due schedules and fires each with
-one conditional statement (``schedule_fire``): it locks the schedule row,
+Exactly once: every reaper sweep reads the due schedules and fires each in
+one short transaction: it takes the schedule's row lock (a schedule another
+reaper holds is left to it, never waited for), then ``schedule_fire``
 re-checks that ``next_run_at`` is still the slot this reaper read, enqueues
-the job and advances ``next_run_at`` in the same transaction. A second
+the job and advances ``next_run_at``. A second
 reaper reading the same slot finds it advanced and fires nothing; the job's
 idempotency key ``schedule:<name>:<slot>`` would refuse a second job anyway.
 No leader to elect, so nothing to split.
 
 Missed slots (no reaper ran): one run at catch-up, labelled with the first
 missed slot, then the next slot after now, as Celery beat, Oban and River do
-by default. All times come from the database clock.
+by default; ``jobq schedule backfill`` enqueues the others when they are
+wanted (each slot once, however often it is run). Overlap ``skip`` never
+puts a second job of a schedule in line while one is queued or running:
+the slot is skipped and recorded (schema 0034). All times come from the
+database clock.
 """
 
 from __future__ import annotations
@@ -46,6 +51,9 @@ from jobq.errors import BadInput
 
 log = logging.getLogger("jobq.schedules")
 
+OVERLAPS = ("allow", "skip")
+MAX_BACKFILL = 10_000  # slots one backfill may enqueue
+
 
 
 @dataclass(frozen=True)
@@ -57,6 +65,7 @@ class Schedule:
     every_s: float | None = None
     timezone: str = "UTC"
     enabled: bool = True
+    overlap: str = "allow"  # or "skip": no slot enqueues while its last job is live
 
     def __post_init__(self) -> None:
         from jobq.queues import QUEUE_NAME
@@ -64,6 +73,9 @@ class Schedule:
         for what, value in (("schedule name", self.name), ("queue", self.queue)):
             if not isinstance(value, str) or not QUEUE_NAME.fullmatch(value):
                 raise BadInput(f"invalid {what} {value!r}: use 1-100 letters, digits, _ . : -")
+        if self.overlap not in OVERLAPS:
+            raise BadInput(f"schedule {self.name}: unknown overlap {self.overlap!r} "
+                           f"(use {' or '.join(OVERLAPS)})")
         if (self.cron is None) == (self.every_s is None):
             raise BadInput(f"schedule {self.name}: give a cron expression or an interval, "
                            "not both and not neither")
@@ -95,6 +107,21 @@ class Schedule:
         local = t.astimezone(ZoneInfo(self.timezone))
         nxt: datetime = next(iter(CronSim(self.cron, local)))
         return nxt
+
+    def slots_between(self, start: datetime, end: datetime, anchor: datetime) -> list[datetime]:
+        """Every slot from ``start`` to ``end`` (both included), at most
+        MAX_BACKFILL; interval slots on the lattice through ``anchor`` (the
+        schedule's next slot), as the reapers fire them."""
+        out: list[datetime] = []
+        t = self.next_after(start - timedelta(microseconds=1), anchor)
+        while t <= end:
+            if len(out) == MAX_BACKFILL:
+                raise BadInput(f"schedule {self.name}: more than {MAX_BACKFILL} slots from "
+                               f"{start.isoformat()} to {end.isoformat()}; backfill a "
+                               "shorter range at a time")
+            out.append(t)
+            t = self.next_after(t, anchor)
+        return out
 
     def row(self, now: datetime) -> tuple[Any, ...]:
         """Arguments of schedule_upsert, next slot computed from ``now``."""

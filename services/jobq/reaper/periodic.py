@@ -31,13 +31,17 @@ async def fire_due(store: ReaperStore) -> int:
     fired = 0
     for d in await store.schedules_due(FIRE_BATCH):
         try:  # catch-up: one run for every slot missed up to now
-            job_id = await store.fire(d, _schedule(d).next_after(d.now, d.next_run_at))
+            job_id, skipped = await store.fire(d, _schedule(d).next_after(d.now, d.next_run_at))
         except Exception as exc:
             if is_transient(exc):
                 raise
             await _skip(store, d, exc)
             continue
-        if job_id is not None:
+        if skipped:  # overlap skip: its last job is still queued or running
+            log.info("schedule %s: slot %s skipped, its last job is still live", d.name,
+                     d.next_run_at.isoformat(), extra=fields(event="schedule_skipped",
+                                                             queue=d.queue))
+        elif job_id is not None:
             fired += 1
             late = (d.now - d.next_run_at).total_seconds()
             log.info("schedule %s fired", d.name, extra=fields(

@@ -40,8 +40,9 @@ class ReaperStore(Protocol):
 
     async def schedules_due(self, limit: int) -> list[DueSlot]: ...
 
-    async def fire(self, slot: DueSlot, next_slot: datetime) -> uuid.UUID | None:
-        """Enqueue the slot's job once (None: another reaper fired it)."""
+    async def fire(self, slot: DueSlot, next_slot: datetime) -> tuple[uuid.UUID | None, bool]:
+        """Enqueue the slot's job (its id), or skip the slot (overlap skip:
+        True); (None, False) when another reaper fires or fired it."""
 
     async def skip(self, slot: DueSlot, next_slot: datetime | None, why: str) -> None: ...
 
@@ -103,11 +104,19 @@ class PgReaperStore:
     async def schedules_due(self, limit: int) -> list[DueSlot]:
         return [of(DueSlot, r) for r in await fetch(self.pool, Q["schedules_due"], limit)]
 
-    async def fire(self, slot: DueSlot, next_slot: datetime) -> uuid.UUID | None:
-        # one statement, autocommitted: a reaper frozen after it holds no lock
-        job_id: uuid.UUID | None = await fetchval(self.pool, Q["schedule_fire"], slot.name,
-                                                  slot.next_run_at, next_slot)
-        return job_id
+    async def fire(self, slot: DueSlot, next_slot: datetime) -> tuple[uuid.UUID | None, bool]:
+        # The lock, then the fire, in one short transaction. A schedule
+        # another reaper holds is its to fire: skipped, never waited for (a
+        # reaper frozen inside the transaction holds it until
+        # idle_in_transaction_session_timeout ends its session, and no other
+        # reaper's sweep waits meanwhile; the slot is fired after that).
+        async with transaction(self.pool) as conn:
+            if not await fetch(conn, Q["schedule_try_lock"], slot.name):
+                return None, False
+            row = await fetchrow(conn, Q["schedule_fire"], slot.name, slot.next_run_at,
+                                 next_slot)
+        assert row is not None
+        return row["id"], bool(row["skipped"])
 
     async def skip(self, slot: DueSlot, next_slot: datetime | None, why: str) -> None:
         await execute(self.pool, Q["schedule_skip"], slot.name, slot.next_run_at, next_slot,

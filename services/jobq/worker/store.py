@@ -161,6 +161,8 @@ async def declare_schedules(conn: asyncpg.Connection | PooledConnection,
             with refused(s.name):
                 async with conn.transaction():
                     row = await fetchrow(conn, Q["schedule_upsert"], *s.row(at))
+                    if row is not None:  # its overlap, on the app's own row only
+                        await execute(conn, Q["schedule_overlap"], s.name, s.overlap)
         except BadInput as exc:
             log.warning("%s; not stored", exc, extra=fields(event="schedule_refused"))
             continue
