@@ -16,8 +16,8 @@ import pytest
 
 from harness.helpers import SyncDB, run_cli, set_queue
 from harness.helpers import with_pool as run
-from jobq.amqp.broker import Broker
 from jobq import App
+from jobq.amqp.broker import Broker
 from jobq.errors import BadInput
 from jobq.ops import admin
 from jobq.reaper import Reaper
@@ -67,6 +67,7 @@ def test_overlap_skip_enqueues_nothing_while_the_last_job_lives_and_records_the_
             assert len(await _jobs(pool, "nightly")) == 1
         row = await pool.fetchrow("SELECT skipped_total, skipped_slots, last_job_id, "
                                   "next_run_at > now() AS ahead FROM jobq.schedule")
+        assert row is not None
         assert row["skipped_total"] == 2 and row["skipped_slots"] == skipped, dict(row)
         assert row["last_job_id"] == first["id"] and row["ahead"]
         # Ended: the next slot enqueues again.
