@@ -58,6 +58,8 @@ from harness.helpers import Proc, Procs, SyncDB, set_queue
 from jobq.client.producer import Client
 from jobq.newjob import NewJob
 from jobq.ops.admin import set_schedule
+from jobq.reaper.audit import Audit
+from jobq.reaper.store import PgAuditStore
 from jobq.schedules import Schedule
 from jobq.settings import Settings
 
@@ -268,11 +270,23 @@ def _cut_consumer(procs: Procs, host: netns.Host, db_url: str, amqp_url: str) ->
 FAILURES = ("lost", "not_in_db", "completed_by_non_owner", "completed_twice",
             "dependants_started_early", "schedule_slots_twice", "fifo_out_of_order",
             "singleton_two_live", "superseded_completed", "waits_unfinished",
-            "expired_ran_late", "expired_but_ran", "unique_two_live")
+            "expired_ran_late", "expired_but_ran", "unique_two_live", "invariant_violations")
+
+
+def audited(db: SyncDB) -> int:
+    """The invariant monitor's verdict (issue #50.8): what the reapers found
+    live, plus a check of the whole history now (as jobq audit runs it)."""
+    db.loop.run_until_complete(Audit(60.0).check(PgAuditStore(db.conn), until_done=True,
+                                                 quiet=True))
+    for r in db.fetch("SELECT kind, job_id, queue, detail FROM jobq.invariant_violation "
+                      "ORDER BY detected_at LIMIT 10"):
+        print(f"  violation: {r['kind']} {r['job_id']} ({r['queue']}): {r['detail']}")
+    return int(db.val("SELECT count(*) FROM jobq.invariant_violation"))
 
 
 def check(db: SyncDB, published: list[Any], last_fault: Any) -> dict[str, Any]:
     return {
+        "invariant_violations": audited(db),
         "jobs": db.val("SELECT count(*) FROM jobq.job"),
         "published_ids_returned": len(published),
         "lost": db.val("SELECT count(*) FROM jobq.job WHERE status <> 'completed' "

@@ -215,6 +215,10 @@ RIGHTS = {
     "renew": "extend its leases, on its own registry session; never waits for a row lock",
     "schedule_upsert": "store its app's schedules (also a producer only); never an "
                        "operator's, nor another login's",
+    "audit_claims": "record jobs claimed by two workers at once, from the history (the "
+                    "invariant monitor; it writes only jobq.invariant_violation)",
+    "audit_completions": "record completions without the job's live claim, from the history",
+    "audit_now": "record leases overdue and ready jobs unpublished past the grace",
     "schedule_overlap": "set the overlap policy of a schedule its app stored (and only "
                         "that one)",
     "step_get": "read a durable step of a job; only with the live lease's token",

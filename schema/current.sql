@@ -719,6 +719,144 @@ BEGIN
 END $$;
 
 --
+-- Name: q_audit_claims(bigint, bigint); Type: FUNCTION; Schema: jobq; Owner: -
+--
+
+CREATE FUNCTION jobq.q_audit_claims(bigint, bigint) RETURNS TABLE(last_n bigint, found integer)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_custom_plan'
+    AS $_$
+#variable_conflict use_column
+BEGIN
+RETURN QUERY WITH ev AS (
+    SELECT e.n, e.job_id, e.worker_id, e.at
+    FROM jobq.job_event e
+    WHERE e.n > $1 AND e.event = 'claimed' AND e.at < now() - interval '1 second'
+    ORDER BY e.n
+    LIMIT $2
+), doubled AS (
+    SELECT ev.n, ev.job_id, ev.worker_id, ev.at, p.n AS prev_n, p.worker_id AS prev_worker,
+           p.at AS prev_at
+    FROM ev CROSS JOIN LATERAL (
+        SELECT p.n, p.event, p.worker_id, p.at FROM jobq.job_event p
+        WHERE p.job_id = ev.job_id AND p.n < ev.n
+          AND p.event IN ('claimed', 'retry', 'failed', 'released', 'stalled', 'cancelled',
+                            'child_died', 'snoozed', 'rate_limited', 'superseded',
+                            'suspended', 'completed')
+        ORDER BY p.n DESC
+        LIMIT 1) p
+    WHERE p.event = 'claimed' AND p.worker_id IS DISTINCT FROM ev.worker_id
+), found AS (
+    INSERT INTO jobq.invariant_violation (kind, job_id, queue, event_n, detail)
+    SELECT 'two_live_leases', d.job_id, j.queue, d.n,
+           format('claimed by %s at %s while the claim of %s at %s (event %s) had not ended',
+                  d.worker_id, d.at, d.prev_worker, d.prev_at, d.prev_n)
+    FROM doubled d JOIN jobq.job j ON j.id = d.job_id
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+)
+SELECT coalesce((SELECT max(n) FROM ev), $1) AS last_n, (SELECT count(*) FROM found)::int AS found;
+END
+$_$;
+
+--
+-- Name: q_audit_completions(timestamp with time zone, uuid, bigint); Type: FUNCTION; Schema: jobq; Owner: -
+--
+
+CREATE FUNCTION jobq.q_audit_completions(timestamp with time zone, uuid, bigint) RETURNS TABLE(last_at timestamp with time zone, last_id uuid, found integer)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_custom_plan'
+    AS $_$
+#variable_conflict use_column
+BEGIN
+RETURN QUERY WITH done AS (
+    SELECT j.id, j.queue, j.worker_id, j.finished_at
+    FROM jobq.job j
+    WHERE j.status = 'completed' AND (j.finished_at, j.id) > ($1, $2)
+      AND j.finished_at < now() - interval '1 second'
+    ORDER BY j.finished_at, j.id
+    LIMIT $3
+), judged AS (
+    SELECT d.id, d.queue, d.worker_id, d.finished_at, c.n AS claim_n,
+           c.worker_id AS claim_worker,
+           (SELECT x.event FROM jobq.job_event x
+            WHERE x.job_id = d.id AND x.n > c.n AND x.at <= d.finished_at
+              AND x.event IN ('retry', 'failed', 'released', 'stalled', 'cancelled',
+                            'child_died', 'snoozed', 'rate_limited', 'superseded',
+                            'suspended', 'completed')
+            ORDER BY x.n LIMIT 1) AS ended_by
+    FROM done d CROSS JOIN LATERAL (
+        SELECT c.n, c.worker_id FROM jobq.job_event c
+        WHERE c.job_id = d.id AND c.event = 'claimed' AND c.at <= d.finished_at
+        ORDER BY c.n DESC
+        LIMIT 1) c
+), found AS (
+    INSERT INTO jobq.invariant_violation (kind, job_id, queue, event_n, detail)
+    SELECT 'completed_without_lease', id, queue, claim_n,
+           CASE WHEN claim_worker IS DISTINCT FROM worker_id
+                THEN format('completed by %s at %s; the latest claim before it was %s''s '
+                            '(event %s)', worker_id, finished_at, claim_worker, claim_n)
+                ELSE format('completed by %s at %s after its claim (event %s) ended: %s',
+                            worker_id, finished_at, claim_n, ended_by) END
+    FROM judged
+    WHERE claim_worker IS DISTINCT FROM worker_id OR ended_by IS NOT NULL
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+), last AS (
+    SELECT finished_at, id FROM done ORDER BY finished_at DESC, id DESC LIMIT 1
+)
+SELECT coalesce((SELECT finished_at FROM last), $1) AS last_at,
+       coalesce((SELECT id FROM last), $2) AS last_id,
+       (SELECT count(*) FROM found)::int AS found;
+END
+$_$;
+
+--
+-- Name: q_audit_now(double precision); Type: FUNCTION; Schema: jobq; Owner: -
+--
+
+CREATE FUNCTION jobq.q_audit_now(double precision) RETURNS TABLE(overdue_lease integer, unpublished integer)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_custom_plan'
+    AS $_$
+#variable_conflict use_column
+BEGIN
+RETURN QUERY WITH overdue AS (
+    SELECT j.id, j.queue, j.worker_id, j.lease_expires_at
+    FROM jobq.job j
+    WHERE j.status = 'active' AND j.lease_expires_at < now() - make_interval(secs => $1)
+    LIMIT 1000
+), unpublished AS (
+    SELECT j.id, j.queue, j.relay_after
+    FROM jobq.job j
+    WHERE j.status = 'queued' AND j.published_at IS NULL
+      AND j.relay_after < now() - make_interval(secs => $1)
+      AND j.waiting_on = 0 AND j.run_at < now() - make_interval(secs => $1)
+      AND NOT EXISTS (SELECT 1 FROM jobq.queue q WHERE q.name = j.queue AND q.paused)
+    LIMIT 1000
+), found AS (
+    INSERT INTO jobq.invariant_violation (kind, job_id, queue, detail)
+    SELECT 'overdue_lease', id, queue,
+           format('the lease of %s lapsed at %s and no reaper requeued it', worker_id,
+                  lease_expires_at)
+    FROM overdue
+    UNION ALL
+    SELECT 'unpublished', id, queue,
+           format('ready since %s and not published by the relay', relay_after)
+    FROM unpublished
+    ON CONFLICT DO NOTHING
+    RETURNING kind
+)
+SELECT count(*) FILTER (WHERE kind = 'overdue_lease')::int AS overdue_lease,
+       count(*) FILTER (WHERE kind = 'unpublished')::int AS unpublished
+FROM found;
+END
+$_$;
+
+--
 -- Name: q_child_died(uuid, uuid, text); Type: FUNCTION; Schema: jobq; Owner: -
 --
 
@@ -2508,6 +2646,20 @@ UNION ALL
   ORDER BY 3, 2;
 
 --
+-- Name: invariant_violation; Type: TABLE; Schema: jobq; Owner: -
+--
+
+CREATE TABLE jobq.invariant_violation (
+    kind text NOT NULL,
+    job_id uuid NOT NULL,
+    queue text NOT NULL,
+    event_n bigint,
+    detail text NOT NULL,
+    detected_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT invariant_violation_kind_check CHECK ((kind = ANY (ARRAY['two_live_leases'::text, 'completed_without_lease'::text, 'overdue_lease'::text, 'unpublished'::text])))
+);
+
+--
 -- Name: job_dependency; Type: TABLE; Schema: jobq; Owner: -
 --
 
@@ -2890,6 +3042,13 @@ CREATE VIEW jobq.workers AS
            FROM jobq.job j
           WHERE ((j.worker_id = w.worker_id) AND (j.status = 'active'::text))) AS active_jobs
    FROM jobq.worker w;
+
+--
+-- Name: invariant_violation invariant_violation_pkey; Type: CONSTRAINT; Schema: jobq; Owner: -
+--
+
+ALTER TABLE ONLY jobq.invariant_violation
+    ADD CONSTRAINT invariant_violation_pkey PRIMARY KEY (kind, job_id);
 
 --
 -- Name: job_dependency job_dependency_pkey; Type: CONSTRAINT; Schema: jobq; Owner: -
@@ -3414,6 +3573,27 @@ REVOKE ALL ON FUNCTION jobq.notify_delayed() FROM PUBLIC;
 REVOKE ALL ON FUNCTION jobq.notify_finished() FROM PUBLIC;
 
 --
+-- Name: FUNCTION q_audit_claims(bigint, bigint); Type: ACL; Schema: jobq; Owner: -
+--
+
+REVOKE ALL ON FUNCTION jobq.q_audit_claims(bigint, bigint) FROM PUBLIC;
+GRANT ALL ON FUNCTION jobq.q_audit_claims(bigint, bigint) TO jobq_reaper;
+
+--
+-- Name: FUNCTION q_audit_completions(timestamp with time zone, uuid, bigint); Type: ACL; Schema: jobq; Owner: -
+--
+
+REVOKE ALL ON FUNCTION jobq.q_audit_completions(timestamp with time zone, uuid, bigint) FROM PUBLIC;
+GRANT ALL ON FUNCTION jobq.q_audit_completions(timestamp with time zone, uuid, bigint) TO jobq_reaper;
+
+--
+-- Name: FUNCTION q_audit_now(double precision); Type: ACL; Schema: jobq; Owner: -
+--
+
+REVOKE ALL ON FUNCTION jobq.q_audit_now(double precision) FROM PUBLIC;
+GRANT ALL ON FUNCTION jobq.q_audit_now(double precision) TO jobq_reaper;
+
+--
 -- Name: FUNCTION q_child_died(uuid, uuid, text); Type: ACL; Schema: jobq; Owner: -
 --
 
@@ -3828,6 +4008,12 @@ GRANT SELECT ON TABLE jobq.job_event TO jobq_reader;
 --
 
 GRANT SELECT ON TABLE jobq.history TO jobq_reader;
+
+--
+-- Name: TABLE invariant_violation; Type: ACL; Schema: jobq; Owner: -
+--
+
+GRANT SELECT ON TABLE jobq.invariant_violation TO jobq_reader;
 
 --
 -- Name: TABLE job_dependency; Type: ACL; Schema: jobq; Owner: -

@@ -51,7 +51,8 @@
 --       wake_signalled, settle_dependants, schedules_due, schedule_lock, schedule_try_lock,
 --       schedule_fire, schedule_trigger, schedule_backfill, schedule_get, schedule_overlap,
 --       schedule_set, schedule_upsert, schedule_skip, db_now, schedule_list, schedule_delete,
---       expire_due, sweep_probe
+--       expire_due, sweep_probe, audit_claims, audit_completions, audit_now, audit_list,
+--       audit_runs
 --   workers: worker_busy, worker_lock, client_check_interval, worker_register, worker_gone,
 --       worker_pool, workers_vanished, workers_prune, lease_lost_event
 --   operator verbs: cancel, retry_failed, cancel_queue_batch, retry_queue_batch,
@@ -1812,6 +1813,154 @@ SELECT EXISTS (SELECT 1 FROM jobq.job WHERE status = 'active') AS active,
              WHERE status = 'queued' AND expires_at IS NOT NULL AND started_at IS NULL)
        ) - now())::float8 AS seconds,
        (SELECT min(lease_s) FROM jobq.queue)::float8 AS min_lease_s;
+
+-- name: audit_claims
+-- grant: jobq_reaper
+-- The invariant monitor (schema 0035, reaper/audit.py), I2. Each 'claimed'
+-- event after event $1 (at most $2, oldest first, a second old at least so
+-- that a slower transaction's event is not passed over) whose job's latest
+-- claim or run end before it is another worker's claim: two workers held
+-- live leases at once. (A run ends by the events that end its lease: not
+-- worker_vanished, which only shortens it, nor isolated, which marks a
+-- suspect's run.) A claim visible here was allowed by the end before
+-- it (the row lock orders them), so that end is visible too. Recorded once
+-- per job. The last event read and how many violations are new.
+WITH ev AS (
+    SELECT e.n, e.job_id, e.worker_id, e.at
+    FROM jobq.job_event e
+    WHERE e.n > $1 AND e.event = 'claimed' AND e.at < now() - interval '1 second'
+    ORDER BY e.n
+    LIMIT $2
+), doubled AS (
+    SELECT ev.n, ev.job_id, ev.worker_id, ev.at, p.n AS prev_n, p.worker_id AS prev_worker,
+           p.at AS prev_at
+    FROM ev CROSS JOIN LATERAL (
+        SELECT p.n, p.event, p.worker_id, p.at FROM jobq.job_event p
+        WHERE p.job_id = ev.job_id AND p.n < ev.n
+          AND p.event IN ('claimed', 'retry', 'failed', 'released', 'stalled', 'cancelled',
+                            'child_died', 'snoozed', 'rate_limited', 'superseded',
+                            'suspended', 'completed')
+        ORDER BY p.n DESC
+        LIMIT 1) p
+    WHERE p.event = 'claimed' AND p.worker_id IS DISTINCT FROM ev.worker_id
+), found AS (
+    INSERT INTO jobq.invariant_violation (kind, job_id, queue, event_n, detail)
+    SELECT 'two_live_leases', d.job_id, j.queue, d.n,
+           format('claimed by %s at %s while the claim of %s at %s (event %s) had not ended',
+                  d.worker_id, d.at, d.prev_worker, d.prev_at, d.prev_n)
+    FROM doubled d JOIN jobq.job j ON j.id = d.job_id
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+)
+SELECT coalesce((SELECT max(n) FROM ev), $1) AS last_n, (SELECT count(*) FROM found)::int AS found;
+
+-- name: audit_completions
+-- grant: jobq_reaper
+-- The invariant monitor: completed jobs after ($1 finished_at, $2 id), at
+-- most $3, a second old at least, of queues that keep history: the
+-- completion must be by the worker of the job's latest claim before it, with
+-- no end of that run between the claim and the completion (a completion
+-- accepted without a live lease). Recorded once per job. Where it read to
+-- and how many violations are new.
+WITH done AS (
+    SELECT j.id, j.queue, j.worker_id, j.finished_at
+    FROM jobq.job j
+    WHERE j.status = 'completed' AND (j.finished_at, j.id) > ($1, $2)
+      AND j.finished_at < now() - interval '1 second'
+    ORDER BY j.finished_at, j.id
+    LIMIT $3
+), judged AS (
+    SELECT d.id, d.queue, d.worker_id, d.finished_at, c.n AS claim_n,
+           c.worker_id AS claim_worker,
+           (SELECT x.event FROM jobq.job_event x
+            WHERE x.job_id = d.id AND x.n > c.n AND x.at <= d.finished_at
+              AND x.event IN ('retry', 'failed', 'released', 'stalled', 'cancelled',
+                            'child_died', 'snoozed', 'rate_limited', 'superseded',
+                            'suspended', 'completed')
+            ORDER BY x.n LIMIT 1) AS ended_by
+    FROM done d CROSS JOIN LATERAL (
+        SELECT c.n, c.worker_id FROM jobq.job_event c
+        WHERE c.job_id = d.id AND c.event = 'claimed' AND c.at <= d.finished_at
+        ORDER BY c.n DESC
+        LIMIT 1) c
+), found AS (
+    INSERT INTO jobq.invariant_violation (kind, job_id, queue, event_n, detail)
+    SELECT 'completed_without_lease', id, queue, claim_n,
+           CASE WHEN claim_worker IS DISTINCT FROM worker_id
+                THEN format('completed by %s at %s; the latest claim before it was %s''s '
+                            '(event %s)', worker_id, finished_at, claim_worker, claim_n)
+                ELSE format('completed by %s at %s after its claim (event %s) ended: %s',
+                            worker_id, finished_at, claim_n, ended_by) END
+    FROM judged
+    WHERE claim_worker IS DISTINCT FROM worker_id OR ended_by IS NOT NULL
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+), last AS (
+    SELECT finished_at, id FROM done ORDER BY finished_at DESC, id DESC LIMIT 1
+)
+SELECT coalesce((SELECT finished_at FROM last), $1) AS last_at,
+       coalesce((SELECT id FROM last), $2) AS last_id,
+       (SELECT count(*) FROM found)::int AS found;
+
+-- name: audit_now
+-- grant: jobq_reaper
+-- The invariant monitor, on the rows as they are now ($1: the grace, s):
+-- a lease lapsed longer ago than the grace and still not requeued (I3), and
+-- a ready job (due, waiting on nothing, not parked, its queue not paused)
+-- the relay has not published within the grace after its relay time (I1).
+-- At most 1,000 of each a call; recorded once per job; how many are new.
+WITH overdue AS (
+    SELECT j.id, j.queue, j.worker_id, j.lease_expires_at
+    FROM jobq.job j
+    WHERE j.status = 'active' AND j.lease_expires_at < now() - make_interval(secs => $1)
+    LIMIT 1000
+), unpublished AS (
+    SELECT j.id, j.queue, j.relay_after
+    FROM jobq.job j
+    WHERE j.status = 'queued' AND j.published_at IS NULL
+      AND j.relay_after < now() - make_interval(secs => $1)
+      AND j.waiting_on = 0 AND j.run_at < now() - make_interval(secs => $1)
+      AND NOT EXISTS (SELECT 1 FROM jobq.queue q WHERE q.name = j.queue AND q.paused)
+    LIMIT 1000
+), found AS (
+    INSERT INTO jobq.invariant_violation (kind, job_id, queue, detail)
+    SELECT 'overdue_lease', id, queue,
+           format('the lease of %s lapsed at %s and no reaper requeued it', worker_id,
+                  lease_expires_at)
+    FROM overdue
+    UNION ALL
+    SELECT 'unpublished', id, queue,
+           format('ready since %s and not published by the relay', relay_after)
+    FROM unpublished
+    ON CONFLICT DO NOTHING
+    RETURNING kind
+)
+SELECT count(*) FILTER (WHERE kind = 'overdue_lease')::int AS overdue_lease,
+       count(*) FILTER (WHERE kind = 'unpublished')::int AS unpublished
+FROM found;
+
+-- name: audit_list
+-- `jobq audit`: the violations recorded ($1: one job, or NULL for all).
+SELECT kind, job_id, queue, event_n, detail, detected_at
+FROM jobq.invariant_violation
+WHERE $1::uuid IS NULL OR job_id = $1
+ORDER BY detected_at, kind, job_id;
+
+-- name: audit_runs
+-- `jobq audit ID`: the job's runs from its history, each claim with the
+-- event that ended it (NULL: the run is live, or it completed).
+SELECT c.n, c.at, c.worker_id, c.attempt,
+       e.event AS ended_by, e.at AS ended_at, e.worker_id AS ended_worker
+FROM jobq.job_event c
+LEFT JOIN LATERAL (
+    SELECT x.event, x.at, x.worker_id FROM jobq.job_event x
+    WHERE x.job_id = c.job_id AND x.n > c.n AND x.event IN ('claimed', 'retry', 'failed', 'released', 'stalled', 'cancelled',
+                            'child_died', 'snoozed', 'rate_limited', 'superseded',
+                            'suspended', 'completed')
+    ORDER BY x.n
+    LIMIT 1) e ON true
+WHERE c.job_id = $1 AND c.event = 'claimed'
+ORDER BY c.n;
 
 -- ───────────────────────────── workers ─────────────────────────────
 

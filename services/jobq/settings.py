@@ -106,6 +106,11 @@ class ReaperSettings(BaseModel):
     # backlog_timeout_s (the statement reads every queued row).
     backlog_every_s: float = Field(default=15.0, ge=0)
     backlog_timeout_s: float = Field(default=2.0, gt=0, le=60)
+    # The invariant monitor (reaper/audit.py): a check of what happened since
+    # the last one every audit_every_s (0: off); a lease lapsed, or a ready
+    # job unpublished, longer than audit_grace_s ago is a violation.
+    audit_every_s: float = Field(default=2.0, ge=0)
+    audit_grace_s: float = Field(default=60.0, ge=5)
     # Dependants (jobs published `after` others): a sweep settles at most
     # settle_budget edges, in at most settle_rounds rounds (a chain one level
     # a round), in one transaction; the probe brings the reaper straight back

@@ -260,3 +260,17 @@ async def delete_queue(pool: asyncpg.Pool, queue: str) -> int:
         raise BadInput(f"{row['schedules']} schedule(s) enqueue into {queue}: remove them first "
                        "(jobq schedule list)")
     return int(row["jobs"])
+
+
+async def audit(pool: asyncpg.Pool, grace_s: float, job: uuid.UUID | None
+                ) -> tuple[list[Any], list[Any]]:
+    """``jobq audit``: the invariant monitor's checks over the whole history
+    now (recording what they find), then (``job``'s runs, the violations
+    recorded: ``job``'s, or all)."""
+    from jobq.reaper.audit import Audit
+    from jobq.reaper.store import PgAuditStore
+
+    await Audit(grace_s).check(PgAuditStore(pool), until_done=True, quiet=True)
+    runs = await fetch(pool, Q["audit_runs"], job) if job is not None else []
+    return runs, await fetch(pool, Q["audit_list"], job)
+

@@ -16,9 +16,11 @@ says why that is safe). On their own clocks: the lost-message check
 (``lost.py``) and retention (``retention.py``) between sweeps, and the
 backlog gauges (``backlog.py``, one statement each 15 s) in a task beside
 the loop: the sample reads every queued row and may take its whole timeout,
-which must never hold up a requeue (I3). Idle, the probe, the sweep
-record, the lost-message check and the backlog sample are all a reaper
-sends (bench/idle_cost.py). Errors are logged and the loop goes on. Any number of
+which must never hold up a requeue (I3); the invariant monitor
+(``audit.py``, what happened since its last round, each 2 s) beside it too.
+Idle, the probe, the sweep record, the lost-message check, the backlog
+sample and the audit's three statements are all a reaper sends
+(bench/idle_cost.py). Errors are logged and the loop goes on. Any number of
 reapers may run; they are symmetric peers. Limits: a reaper frozen inside
 the relay transaction holds its rows until PostgreSQL's
 ``idle_in_transaction_session_timeout`` ends its session (5 s).
@@ -32,17 +34,19 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 
 import asyncpg
 
 from jobq.amqp.broker import Broker
 from jobq.db import open_pool
 from jobq.errors import UnavailableError
+from jobq.reaper.audit import Audit
 from jobq.reaper.backlog import BacklogGauges
 from jobq.reaper.duties import DUTIES, Duty, Sweep
 from jobq.reaper.lost import republish_lost
 from jobq.reaper.retention import prune_expired as prune_finished
-from jobq.reaper.store import PgReaperStore, ReaperStore
+from jobq.reaper.store import PgAuditStore, PgReaperStore, ReaperStore
 from jobq.reaper.wakes import Wakes
 from jobq.rows import Probe
 from jobq.runtime import crash
@@ -74,6 +78,7 @@ class Reaper:
         self._wakes = Wakes(settings.session_url, self.cfg)
         self._next_workers_prune = 0.0  # workers gone for a day: check_lost deletes them
         self.backlog = BacklogGauges()
+        self.audit = Audit(self.cfg.audit_grace_s)
         self.sweeps = 0
         self.last_sweep_at: float | None = None
         self.failures = 0  # sweeps failed in a row
@@ -221,24 +226,41 @@ class Reaper:
         backoff = Backoff(0.5, 5.0)
         next_lost_check = time.monotonic() + self.cfg.lost_check_s
         next_prune = time.monotonic() + min(self.cfg.prune_every_s, 5.0)
-        sampler = asyncio.create_task(self._sample_backlog(), name="jobq-backlog")
+        beside = [asyncio.create_task(self._every(self.cfg.backlog_every_s, self._sample),
+                                      name="jobq-backlog"),
+                  asyncio.create_task(self._every(self.cfg.audit_every_s, self._audit_once),
+                                      name="jobq-audit")]
         try:
             await self._sweep_loop(backoff, next_lost_check, next_prune)
         finally:
-            sampler.cancel()
-            await asyncio.gather(sampler, return_exceptions=True)
+            for task in beside:
+                task.cancel()
+            await asyncio.gather(*beside, return_exceptions=True)
 
-    async def _sample_backlog(self) -> None:
-        """The backlog gauges, from the first sweep on, each backlog_every_s
-        (errors are the sample's own: logged, the next one tried)."""
-        if not self.cfg.backlog_every_s:
-            return
-        while not self._stop.is_set():
-            await self.backlog.sample(self._store, self.cfg.backlog_timeout_s)
+    async def _every(self, every_s: float, fn: Callable[[], Awaitable[object]]) -> None:
+        """``fn`` from the first sweep on, each ``every_s`` (0: never), beside
+        the sweeps; its errors are its own (logged, the next round tried)."""
+        while every_s and not self._stop.is_set():
             try:
-                await asyncio.wait_for(self._stop.wait(), self.cfg.backlog_every_s)
+                await fn()
+            except Exception as exc:
+                log.warning("%s failed: %s: %s; trying again in %.0fs",
+                            getattr(fn, "__name__", "a side task"), type(exc).__name__,
+                            str(exc).splitlines()[0] if str(exc) else "", every_s)
+            try:
+                await asyncio.wait_for(self._stop.wait(), every_s)
             except TimeoutError:
                 pass
+
+    async def _sample(self) -> None:
+        await self.backlog.sample(self._store, self.cfg.backlog_timeout_s)
+
+    async def _audit_once(self) -> None:
+        assert self.pool is not None
+        if self.last_sweep_at is None:  # a reaper back from an outage requeues first
+            return
+        await self.audit.check(PgAuditStore(self.pool))
+        metrics.AUDITED.set(time.time())
 
     async def _sweep_loop(self, backoff: Backoff, next_lost_check: float,
                           next_prune: float) -> None:

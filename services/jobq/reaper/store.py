@@ -14,7 +14,7 @@ import logging
 import time
 import uuid
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 import asyncpg
 
@@ -215,3 +215,32 @@ class PgReaperStore:
 
     async def gone(self, reaper_id: str) -> None:
         await execute(self.pool, Q["reaper_gone"], reaper_id)
+
+
+class PgAuditStore:
+    """The invariant monitor's statements (reaper/audit.py), on a pool or a
+    connection: a reaper's, or jobq audit's as the schema owner."""
+
+    def __init__(self, db: Any) -> None:
+        self.db = db
+
+    async def claims(self, after_n: int, limit: int) -> tuple[int, int]:
+        """(last event read, new two_live_leases) after event ``after_n``."""
+        row = await fetchrow(self.db, Q["audit_claims"], after_n, limit)
+        assert row is not None
+        return int(row["last_n"]), int(row["found"])
+
+    async def completions(self, after: tuple[datetime, uuid.UUID], limit: int
+                          ) -> tuple[tuple[datetime, uuid.UUID], int]:
+        """(where it read to, new completed_without_lease) after ``after``."""
+        row = await fetchrow(self.db, Q["audit_completions"], *after, limit)
+        assert row is not None
+        return (row["last_at"], row["last_id"]), int(row["found"])
+
+    async def now(self, grace_s: float) -> dict[str, int]:
+        """New overdue_lease and unpublished violations, as the rows are now."""
+        row = await fetchrow(self.db, Q["audit_now"], grace_s)
+        assert row is not None
+        return {"overdue_lease": int(row["overdue_lease"]),
+                "unpublished": int(row["unpublished"])}
+

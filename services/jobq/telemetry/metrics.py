@@ -87,6 +87,13 @@ OLDEST_WAIT = Gauge("jobq_queue_oldest_wait_seconds", "How long the oldest ready
                     registry=REGISTRY)
 BACKLOG_SAMPLED = Gauge("jobq_backlog_sampled_timestamp_seconds", "Unix time of this reaper's "
                         "last backlog sample.", registry=REGISTRY)
+# The invariant monitor (reaper/audit.py): each violation is counted once,
+# by the reaper that recorded it, so alert on sum(increase(...)).
+INVARIANT_VIOLATIONS = Counter("jobq_invariant_violations_total", "Jobs found breaking one of "
+                               "jobq's invariants (jobq audit prints them), by kind.",
+                               ["kind"], registry=REGISTRY)
+AUDITED = Gauge("jobq_audit_timestamp_seconds", "Unix time of this reaper's last invariant "
+                "check.", registry=REGISTRY)
 
 
 def exposition() -> bytes:

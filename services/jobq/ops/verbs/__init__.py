@@ -2,6 +2,6 @@
 parsers and what they run (``register`` adds its parsers; each sets ``run``).
 In the order ``jobq --help`` lists them."""
 
-from jobq.ops.verbs import install, jobs, publishing, queues, reading, schedule, services
+from jobq.ops.verbs import audit, install, jobs, publishing, queues, reading, schedule, services
 
-GROUPS = (install, services, publishing, schedule, queues, reading, jobs)
+GROUPS = (install, services, publishing, schedule, queues, reading, audit, jobs)
