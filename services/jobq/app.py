@@ -24,14 +24,14 @@ The registry is ``handlers.py`` (what a consumer needs); the clients are
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, overload
+from typing import Any, Unpack, overload
 
 from jobq.client.defaults import Clients
 from jobq.client.producer import Client
 from jobq.client.sync import SyncClient
 from jobq.client.task import M, Task
 from jobq.errors import ConfigError
-from jobq.handlers import Handler, Handlers
+from jobq.handlers import Handler, Handlers, RetryOptions
 from jobq.queues import QUEUE_NAME, RESERVED_QUEUES, check_queue_name
 from jobq.settings import Settings
 
@@ -57,17 +57,18 @@ class App(Handlers):
         self.clients.settings = value
 
     @overload
-    def task(self, queue: str, *,
-             payload: type[M]) -> Callable[[Callable[..., Any]], Task[M]]: ...
+    def task(self, queue: str, *, payload: type[M], **retry: Unpack[RetryOptions]
+             ) -> Callable[[Callable[..., Any]], Task[M]]: ...
     @overload
-    def task(self, queue: str, *, payload: None = None
+    def task(self, queue: str, *, payload: None = None, **retry: Unpack[RetryOptions]
              ) -> Callable[[Callable[..., Any]], Task[Any]]: ...
 
-    def task(self, queue: str, *, payload: type[Any] | None = None
-             ) -> Callable[[Callable[..., Any]], Task[Any]]:
+    def task(self, queue: str, *, payload: type[Any] | None = None,
+             **retry: Unpack[RetryOptions]) -> Callable[[Callable[..., Any]], Task[Any]]:
         """``@app.handler`` that gives back a typed handle (client/task.py):
-        ``await send_email.publish(Email(...))``, ``send_email.publish_sync(...)``."""
-        register = self.handler(queue, payload=payload)
+        ``await send_email.publish(Email(...))``, ``send_email.publish_sync(...)``;
+        the retry options as ``@app.handler``'s."""
+        register = self.handler(queue, payload=payload, **retry)
 
         def wrap(fn: Callable[..., Any]) -> Task[Any]:
             return Task(self.clients, queue, register(fn), payload)

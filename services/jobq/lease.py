@@ -161,6 +161,7 @@ class Failure:
     error: str
     retry: bool
     delay_s: float | None = None
+    max_attempts: int | None = None  # the handler's, over the queue's (None: the queue's)
     traceback: str | None = None  # where it failed (worker/tracebacks.py)
 
 
@@ -174,7 +175,8 @@ async def fail(pool: asyncpg.Pool, failures: Sequence[Failure]) -> list[Failed |
         pool, Q["fail"],
         [f.lease.job_id for f in ordered], [f.lease.lock for f in ordered],
         [f.error[:4000] for f in ordered], [f.retry for f in ordered],
-        [f.delay_s for f in ordered], [f.traceback for f in ordered])
+        [f.delay_s for f in ordered], [f.traceback for f in ordered],
+        [f.max_attempts for f in ordered])
     by_id: dict[uuid.UUID, Failed] = {r["id"]: of(Failed, r) for r in rows}
     missed = [f.lease for f in failures if f.lease.job_id not in by_id]
     if missed:

@@ -70,6 +70,7 @@ class Claim:
     max_result_bytes: int
     limited: bool
     via: uuid.UUID
+    errors: int = 0  # failed runs before this one (a handler's own backoff)
 
 
 @dataclasses.dataclass(frozen=True)

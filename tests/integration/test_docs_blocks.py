@@ -67,7 +67,8 @@ def test_every_python_block_is_named_and_each_is_tested() -> None:
             "handles_example.py", "examples/django_project/signup/views.py",
             "examples/django_project/signup/tasks.py", "psycopg_example.py",
             "sqlalchemy_example.py", "examples/fastapi_app/main.py"]),
-        "docs/how-to/handlers.md": ["hooks_example.py", "myapp.py", "publish_example.py"],
+        "docs/how-to/handlers.md": ["hooks_example.py", "myapp.py", "publish_example.py",
+                                    "retry_example.py"],
         "docs/how-to/results.md": ["stream_example.py"],
         "docs/how-to/workflows.md": ["workflow_example.py"],
         "docs/how-to/waiting.md": ["approve_example.py", "fanout_example.py",
@@ -94,6 +95,16 @@ def test_the_handlers_page_runs_as_written(tmp_path: Path, env: dict[str, str],
     _run(env, tmp_path, "publish_example.py")
     assert db.val("SELECT count(*) FROM jobq.job WHERE queue = 'emails'") == 6
     assert db.val("SELECT count(*) FROM jobq.job WHERE idempotency_key = 'order-42'") == 1
+
+
+def test_the_retry_example_declares_its_policy(tmp_path: Path, env: dict[str, str]) -> None:
+    _write(tmp_path, "docs/how-to/handlers.md", "retry_example.py")
+    out = _run(env, tmp_path, "-c", "import retry_example as m; "
+               "p = m.app.handlers['charges'].policy; "
+               "print(p.max_attempts, p.backoff(2), p.backoff(20), p.timeout_s, "
+               "p.refused(m.PaymentDeclined()), p.refused(KeyError()), "
+               "p.refused(ConnectionResetError()))")
+    assert out.split() == ["8", "8.0", "300.0", "30", "fail_on", "not", "in", "retry_on", "None"]
 
 
 def test_the_deadline_example_runs_as_written(tmp_path: Path, env: dict[str, str],

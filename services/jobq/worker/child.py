@@ -109,6 +109,7 @@ def payload_of(handler: Any, queue: str, text: str) -> Any:
 
 def run_one(app: Any, queue: str, fields: dict[str, Any], max_result_bytes: int) -> list[Any]:
     """Run one job's handler; the reply to send."""
+    handler = None
     try:
         handler = app.handlers[queue]
         job = rebuild(fields, payload_of(handler, queue, fields["payload_text"]))
@@ -118,7 +119,12 @@ def run_one(app: Any, queue: str, fields: dict[str, Any], max_result_bytes: int)
     except ResultInvalid as exc:
         return ["error", "fail", str(exc), None, None]
     except BaseException as exc:
-        return list(describe(exc))
+        reply = list(describe(exc))
+        refused = (handler.policy.refused(exc)
+                   if handler is not None and reply[1] == "other" else None)
+        if refused:  # the handler's retry rules need the class: decided here
+            reply[1] = f"refused:{refused}"
+        return reply
 
 
 def serve(app_spec: str, sock: socket.socket) -> None:

@@ -47,17 +47,13 @@ from jobq.worker.progress import ProgressWriter
 from jobq.worker.run import Run, Stop
 from jobq.worker.store import WorkerStore
 from jobq.worker.tally import Tally
-from jobq.worker.verdicts import PayloadUndecodable
+from jobq.worker.verdicts import JobqFault, JobTimeout, PayloadUndecodable
 
 log = logging.getLogger("jobq.consumer")
 
 
 SUSPECT_WAIT_S = 2.0
 MAX_HANDOFFS = 2
-
-
-class JobqFault(Exception):
-    """jobq itself failed while running a job: recorded as that run's failure."""
 
 
 class Executor:
@@ -116,6 +112,7 @@ class Executor:
                   lock=row.lock, worker_id=self.worker_id, stalls=row.stalls,
                   created_at=row.created_at)
         run = Run(job, le, self.app.handlers[row.queue])
+        run.errors = row.errors
         self.runs[job.id] = run
         self.heartbeat.track(run)  # from here on the lease is renewed and fenced
         self.tally.count("claimed", job.queue)
@@ -151,8 +148,9 @@ class Executor:
             progress = ProgressWriter(self.store, run, self.heartbeat)
             run.job.attach_progress(progress)
             run.job.attach_link(self.store.link(run.job.id, run.job.lock, run.max_result_bytes))
-            if row.timeout_s:
-                run.timeout = loop.call_later(float(row.timeout_s), run.stop, Stop.TIMEOUT)
+            timeout_s = run.handler.policy.timeout_s or row.timeout_s  # the handler's first
+            if timeout_s:
+                run.timeout = loop.call_later(float(timeout_s), run.stop, Stop.TIMEOUT)
             stored = await self._trace_of(run) if tracing.enabled() else None
             with tracing.run_span(run.job, stored, self.worker_id) as traced:
                 with current.running(run.job, self.worker_id, tracing.trace_id()):
@@ -259,8 +257,9 @@ class Executor:
         reason = run.stop_reason
         assert reason is not None
         if reason is Stop.TIMEOUT:
-            await self.completer.fail(run, TimeoutError(
-                "job timeout: the handler ran past the queue's timeout_s and was stopped"))
+            await self.completer.fail(run, JobTimeout(
+                "job timeout: the handler ran past its timeout_s (the handler's, else the "
+                "queue's) and was stopped"))
         elif reason is Stop.LOST:
             log.info("handler stopped: lease lost (%s)", run.lease.lost, extra=fields(
                 event="stopped", job=run.job.id, queue=run.job.queue, attempt=run.job.attempt,

@@ -259,4 +259,6 @@ def _answer(msg: list[Any]) -> Any:
                       RateLimited(delay_s, text) if kind == "rate_limited" else
                       SignalInvalid(text) if kind == "invalid" else HandlerError(text))
     exc.remote_traceback = tb  # type: ignore[attr-defined]  # the child's frames
+    if kind.startswith("refused:"):  # the handler's fail_on / retry_on (child.py)
+        exc.jobq_refused = kind.split(":", 1)[1]  # type: ignore[attr-defined]
     raise exc

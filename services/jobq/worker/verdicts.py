@@ -2,7 +2,9 @@
 a final failure (with the reason, and where it was raised), or nothing to
 write because the lease is lost. Pure: the completer writes the verdict.
 Snooze, RateLimited and suspension are not failures: the completer puts the
-job back for those before asking here."""
+job back for those before asking here. A handler's retry rules (RetryPolicy:
+fail_on, retry_on, its backoff and max_attempts) decide here, over the
+queue's row."""
 
 from __future__ import annotations
 
@@ -23,11 +25,20 @@ class PayloadUndecodable(Exception):
     """The stored payload cannot be decoded (too deep, a huge number): it never will be."""
 
 
+class JobqFault(Exception):
+    """jobq itself failed while running a job: recorded as that run's failure."""
+
+
+class JobTimeout(TimeoutError):
+    """The run passed its timeout_s and was stopped (a TimeoutError, as before)."""
+
+
 def _verdict(run: Run, exc: BaseException) -> Failure | None:
     """What a handler's exception means for the job; None: the lease is lost."""
-    le, queue = run.lease, run.job.queue
+    le, queue, policy = run.lease, run.job.queue, run.handler.policy
     if isinstance(exc, Retry):
-        return Failure(le, f"Retry: {printable(str(exc))}", True, exc.delay_s)
+        delay = exc.delay_s if exc.delay_s is not None else policy.backoff(run.errors)
+        return Failure(le, f"Retry: {printable(str(exc))}", True, delay, policy.max_attempts)
     if isinstance(exc, Fail):
         return Failure(le, f"Fail: {printable(str(exc))}", False)
     if isinstance(exc, SignalInvalid):  # built again on every run: retrying cannot help
@@ -44,7 +55,16 @@ def _verdict(run: Run, exc: BaseException) -> Failure | None:
         return None
     name = type(exc).__name__
     text = printable(str(exc))
-    return Failure(le, f"{name}: {text}" if text else name, True)
+    error = f"{name}: {text}" if text else name
+    # The handler's retry rules: in a child process the child applied them
+    # (it has the exception's class; child.py sends the reason).
+    # Not the handler's own exceptions: jobq's fault, the run's timeout, and one
+    # from a child process (its class stayed there; the child applied them).
+    theirs = not (isinstance(exc, JobqFault | JobTimeout) or hasattr(exc, "remote_traceback"))
+    refused = getattr(exc, "jobq_refused", None) or (policy.refused(exc) if theirs else None)
+    if refused:
+        return Failure(le, f"{error} (not retried: {refused})", False)
+    return Failure(le, error, True, policy.backoff(run.errors), policy.max_attempts)
 
 
 def failure_for(run: Run, exc: BaseException) -> Failure | None:
