@@ -22,6 +22,15 @@ def _outcomes(db: SyncDB, jid: Any) -> list[Any]:
                                            "ORDER BY n", jid)]
 
 
+def _suspended(db: SyncDB, jid: Any) -> bool:
+    """The suspension is written: the handler's outcome is recorded when it
+    raises, before the consumer's suspend statement commits (a SIGKILL in
+    between leaves an active lease: CI once saw a stall and a second sleep)."""
+    return bool(_outcomes(db, jid) == ["suspended"] and db.val(
+        "SELECT status = 'queued' AND lease_expires_at IS NULL FROM jobq.job WHERE id = $1",
+        jid))
+
+
 def test_killing_every_consumer_while_jobs_wait_changes_nothing(
         db: SyncDB, procs: Procs, settings: Any, env: dict[str, str]) -> None:
     set_queue(db, "waits", lease_s=2)
@@ -29,8 +38,7 @@ def test_killing_every_consumer_while_jobs_wait_changes_nothing(
     first = procs.consumer("--queue", "waits")
     first.worker_id()
     napper, waiter = publish(settings, "waits", [{"sleep_s": 3.0}, {"signal": "approve"}])
-    wait_until(lambda: _outcomes(db, napper) == ["suspended"]
-               and _outcomes(db, waiter) == ["suspended"], 15, "both waiting")
+    wait_until(lambda: _suspended(db, napper) and _suspended(db, waiter), 15, "both waiting")
     first.signal(signal.SIGKILL)
     out = run_cli(env, "signal", str(waiter), "approve", '{"ok": true}')
     assert out.returncode == 0 and "sent" in out.stdout, out.stdout + out.stderr
@@ -56,7 +64,7 @@ def test_a_sleeping_jobs_rerun_on_another_consumer_keeps_its_steps(
     victim = procs.consumer("--queue", "waits")
     victim.worker_id()
     (jid,) = publish(settings, "waits", [{"sleep_s": 1.0}])
-    wait_until(lambda: _outcomes(db, jid) == ["suspended"], 15, "asleep")
+    wait_until(lambda: _suspended(db, jid), 15, "asleep")
     step = db.val("SELECT result FROM jobq.job_step WHERE job_id = $1 AND name = 'first'", jid)
     victim.signal(signal.SIGKILL)
     procs.consumer("--queue", "waits").worker_id()
