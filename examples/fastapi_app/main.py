@@ -41,6 +41,8 @@ async def report_result(job_id: uuid.UUID, wait: float = 10.0) -> dict[str, str]
         raise HTTPException(202, "not done yet") from None
     except jobq.JobFailed as exc:
         raise HTTPException(500, str(exc)) from None
+    except jobq.UnknownJob:
+        raise HTTPException(404, f"no job {job_id}") from None
 
 
 @api.get("/reports/{job_id}/events")

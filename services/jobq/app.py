@@ -96,12 +96,16 @@ class App(Handlers):
 
 
 def load(spec: str) -> App:
-    """Import ``module:attribute`` and check it is an App."""
+    """Import ``module:attribute`` and check it is an App (with Django set
+    up first when DJANGO_SETTINGS_MODULE is set: jobq.contrib.django)."""
     import importlib
+
+    from jobq.contrib import django
 
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise ConfigError(f"APP must look like module:attribute (e.g. jobq.demo:app), got {spec!r}")
+    with_django = django.setup()  # DJANGO_SETTINGS_MODULE set: before the app imports models
     try:
         module = importlib.import_module(module_name)
     except (ImportError, TypeError, ValueError) as exc:  # TypeError: a relative name
@@ -111,4 +115,6 @@ def load(spec: str) -> App:
     app = getattr(module, attr)
     if not isinstance(app, App):
         raise ConfigError(f"{spec} is not a jobq.App (got {type(app).__name__})")
+    if with_django:
+        django.instrument(app)
     return app

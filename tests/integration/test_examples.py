@@ -88,13 +88,16 @@ def test_fastapi_lifespan_client_publishes_and_waits_for_the_result(
         "    job = c.post('/reports', json={'customer': 'acme', 'month': '2026-11'}).json()\n"
         "    done = c.get(f\"/reports/{job['job']}\", params={'wait': 30})\n"
         "    bad = c.post('/reports', json={'customer': 'acme'})\n"
+        "    unknown = c.get('/reports/00000000-0000-0000-0000-000000000001',\n"
+        "                    params={'wait': 1}).status_code\n"
         "    sse = c.get(f\"/reports/{job['job']}/events\").text\n"
         "    resumed = c.get(f\"/reports/{job['job']}/events\",\n"
         "                    headers={'Last-Event-ID': '1'}).text\n"
-        "print(json.dumps([job, done.status_code, done.json(), bad.status_code, sse, resumed]))"),
+        "print(json.dumps([job, done.status_code, done.json(), bad.status_code, sse, resumed,\n"
+        "                  unknown]))"),
         app_dir, **extra)
-    job, status, result, bad, sse, resumed = json.loads(said.strip().splitlines()[-1])
-    assert (status, bad) == (200, 422)
+    job, status, result, bad, sse, resumed, unknown = json.loads(said.strip().splitlines()[-1])
+    assert (status, bad, unknown) == (200, 422, 404)
     assert sse == ('id: 1\ndata: {"step": "query", "customer": "acme"}\n\n'
                    'id: 2\ndata: {"step": "render", "month": "2026-11"}\n\n'
                    'event: end\ndata: {}\n\n'), sse

@@ -64,9 +64,10 @@ def test_module_level_imports_form_no_circle() -> None:
 
 # The core (issue #48): what every wing uses. Every other module lives in a
 # wing whose name says its role: client/, worker/, reaper/, ops/, amqp/,
-# runtime/, telemetry/, dashboard/.
+# runtime/, telemetry/, dashboard/, contrib/ (frameworks: Django, issue #50).
 MAX_TOP_LEVEL = 20
-WINGS = {"amqp", "client", "dashboard", "ops", "reaper", "runtime", "telemetry", "worker"}
+WINGS = {"amqp", "client", "contrib", "dashboard", "ops", "reaper", "runtime", "telemetry",
+         "worker"}
 
 
 def test_the_top_level_keeps_only_the_core_and_the_rest_is_in_wings() -> None:

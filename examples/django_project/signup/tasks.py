@@ -3,6 +3,8 @@
 import jobq
 from pydantic import BaseModel, Field
 
+from signup.models import Signup  # jobq consume set Django up first (DJANGO_SETTINGS_MODULE)
+
 app = jobq.App()
 
 
@@ -13,5 +15,7 @@ class Welcome(BaseModel):
 
 @app.task("welcome_emails", payload=Welcome)
 def send_welcome(job: jobq.Job[Welcome]) -> dict[str, str]:
-    # a sync handler runs in the consumer's thread pool; send the email here
-    return {"sent_to": job.payload.email}
+    # A sync handler runs in the consumer's thread pool, between two
+    # close_old_connections() calls, as a Django request would: the ORM works.
+    signup = Signup.objects.get(pk=job.payload.signup_id)
+    return {"sent_to": signup.email}

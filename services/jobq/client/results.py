@@ -27,7 +27,7 @@ from pydantic import BaseModel
 from jobq.client import store
 from jobq.client.store import JobState
 from jobq.db import connection
-from jobq.errors import BadInput, JobqError
+from jobq.errors import JobqError, UnknownJob
 
 TERMINAL = ("completed", "failed", "cancelled")
 RECHECK_S = 2.0  # a waiter re-reads the row this often, NOTIFY or not
@@ -72,10 +72,23 @@ def _outcome(row: JobState) -> Any:
     raise JobFailed(row.id, row.status, row.last_error, row.last_traceback)
 
 
+def job_uuid(job_id: object) -> uuid.UUID:
+    """A job id as given (a UUID or its text); UnknownJob for anything else,
+    rather than the driver's error about a malformed value."""
+    if isinstance(job_id, uuid.UUID):
+        return job_id
+    try:
+        return uuid.UUID(str(job_id))
+    except ValueError:
+        raise UnknownJob(f"no job {str(job_id)[:100]!r}: not a job id") from None
+
+
 async def wait(pool: Any, job_id: uuid.UUID,
                timeout: float | None) -> Any:  # noqa: ASYNC109 (client.result(timeout=))
     """The job's result once it completed; JobFailed if it failed or was
-    cancelled; TimeoutError after ``timeout`` seconds; BadInput if unknown."""
+    cancelled; TimeoutError after ``timeout`` seconds; jobq.UnknownJob if
+    there is no such job (or ``job_id`` is not a job id)."""
+    job_id = job_uuid(job_id)
     ended = asyncio.Event()
 
     def on_notify(_conn: Any, _pid: int, _channel: str, payload: object) -> None:
@@ -88,7 +101,7 @@ async def wait(pool: Any, job_id: uuid.UUID,
         try:
             row = await store.watch(conn, job_id)
             if row is None:
-                raise BadInput(f"no job {job_id}")
+                raise UnknownJob(f"no job {job_id}")
             # A notification is a hint, not the answer: any login may NOTIFY
             # jobq_finished with any id. Re-read the row, and wait on unless
             # it is terminal, until the deadline.
@@ -106,7 +119,7 @@ async def wait(pool: Any, job_id: uuid.UUID,
                 ended.clear()  # before the re-read: an end after it sets it again
                 row = await store.watch(conn, job_id)  # (a producer reads no row)
                 if row is None:  # pruned meanwhile
-                    raise BadInput(f"no job {job_id}")
+                    raise UnknownJob(f"no job {job_id}")
         finally:
             await conn.remove_listener("jobq_finished", on_notify)
     if timed_out:

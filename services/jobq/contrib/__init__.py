@@ -1,0 +1,1 @@
+"""Integrations with frameworks (issue #50): ``jobq.contrib.django``."""
