@@ -62,8 +62,9 @@
 --   queues: queue_ensure, queue_list, queue_update, queue_pause, queue_resume, key_stats,
 --       queue_limits_get, queue_limits_set
 --   inspect: stats, job_status, job_get, job_links, job_steps, workflow_jobs, workflow_cancel
---   dashboard: dash_queues, dash_throughput, dash_running, dash_stalled, dash_failed, dash_job,
---       dash_output, dash_workers, reader_member, dash_reapers
+--   dashboard: dash_queues, dash_jobs, job_prefix, workflow_prefix, dash_throughput,
+--       dash_running, dash_stalled, dash_failed, dash_job, dash_output, dash_workers,
+--       reader_member, dash_reapers
 --   install: database_exists, create_database_statement, role_exists, role_create_statement,
 --       current_login, session_login, owner_joined, owner_join, schema_owner, as_owner,
 --       roles_shared_with, schema_present, schema_namespace, schema_create, migrations_present,
@@ -2479,10 +2480,37 @@ SELECT q.name AS queue,
        (SELECT count(*) FROM jobq.job j WHERE j.queue = q.name AND j.status = 'failed')
           AS failed,
        CASE WHEN b.ready > 0 THEN b.oldest_ready_s END AS oldest_wait_s,
+       (SELECT count(*) FROM jobq.job j WHERE j.queue = q.name AND j.status = 'cancelled'
+          AND j.finished_at > now() - interval '1 hour') AS cancelled_1h,  -- job_finished_idx
        q.max_running, q.rate_per_s, q.max_running_per_key, q.rate_per_s_per_key, q.paused
 FROM jobq.queue q
 LEFT JOIN jobq.backlog b ON b.queue = q.name
 ORDER BY q.name;
+
+-- name: dash_jobs
+-- The dashboard's job list of a queue ($1), newest first, filtered by
+-- status ($2), key ($3) and workflow ($4) when given, a page ($7 rows)
+-- before ($5 created_at, $6 id): keyset paging, stable while jobs come in.
+SELECT id, status, key, workflow_id, attempts, errors, stalls, suspect_stalls, created_at,
+       started_at, finished_at, last_error
+FROM jobq.job
+WHERE queue = $1
+  AND ($2::text IS NULL OR status = $2)
+  AND ($3::text IS NULL OR key = $3)
+  AND ($4::uuid IS NULL OR workflow_id = $4)
+  AND ($5::timestamptz IS NULL OR (created_at, id) < ($5, $6::uuid))
+ORDER BY created_at DESC, id DESC
+LIMIT $7;
+
+-- name: job_prefix
+-- The jobs whose ids lie in [$1, $2] (a short id's range: ops/common.id_range),
+-- two at most: one is the job, two say the short id is ambiguous.
+SELECT id FROM jobq.job WHERE id BETWEEN $1 AND $2 ORDER BY id LIMIT 2;
+
+-- name: workflow_prefix
+-- The same for workflow ids (job_workflow_idx).
+SELECT DISTINCT workflow_id AS id FROM jobq.job
+WHERE workflow_id BETWEEN $1 AND $2 ORDER BY 1 LIMIT 2;
 
 -- name: dash_throughput
 -- Completions per queue and minute over the last hour (0 = this minute).

@@ -245,3 +245,56 @@ def test_a_jobs_page_shows_its_streamed_output_deadline_and_key_hold(
     assert page.locator("#idempotency_scope td").inner_text().strip() == "live"
     assert page.locator("#expires_at").count() == 1
     page.close()
+
+
+def test_a_queues_jobs_filtered_and_paged_short_ids_and_the_favicon(
+        browser: Any, dashboard: str, db: SyncDB, settings: Any, env: dict[str, str]) -> None:
+    """Issue #50.6: a queue's job list by status and key, 50 a page, every job
+    once across the pages; the short ids the pages print found by the box and
+    by jobq inspect; cancelled jobs counted on the queues page; a favicon."""
+    from playwright.sync_api import expect
+
+    from harness.helpers import publish_jobs, run_cli
+    from jobq.newjob import NewJob
+
+    ids = bg(publish_jobs, settings, [NewJob("browse", {"n": i}, key="a" if i % 2 else "b")
+                                      for i in range(120)])
+    bg(db.execute, "UPDATE jobq.job SET status = 'failed', finished_at = now(), "
+                   "last_error = 'boom' WHERE id = ANY($1)", ids[:5])
+    bg(db.execute, "UPDATE jobq.job SET status = 'cancelled', finished_at = now() "
+                   "WHERE id = ANY($1)", ids[5:8])
+    page = browser.new_page()
+    page.goto(dashboard + "/")
+    row = page.locator("#queues tr[data-queue=browse]")
+    assert row.locator("td.cancelled").inner_text().strip() == "3"
+    row.locator("a", has_text="browse").first.click()
+    seen: list[str] = []
+    while True:  # every page, newest first, until there is no older one
+        expect(page.locator("#jobs")).to_be_visible()
+        seen += page.locator("#jobs tr[data-job]").evaluate_all(
+            "rows => rows.map(r => r.dataset.job)")
+        if page.locator("#older").count() == 0:
+            break
+        page.locator("#older").click()
+    assert len(seen) == 120 and set(seen) == {str(i) for i in ids}, len(seen)
+    page.goto(f"{dashboard}/queue/browse?status=failed")
+    assert page.locator("#jobs tr[data-job]").count() == 5
+    page.select_option("#f-status", "")
+    page.fill("#f-key", "a")
+    page.click("#f-go")
+    expect(page.locator("#older")).to_be_visible()  # 60 of key a: two pages
+    assert page.locator("#jobs tr[data-job]").count() == 50
+    assert http(f"{dashboard}/queue/browse?status=nope")[0] == 400
+
+    short = str(ids[10])[:8]
+    page.goto(dashboard + "/find?id=none")
+    page.fill("#find", short)
+    page.press("#find", "Enter")
+    expect(page.locator("#status")).to_be_visible()
+    assert page.url.endswith(f"/job/{ids[10]}")
+    assert http(f"{dashboard}/find?id=ffffffff-ffff")[0] == 404  # starts no id here
+    out = bg(run_cli, env, "inspect", short)
+    assert out.returncode == 0 and str(ids[10]) in out.stdout, out.stderr
+    status, body = http(dashboard + "/favicon.ico")
+    assert status == 200 and body.startswith(b"<svg")
+    page.close()

@@ -58,6 +58,20 @@ class Reads:
     async def workflow(self, workflow_id: uuid.UUID | str) -> list[Any]:
         return await fetch(self.pool, Q["workflow_jobs"], workflow_id)
 
+    async def jobs(self, queue: str, status: str | None, key: str | None,
+                   workflow: uuid.UUID | None, before_at: Any, before_id: uuid.UUID | None,
+                   limit: int) -> list[Any]:
+        """A queue's jobs, newest first, filtered; a page before (at, id)."""
+        return await fetch(self.pool, Q["dash_jobs"], queue, status, key, workflow, before_at,
+                           before_id, limit)
+
+    async def jobs_in(self, low: uuid.UUID, high: uuid.UUID) -> list[uuid.UUID]:
+        """At most two job ids in [low, high] (a short id's range)."""
+        return [r["id"] for r in await fetch(self.pool, Q["job_prefix"], low, high)]
+
+    async def workflows_in(self, low: uuid.UUID, high: uuid.UUID) -> list[uuid.UUID]:
+        return [r["id"] for r in await fetch(self.pool, Q["workflow_prefix"], low, high)]
+
     async def workers(self) -> list[Any]:
         return await fetch(self.pool, Q["dash_workers"])
 

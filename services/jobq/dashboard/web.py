@@ -1,5 +1,6 @@
 """The dashboard's routes: queues, running, stalled, failed, one job's
 timeline, workers and reapers; sign-in and the two actions (retry, cancel).
+A queue's job list, the find box and the favicon are ``browse.py``'s.
 
 Who may look and act is ``sessions.py``: the operator signs in with
 ``JOBQ_DASHBOARD_TOKEN`` and a name; each action form carries a CSRF token
@@ -11,6 +12,7 @@ results and errors are then shown to signed-in operators only.
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from pathlib import Path
@@ -23,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from jobq.dashboard import charts
+from jobq.dashboard import browse, charts
 from jobq.dashboard.sessions import COOKIE, CSP, SESSION_S, Sessions
 from jobq.dashboard.store import Reads
 from jobq.errors import JobqError
@@ -126,23 +128,6 @@ class Dashboard:
                           output=await self.reads.output(job_id, OUTPUT_SHOWN),
                           runs=sum(1 for e in events if e["event"] == "claimed"),
                           message=DONE.get(request.query_params.get("done", ""), ""))
-
-    async def find(self, request: Request) -> Response:
-        """The header's lookup box: a job id (or a workflow's) to its page."""
-        if gate := self._viewer(request):
-            return gate
-        text = request.query_params.get("id", "").strip()
-        try:
-            wanted = uuid.UUID(text)
-        except ValueError:
-            return self._page(request, "missing.html", refresh=False, status=404,
-                              what=f"{text[:80]!r} is not a job id (a UUID)")
-        if await self.reads.job(wanted) is not None:
-            return RedirectResponse(f"/job/{wanted}", status_code=303)
-        if await self.reads.workflow(wanted):
-            return RedirectResponse(f"/workflow/{wanted}", status_code=303)
-        return self._page(request, "missing.html", refresh=False, status=404,
-                          what=f"no job or workflow {wanted}")
 
     async def workflow(self, request: Request) -> Response:
         if gate := self._viewer(request):
@@ -255,7 +240,10 @@ def make_app(dash: Dashboard) -> Starlette:
     return Starlette(routes=[
         Route("/", dash.queues), Route("/running", dash.running),
         Route("/stalled", dash.stalled), Route("/failed", dash.failed),
-        Route("/job/{id}", dash.job), Route("/workers", dash.workers), Route("/find", dash.find),
+        Route("/job/{id}", dash.job), Route("/workers", dash.workers),
+        Route("/find", functools.partial(browse.find, dash)),
+        Route("/queue/{name}", functools.partial(browse.queue_jobs, dash)),
+        Route("/favicon.ico", browse.favicon),
         Route("/workflow/{id:uuid}", dash.workflow),
         Route("/signin", dash.signin, methods=["GET", "POST"]),
         Route("/signout", dash.signout, methods=["POST"]),

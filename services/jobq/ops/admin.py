@@ -21,6 +21,7 @@ import asyncpg
 from jobq import lease
 from jobq.db import Database, execute, fetch, fetchrow, fetchval, now, transaction
 from jobq.errors import BadInput, UnknownJob
+from jobq.ops.ids import id_range
 from jobq.queues import changes, check_queue_name
 from jobq.rows import Spell, of
 from jobq.schedules import Schedule, refused
@@ -140,6 +141,29 @@ async def list_queues(pool: asyncpg.Pool) -> list[Any]:
 
 async def stats(pool: asyncpg.Pool) -> list[Any]:
     return await fetch(pool, Q["stats"])
+
+
+async def resolve(pool: asyncpg.Pool, text: str) -> uuid.UUID:
+    """A job or workflow id from its full text or a short id (8+ leading hex
+    digits, as the pages and the CLI print them); BadInput if ambiguous or
+    not an id, UnknownJob if nothing has it."""
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        pass
+    span = id_range(text)
+    if span is None:
+        raise BadInput(f"{text[:80]!r} is not a job id (a UUID, or at least its first 8 "
+                       "hex digits)")
+    for statement in ("job_prefix", "workflow_prefix"):
+        found = [r["id"] for r in await fetch(pool, Q[statement], *span)]
+        if len(found) > 1:
+            raise BadInput(f"short id {text!r} is ambiguous ({found[0]}, {found[1]}, ...): "
+                           "give more of it")
+        if found:
+            job_id: uuid.UUID = found[0]
+            return job_id
+    raise UnknownJob(f"no job or workflow id starts with {text!r}")
 
 
 async def inspect(pool: asyncpg.Pool, job_id: uuid.UUID) -> tuple[Any, list[Any]]:

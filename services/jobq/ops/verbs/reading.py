@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from jobq.errors import UnknownJob
-from jobq.ops.common import admin_call, parse_id, table
+from jobq.ops.common import admin_call, table
 from jobq.settings import Settings
 from jobq.telemetry.logs import printable
 
@@ -27,7 +27,8 @@ def register(sub: Any) -> None:
                          "answer to 'why did this run twice?'; then the last failure's "
                          "traceback, if it has one. Control characters in payloads and errors "
                          "are shown escaped.")
-    ins.add_argument("id", metavar="ID")
+    ins.add_argument("id", metavar="ID", help="a job or workflow id, or its first 8+ hex "
+                     "digits as the pages print it")
     ins.set_defaults(run=inspect)
 
 
@@ -46,7 +47,7 @@ async def stats(settings: Settings, args: argparse.Namespace) -> None:
 
 
 async def inspect(settings: Settings, args: argparse.Namespace) -> None:
-    wanted = parse_id(args.id)
+    wanted = await admin_call(settings, "resolve", args.id)  # a short id too
     try:
         row, events = await admin_call(settings, "inspect", wanted)
     except UnknownJob:
