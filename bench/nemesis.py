@@ -57,7 +57,7 @@ from harness import netns
 from harness.helpers import Proc, Procs, SyncDB, set_queue
 from jobq.client.producer import Client
 from jobq.newjob import NewJob
-from jobq.ops.admin import set_schedule
+from jobq.ops.schedule_admin import set_schedule
 from jobq.reaper.audit import Audit
 from jobq.reaper.store import PgAuditStore
 from jobq.schedules import Schedule

@@ -162,8 +162,10 @@ def as_role(env: dict[str, str], args: tuple[str, ...] | list[str]) -> dict[str,
     """``env`` with the database and broker URLs of the role of command ``args``."""
     args = list(args)
     verb = " ".join(args[:2]) if args[:1] == ["queue"] else " ".join(args[:1])
-    # `queue limits` shows; `queue limits --auto-create off` changes (an operator's)
-    role = None if verb == "queue limits" and len(args) > 2 else _ROLE_OF.get(verb)
+    # `queue limits` shows; `queue limits --auto-create off` changes (an operator's);
+    # `keys` shows, `keys set` changes
+    changes = (verb == "queue limits" and len(args) > 2) or args[:2] == ["keys", "set"]
+    role = None if changes else _ROLE_OF.get(verb)
     out = dict(env)
     for kind, key in (("LOGIN", "JOBQ_DATABASE_URL"), ("BROKER", "JOBQ_AMQP_URL")):
         admin_url = env.get(f"JOBQ_TEST_{kind}_ADMIN")

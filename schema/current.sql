@@ -23,7 +23,8 @@ CREATE FUNCTION jobq.admit_keyed() RETURNS trigger
 DECLARE
     cap integer;
 BEGIN
-    SELECT q.max_running_per_key INTO cap FROM jobq.queue q WHERE q.name = NEW.queue;
+    SELECT (jobq.key_tier(q, NEW.key)).max_running_per_key INTO cap
+    FROM jobq.queue q WHERE q.name = NEW.queue;
     IF cap IS NOT NULL AND (
            (SELECT count(*) FROM (SELECT 1 FROM jobq.job j
                                   WHERE j.queue = NEW.queue AND j.key = NEW.key
@@ -676,6 +677,28 @@ CREATE FUNCTION jobq.key_allowance(q jobq.queue, active bigint, tokens double pr
 $$;
 
 --
+-- Name: key_tier(jobq.queue, text); Type: FUNCTION; Schema: jobq; Owner: -
+--
+
+CREATE FUNCTION jobq.key_tier(q jobq.queue, k text) RETURNS jobq.queue
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    t jobq.key_limit;
+BEGIN
+    IF q.max_running_per_key IS NULL AND q.rate_per_s_per_key IS NULL THEN
+        RETURN q;
+    END IF;
+    SELECT * INTO t FROM jobq.key_limit l WHERE l.queue = q.name AND l.key = k;
+    IF FOUND THEN
+        q.max_running_per_key := coalesce(t.max_running, q.max_running_per_key);
+        q.rate_per_s_per_key := coalesce(t.rate_per_s, q.rate_per_s_per_key);
+    END IF;
+    RETURN q;
+END $$;
+
+--
 -- Name: key_tokens(jobq.queue, double precision, timestamp with time zone); Type: FUNCTION; Schema: jobq; Owner: -
 --
 
@@ -1044,13 +1067,14 @@ RETURN QUERY WITH better AS (  -- waiting jobs of a priority above 0: an empty i
       AND (q.max_running IS NOT NULL OR q.rate_per_s IS NOT NULL OR q.paused)
 ), keyed AS (  -- per key: jobq.key_allowance, jobq.key_tokens (schema 0013)
     SELECT k.queue, k.key, kt.tokens,
-           jobq.key_allowance(q, (SELECT count(*) FROM jobq.job a
-                                  WHERE a.queue = k.queue AND a.key = k.key
-                                    AND a.status = 'active'), kt.tokens) AS n
+           jobq.key_allowance(kt.tier, (SELECT count(*) FROM jobq.job a
+                                        WHERE a.queue = k.queue AND a.key = k.key
+                                          AND a.status = 'active'), kt.tokens) AS n
     FROM (SELECT DISTINCT c.queue, c.key FROM candidate c WHERE c.key IS NOT NULL) k
     JOIN jobq.queue q ON q.name = k.queue
     LEFT JOIN jobq.key_rate r ON r.queue = k.queue AND r.key = k.key
-    CROSS JOIN LATERAL (SELECT jobq.key_tokens(q, r.tokens, r.at) AS tokens) kt
+    CROSS JOIN LATERAL (SELECT t AS tier, jobq.key_tokens(t, r.tokens, r.at) AS tokens
+                        FROM jobq.key_tier(q, k.key) t) kt  -- the key's tier (0036)
     WHERE q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL
 ), hold AS (  -- jobq.RateLimited: the key's (or the whole queue's) hold, if live
     SELECT c.id, max(h.until) AS until
@@ -2779,6 +2803,24 @@ CREATE TABLE jobq.key_hold (
 );
 
 --
+-- Name: key_limit; Type: TABLE; Schema: jobq; Owner: -
+--
+
+CREATE TABLE jobq.key_limit (
+    queue text NOT NULL,
+    key text NOT NULL,
+    max_running integer,
+    rate_per_s double precision,
+    set_at timestamp with time zone DEFAULT now() NOT NULL,
+    set_by text DEFAULT SESSION_USER NOT NULL,
+    CONSTRAINT key_limit_check CHECK (((max_running IS NOT NULL) OR (rate_per_s IS NOT NULL))),
+    CONSTRAINT key_limit_key_check CHECK (((length(key) >= 1) AND (length(key) <= 1000))),
+    CONSTRAINT key_limit_max_running_check CHECK (((max_running >= 1) AND (max_running <= 1000000))),
+    CONSTRAINT key_limit_queue_check CHECK ((queue ~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$'::text)),
+    CONSTRAINT key_limit_rate_per_s_check CHECK (((rate_per_s > (0)::double precision) AND (rate_per_s <= (100000)::double precision)))
+);
+
+--
 -- Name: key_lock; Type: TABLE; Schema: jobq; Owner: -
 --
 
@@ -3133,6 +3175,13 @@ ALTER TABLE ONLY jobq.job_watch
 
 ALTER TABLE ONLY jobq.key_hold
     ADD CONSTRAINT key_hold_pkey PRIMARY KEY (queue, key);
+
+--
+-- Name: key_limit key_limit_pkey; Type: CONSTRAINT; Schema: jobq; Owner: -
+--
+
+ALTER TABLE ONLY jobq.key_limit
+    ADD CONSTRAINT key_limit_pkey PRIMARY KEY (queue, key);
 
 --
 -- Name: key_lock key_lock_pkey; Type: CONSTRAINT; Schema: jobq; Owner: -
@@ -3552,6 +3601,12 @@ REVOKE ALL ON FUNCTION jobq.idempotency_take(q text, who text, k text, new_id uu
 
 REVOKE ALL ON FUNCTION jobq.key_allowance(q jobq.queue, active bigint, tokens double precision) FROM PUBLIC;
 GRANT ALL ON FUNCTION jobq.key_allowance(q jobq.queue, active bigint, tokens double precision) TO jobq_reaper;
+
+--
+-- Name: FUNCTION key_tier(q jobq.queue, k text); Type: ACL; Schema: jobq; Owner: -
+--
+
+REVOKE ALL ON FUNCTION jobq.key_tier(q jobq.queue, k text) FROM PUBLIC;
 
 --
 -- Name: FUNCTION key_tokens(q jobq.queue, tokens double precision, at timestamp with time zone); Type: ACL; Schema: jobq; Owner: -
@@ -4066,6 +4121,12 @@ GRANT SELECT ON TABLE jobq.job_watch TO jobq_reader;
 --
 
 GRANT SELECT ON TABLE jobq.key_hold TO jobq_reader;
+
+--
+-- Name: TABLE key_limit; Type: ACL; Schema: jobq; Owner: -
+--
+
+GRANT SELECT ON TABLE jobq.key_limit TO jobq_reader;
 
 --
 -- Name: TABLE key_lock; Type: ACL; Schema: jobq; Owner: -

@@ -60,7 +60,7 @@
 --       key_rate_prune, history
 --   reapers: reaper_register, reaper_swept, reaper_failed, reaper_gone
 --   queues: queue_ensure, queue_list, queue_update, queue_pause, queue_resume, key_stats,
---       queue_limits_get, queue_limits_set
+--       key_limit_set, queue_limits_get, queue_limits_set
 --   inspect: stats, job_status, job_get, job_links, job_steps, workflow_jobs, workflow_cancel
 --   dashboard: dash_queues, dash_jobs, job_prefix, workflow_prefix, dash_throughput,
 --       dash_running, dash_stalled, dash_failed, dash_job, dash_output, dash_workers,
@@ -396,13 +396,14 @@ WITH better AS (  -- waiting jobs of a priority above 0: an empty index when non
       AND (q.max_running IS NOT NULL OR q.rate_per_s IS NOT NULL OR q.paused)
 ), keyed AS (  -- per key: jobq.key_allowance, jobq.key_tokens (schema 0013)
     SELECT k.queue, k.key, kt.tokens,
-           jobq.key_allowance(q, (SELECT count(*) FROM jobq.job a
-                                  WHERE a.queue = k.queue AND a.key = k.key
-                                    AND a.status = 'active'), kt.tokens) AS n
+           jobq.key_allowance(kt.tier, (SELECT count(*) FROM jobq.job a
+                                        WHERE a.queue = k.queue AND a.key = k.key
+                                          AND a.status = 'active'), kt.tokens) AS n
     FROM (SELECT DISTINCT c.queue, c.key FROM candidate c WHERE c.key IS NOT NULL) k
     JOIN jobq.queue q ON q.name = k.queue
     LEFT JOIN jobq.key_rate r ON r.queue = k.queue AND r.key = k.key
-    CROSS JOIN LATERAL (SELECT jobq.key_tokens(q, r.tokens, r.at) AS tokens) kt
+    CROSS JOIN LATERAL (SELECT t AS tier, jobq.key_tokens(t, r.tokens, r.at) AS tokens
+                        FROM jobq.key_tier(q, k.key) t) kt  -- the key's tier (0036)
     WHERE q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL
 ), hold AS (  -- jobq.RateLimited: the key's (or the whole queue's) hold, if live
     SELECT c.id, max(h.until) AS until
@@ -1404,18 +1405,19 @@ WITH RECURSIVE lim AS (
                                  AND (o.status = 'active' OR o.status = 'queued'
                                       AND o.relay_after < 'infinity'))
                            THEN 0 ELSE 2147483647 END, greatest(0,
-               jobq.key_allowance(q, (SELECT count(*) FROM jobq.job a
+               jobq.key_allowance(t, (SELECT count(*) FROM jobq.job a
                                       WHERE a.queue = pk.queue AND a.key = pk.key
                                         AND a.status = 'active'),
-                                  jobq.key_tokens(q, r.tokens, r.at))
+                                  jobq.key_tokens(t, r.tokens, r.at))
                - (SELECT count(*) FROM (
                       SELECT 1 FROM jobq.job w  -- back in line, not started
                       WHERE w.queue = pk.queue AND w.key = pk.key AND w.status = 'queued'
                         AND w.relay_after < 'infinity' AND w.waiting_on = 0
-                      LIMIT coalesce(q.max_running_per_key, 10000)) x))) AS n
+                      LIMIT coalesce(t.max_running_per_key, 10000)) x))) AS n
     FROM parked_keys pk
     JOIN lim l ON l.name = pk.queue
     JOIN jobq.queue q ON q.name = pk.queue
+    CROSS JOIN LATERAL jobq.key_tier(q, pk.key) t  -- the key's tier (schema 0036)
     LEFT JOIN jobq.key_rate r ON r.queue = pk.queue AND r.key = pk.key
 ), picked AS (
     SELECT p.id
@@ -2181,6 +2183,8 @@ WITH q AS (
     DELETE FROM jobq.job j USING ok WHERE j.queue = ok.name RETURNING j.id
 ), holds AS (
     DELETE FROM jobq.key_hold h USING ok WHERE h.queue = ok.name
+), tiers AS (
+    DELETE FROM jobq.key_limit t USING ok WHERE t.queue = ok.name
 ), gone AS (
     DELETE FROM jobq.queue WHERE name IN (SELECT name FROM ok) RETURNING name
 )
@@ -2379,15 +2383,54 @@ SELECT r.name, (SELECT count(*) FROM released) AS released,
 FROM resumed r;
 
 -- name: key_stats
--- jobq keys [QUEUE]: per key, what waits, what runs, the oldest wait, and
--- until when a jobq.RateLimited holds it (schema 0026).
-SELECT s.queue, s.key, s.queued, s.running,
-       round(s.oldest_wait_s::numeric, 1)::float8 AS oldest_wait_s, h.until AS held_until
-FROM jobq.key_stats s
-LEFT JOIN jobq.key_hold h ON h.queue = s.queue AND h.key = s.key AND h.until > now()
-WHERE $1::text IS NULL OR s.queue = $1
-ORDER BY s.queue, s.queued DESC, s.key
+-- jobq keys [QUEUE]: per key, what waits, what runs, the oldest wait, until
+-- when a jobq.RateLimited holds it (schema 0026), and the limits that apply
+-- to it (its tier's, schema 0036, else the queue's per-key defaults; tier
+-- says which). Keys with a tier and nothing queued or running are listed too.
+WITH keys AS (
+    SELECT s.queue, s.key, s.queued, s.running, s.oldest_wait_s FROM jobq.key_stats s
+    WHERE $1::text IS NULL OR s.queue = $1
+    UNION ALL
+    SELECT t.queue, t.key, 0, 0, NULL FROM jobq.key_limit t
+    WHERE ($1::text IS NULL OR t.queue = $1)
+      AND NOT EXISTS (SELECT 1 FROM jobq.key_stats s WHERE s.queue = t.queue AND s.key = t.key)
+)
+SELECT k.queue, k.key, k.queued, k.running,
+       round(k.oldest_wait_s::numeric, 1)::float8 AS oldest_wait_s, h.until AS held_until,
+       coalesce(t.max_running, q.max_running_per_key) AS max_running,
+       coalesce(t.rate_per_s, q.rate_per_s_per_key) AS rate_per_s,
+       t.key IS NOT NULL AS tier
+FROM keys k
+JOIN jobq.queue q ON q.name = k.queue
+LEFT JOIN jobq.key_limit t ON t.queue = k.queue AND t.key = k.key
+LEFT JOIN jobq.key_hold h ON h.queue = k.queue AND h.key = k.key AND h.until > now()
+ORDER BY k.queue, k.queued DESC, k.key
 LIMIT 1000;
+
+-- name: key_limit_set
+-- jobq keys set Q KEY: the key's tier. $3/$4: max running / rate per second,
+-- NULL to keep, 0 to drop that one (both gone: no tier). Refused (no row)
+-- on a queue without per-key limits, where a tier would apply to nothing.
+WITH q AS (
+    SELECT name FROM jobq.queue
+    WHERE name = $1 AND (max_running_per_key IS NOT NULL OR rate_per_s_per_key IS NOT NULL)
+), old AS (
+    SELECT max_running, rate_per_s FROM jobq.key_limit WHERE queue = $1 AND key = $2
+), new AS (
+    SELECT nullif(coalesce($3::int, (SELECT max_running FROM old)), 0) AS max_running,
+           nullif(coalesce($4::float8, (SELECT rate_per_s FROM old)), 0) AS rate_per_s
+), dropped AS (
+    DELETE FROM jobq.key_limit t USING new, q
+    WHERE t.queue = q.name AND t.key = $2 AND new.max_running IS NULL AND new.rate_per_s IS NULL
+), stored AS (
+    INSERT INTO jobq.key_limit AS t (queue, key, max_running, rate_per_s)
+    SELECT q.name, $2, new.max_running, new.rate_per_s FROM q, new
+    WHERE new.max_running IS NOT NULL OR new.rate_per_s IS NOT NULL
+    ON CONFLICT (queue, key) DO UPDATE
+    SET max_running = excluded.max_running, rate_per_s = excluded.rate_per_s,
+        set_at = now(), set_by = session_user
+)
+SELECT q.name AS queue, $2::text AS key, new.max_running, new.rate_per_s FROM q, new;
 
 -- name: queue_limits_get
 SELECT auto_create, max_queues, (SELECT count(*) FROM jobq.queue) AS queues

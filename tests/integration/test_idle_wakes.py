@@ -14,7 +14,7 @@ import asyncpg
 
 from jobq.client.producer import Client
 from jobq.newjob import NewJob
-from jobq.ops.admin import set_schedule
+from jobq.ops.schedule_admin import set_schedule
 from jobq.reaper import Reaper
 from jobq.reaper.wakes import Wakes
 from jobq.schedules import Schedule

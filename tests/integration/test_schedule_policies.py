@@ -19,7 +19,7 @@ from harness.helpers import with_pool as run
 from jobq import App
 from jobq.amqp.broker import Broker
 from jobq.errors import BadInput
-from jobq.ops import admin
+from jobq.ops import schedule_admin as admin
 from jobq.reaper import Reaper
 from jobq.reaper.store import PgReaperStore
 from jobq.rows import Probe

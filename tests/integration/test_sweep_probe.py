@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 import asyncpg
 
 from jobq.client.producer import Client
-from jobq.ops.admin import set_schedule
+from jobq.ops.schedule_admin import set_schedule
 from jobq.reaper import Reaper
 from jobq.schedules import Schedule
 from jobq.settings import Settings

@@ -146,6 +146,7 @@ def test_no_sql_is_written_outside_queries_sql() -> None:
 STATEMENT_RUNNERS = {"lease.py", "db.py", "sql.py", "client/store.py", "worker/store.py",
                      "worker/waits_store.py",
                      "reaper/store.py", "dashboard/store.py", "ops/admin.py",
+                     "ops/schedule_admin.py",
                      "ops/migrate.py", "ops/routines.py", "ops/uninstall.py"}
 
 

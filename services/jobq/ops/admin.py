@@ -1,6 +1,6 @@
 """Operator actions behind the CLI's verbs, usable from Python too: set and
-list queue settings, stats, inspect, retry, cancel, prune, schedules (set,
-trigger, backfill).
+list queue settings and key tiers, stats, inspect, audit, retry, cancel,
+prune (schedules: ``schedule_admin.py``).
 
 Each takes a pool, runs only named statements from ``queries.sql``, and
 returns plain rows or raises a :class:`~jobq.errors.BadInput`; ``cli.py``
@@ -13,18 +13,16 @@ from __future__ import annotations
 
 import logging
 import uuid
-from datetime import datetime
 from typing import Any
 
 import asyncpg
 
 from jobq import lease
-from jobq.db import Database, execute, fetch, fetchrow, fetchval, now, transaction
+from jobq.db import execute, fetch, fetchval
 from jobq.errors import BadInput, UnknownJob
 from jobq.ops.ids import id_range
 from jobq.queues import changes, check_queue_name
 from jobq.rows import Spell, of
-from jobq.schedules import Schedule, refused
 from jobq.sql import Q
 
 log = logging.getLogger("jobq.ops.admin")
@@ -69,70 +67,27 @@ async def resume(pool: asyncpg.Pool, name: str, who: str | None = None) -> Any:
     return {"queue": name, "paused": False, "released": rows[0]["released"], "by": who}
 
 
-async def set_schedule(db: Database, schedule: Schedule, *,
-                       keep_overlap: bool = False) -> None:
-    """Create or change a schedule (``jobq schedule set``); an unchanged one
-    keeps its next slot (and its overlap, with ``keep_overlap``). BadInput if
-    the database refuses it (a payload over the queue's limit: a trigger
-    checks it)."""
-    at = await now(db)
-    with refused(schedule.name):
-        await execute(db, Q["schedule_set"], *schedule.row(at),
-                      None if keep_overlap else schedule.overlap)
-
-
-async def trigger_schedule(pool: asyncpg.Pool, name: str) -> uuid.UUID:
-    """One job of schedule ``name`` now, its slots unchanged; its id. Under
-    overlap skip, BadInput naming the live job while one is queued or running."""
-    with refused(name):
-        async with transaction(pool) as conn:
-            await execute(conn, Q["schedule_lock"], name)
-            row = await fetchrow(conn, Q["schedule_trigger"], name)
-    if row is None:
-        raise BadInput(f"no schedule named {name!r} (jobq schedule list shows them)")
-    if row["live"]:
-        raise BadInput(f"schedule {name} has overlap skip and its job {row['id']} is still "
-                       "queued or running: nothing enqueued (wait for it, or jobq cancel it)")
-    job_id: uuid.UUID = row["id"]
-    return job_id
-
-
-async def backfill_schedule(pool: asyncpg.Pool, name: str, start: datetime,
-                            end: datetime) -> list[Any]:
-    """A job for each slot of schedule ``name`` from ``start`` to ``end``
-    (both included, not past now) that has none yet; the (slot, id) rows made.
-    Run twice, the second makes nothing."""
-    if start.tzinfo is None or end.tzinfo is None:
-        raise BadInput("give --from and --to with a time zone (e.g. 2026-12-01T00:00Z)")
-    if end < start:
-        raise BadInput("--to is before --from")
-    got = await fetchrow(pool, Q["schedule_get"], name)
-    if got is None:
-        raise BadInput(f"no schedule named {name!r} (jobq schedule list shows them)")
-    if end > got["now"]:
-        raise BadInput(f"--to is in the future ({end.isoformat()}): the schedule fires its "
-                       "own coming slots; backfill up to now")
-    s = Schedule(got["name"], got["queue"], None, got["cron"], got["interval_s"],
-                 got["timezone"])
-    slots = s.slots_between(start, end, got["next_run_at"])
-    with refused(name):
-        async with transaction(pool) as conn:
-            await execute(conn, Q["schedule_lock"], name)
-            return await fetch(conn, Q["schedule_backfill"], name, slots)
-
-
-async def delete_schedule(pool: asyncpg.Pool, name: str) -> None:
-    if not await fetch(pool, Q["schedule_delete"], name):
-        raise BadInput(f"no schedule named {name!r}")
-
-
-async def schedules(pool: asyncpg.Pool) -> list[Any]:
-    return await fetch(pool, Q["schedule_list"])
-
-
 async def keys(pool: asyncpg.Pool, queue: str | None) -> list[Any]:
-    """Per key: queued, running, oldest wait (jobq.key_stats)."""
+    """Per key: queued, running, oldest wait, the limits that apply (jobq.key_stats)."""
     return await fetch(pool, Q["key_stats"], queue)
+
+
+async def set_key_limit(pool: asyncpg.Pool, queue: str, key: str, max_running: int | None,
+                        rate_per_s: float | None) -> Any:
+    """A key's tier over its queue's per-key defaults (None: keep, 0: drop)."""
+    check_queue_name(queue)
+    if not key or len(key) > 1000:
+        raise BadInput("a key is 1 to 1000 characters")
+    if max_running is not None and not 0 <= max_running <= 1_000_000:
+        raise BadInput("--max-running takes 1 to 1000000 (0 drops the key's own cap)")
+    if rate_per_s is not None and not (0 <= rate_per_s <= 100_000):  # NaN fails too
+        raise BadInput("--rate-per-second takes a number from 0 to 100000 (0 drops it)")
+    rows = await fetch(pool, Q["key_limit_set"], queue, key, max_running, rate_per_s)
+    if not rows:
+        raise BadInput(f"queue {queue} has no per-key limits, so a key's tier would apply to "
+                       f"nothing: set a default first (jobq queue set {queue} "
+                       "--max-running-per-key N or --rate-per-second-per-key R)")
+    return rows[0]
 
 
 async def list_queues(pool: asyncpg.Pool) -> list[Any]:

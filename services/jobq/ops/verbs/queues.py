@@ -53,11 +53,21 @@ def register(sub: Any) -> None:
         "first: jobq cancel --queue QUEUE) or a schedule enqueues into it.")
     qd.add_argument("name", metavar="QUEUE")
     qd.add_argument("--dry-run", action="store_true", help="only say what it would delete")
-    ks = sub.add_parser("keys", help="per key: queued, running, oldest wait",
-                        description="Per key of QUEUE (or of every queue): jobs waiting, "
-                        "running, and the oldest wait in seconds, most waiting first (at most "
-                        "1,000 rows). The same as SELECT * FROM jobq.key_stats.")
-    ks.add_argument("queue", metavar="QUEUE", nargs="?", default=None)
+    ks = sub.add_parser("keys", help="per key: queued, running, oldest wait, limits; set a "
+                        "key's tier",
+                        usage="jobq keys [QUEUE] | jobq keys set QUEUE KEY [--max-running N] "
+                        "[--rate-per-second R]",
+                        description="jobq keys [QUEUE]: per key of QUEUE (or of every queue): "
+                        "jobs waiting, running, the oldest wait in seconds, the limits that "
+                        "apply and whether they are the key's own tier, most waiting first (at "
+                        "most 1,000 rows). jobq keys set QUEUE KEY: the key's own limits over "
+                        "the queue's per-key defaults (an enterprise tenant at 20 running where "
+                        "the others get 2); 0 drops one, a flag not given keeps it. Only on a "
+                        "queue with per-key limits.")
+    ks.add_argument("words", metavar="QUEUE", nargs="*", help=argparse.SUPPRESS)
+    ks.add_argument("--max-running", type=int, metavar="N", help="with set: the key's cap")
+    ks.add_argument("--rate-per-second", type=float, metavar="R",
+                    help="with set: the key's starts per second")
     ks.set_defaults(run=keys)
 
 
@@ -106,4 +116,14 @@ async def _delete_queue(settings: Settings, args: argparse.Namespace) -> None:
 
 
 async def keys(settings: Settings, args: argparse.Namespace) -> None:
-    table([dict(r) for r in await admin_call(settings, "keys", args.queue)])
+    words = list(args.words)
+    if len(words) == 3 and words[0] == "set":
+        if args.max_running is None and args.rate_per_second is None:
+            raise BadInput("give --max-running N and/or --rate-per-second R (0 drops one)")
+        table([dict(await admin_call(settings, "set_key_limit", words[1], words[2],
+                                     args.max_running, args.rate_per_second))])
+        return
+    if len(words) > 1 or args.max_running is not None or args.rate_per_second is not None:
+        raise BadInput("use jobq keys [QUEUE], or jobq keys set QUEUE KEY --max-running N "
+                       "--rate-per-second R")
+    table([dict(r) for r in await admin_call(settings, "keys", words[0] if words else None)])

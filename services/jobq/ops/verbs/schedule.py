@@ -10,7 +10,7 @@ from typing import Any
 
 from jobq.db import open_pool
 from jobq.errors import BadInput
-from jobq.ops import admin
+from jobq.ops import schedule_admin as admin
 from jobq.ops.common import decode, table
 from jobq.schedules import Schedule
 from jobq.settings import Settings
