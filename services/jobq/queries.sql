@@ -2605,10 +2605,20 @@ ORDER BY n DESC
 LIMIT $2;
 
 -- name: dash_workers
+-- session_alive: the worker's registry session (its advisory lock) exists
+-- now, read here, not from vanished_at: that one is the reapers' word, and
+-- with every reaper down a killed consumer would look alive for good.
 SELECT w.worker_id, w.host, w.pid, w.started_at, w.last_seen_at, w.vanished_at, w.drained,
        extract(epoch FROM now() - w.last_seen_at)::float8 AS silent_s,
        (SELECT count(*) FROM jobq.job j WHERE j.worker_id = w.worker_id
-          AND j.status = 'active') AS jobs
+          AND j.status = 'active') AS jobs,
+       w.vanished_at IS NULL AND EXISTS (
+           SELECT 1 FROM pg_locks l
+           WHERE l.locktype = 'advisory'
+             AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+             AND l.classid = (w.lock_key >> 32)::bigint::oid
+             AND l.objid = (w.lock_key & 4294967295)::bigint::oid
+             AND l.objsubid = 1 AND l.granted) AS session_alive
 FROM jobq.worker w
 ORDER BY w.vanished_at IS NOT NULL, w.started_at DESC
 LIMIT 200;

@@ -298,3 +298,28 @@ def test_a_queues_jobs_filtered_and_paged_short_ids_and_the_favicon(
     status, body = http(dashboard + "/favicon.ico")
     assert status == 200 and body.startswith(b"<svg")
     page.close()
+
+
+def test_an_idle_consumer_is_idle_and_a_killed_one_is_not_alive_while_no_reaper_runs(
+        browser: Any, dashboard: str, db: SyncDB, procs: Procs) -> None:
+    """Issue #50.6: no reaper runs, so nothing marks a killed consumer
+    vanished; the page reads its session itself. An idle consumer has no
+    lease to renew: "idle", not "last renewal 756 s ago"."""
+    from playwright.sync_api import expect
+
+    idle = procs.consumer("--queue", "work")
+    idle_id = bg(idle.worker_id)
+    killed = procs.consumer("--queue", "work")
+    killed_id = bg(killed.worker_id)
+    killed.signal(signal.SIGKILL)
+    bg(wait_until, lambda: not killed.alive(), 10, "the consumer killed")
+    page = browser.new_page()
+    page.goto(dashboard + "/workers")
+    rows = page.locator("#workers tr")
+    expect(rows.filter(has_text=killed_id).locator("td.vanished")).to_have_count(1)
+    assert bg(db.val, "SELECT vanished_at FROM jobq.worker WHERE worker_id = $1",
+              killed_id) is None  # no reaper said so: the page did
+    mine = rows.filter(has_text=idle_id)
+    assert mine.locator("td.alive").count() == 1
+    assert "idle" in mine.locator("td.renewal").inner_text()
+    page.close()
