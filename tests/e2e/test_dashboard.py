@@ -107,7 +107,7 @@ def test_stalled_jobs_show_before_any_reaper_and_the_timeline_says_why(
     page.goto(f"{dashboard}/job/{ids[0]}")
     timeline = page.locator("#timeline")
     expect(page.locator("#status")).to_have_text("completed")
-    expect(page.locator("#why-twice")).to_contain_text("It ran 2 times")
+    expect(page.locator("#why-twice")).to_contain_text("It ran 2 times: 1× a lapsed lease")
     text = timeline.inner_text()
     order = [text.index(f"claimed by {a_id}"), text.index("stalled"),
              text.index(f"claimed by {b_id}"), text.index("completed")]

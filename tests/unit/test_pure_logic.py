@@ -220,3 +220,16 @@ def test_wrong_dashboard_sign_ins_of_other_clients_do_not_delay_the_right_one() 
         await asyncio.gather(*wrong, return_exceptions=True)
 
     asyncio.run(go())
+
+
+def test_a_jobs_page_names_why_it_ran_again_from_its_history() -> None:
+    from jobq.dashboard.web import why_again
+
+    events = [{"event": e} for e in ("enqueued", "claimed", "worker_vanished", "stalled",
+                                     "claimed", "retry", "claimed", "suspended", "woken",
+                                     "claimed", "retry", "claimed", "completed")]
+    assert why_again(events) == [("a retry after an error", 2),
+                                 ("a lapsed lease (its worker stopped renewing)", 1),
+                                 ("woken after a sleep or a wait", 1)]
+    assert why_again([{"event": "claimed"}, {"event": "claimed"}]) == [
+        ("a cause the history does not show", 1)]

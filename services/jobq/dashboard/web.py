@@ -127,6 +127,7 @@ class Dashboard:
                           steps=await self.reads.steps(job_id),
                           output=await self.reads.output(job_id, OUTPUT_SHOWN),
                           runs=sum(1 for e in events if e["event"] == "claimed"),
+                          reruns=why_again(events),
                           message=DONE.get(request.query_params.get("done", ""), ""))
 
     async def workflow(self, request: Request) -> Response:
@@ -221,6 +222,31 @@ class Dashboard:
         except JobqError:
             return Response("no such queue", 404)
         return RedirectResponse("/", 303)
+
+
+# What ended a run, as the reason the next one happened ("It ran 3 times: ...").
+AGAIN = {"stalled": "a lapsed lease (its worker stopped renewing)",
+         "retry": "a retry after an error", "released": "released by its worker (shutdown)",
+         "child_died": "its child process died", "retried": "retried by an operator",
+         "suspended": "woken after a sleep or a wait", "snoozed": "a snooze",
+         "rate_limited": "rate limited", "superseded": "superseded"}
+
+
+def why_again(events: list[Any]) -> list[tuple[str, int]]:
+    """Each cause of a run after the first, with how often: the last event
+    that ended a run before each later claim, from the history."""
+    causes: dict[str, int] = {}
+    ended: str | None = None
+    claimed = False
+    for e in events:
+        if e["event"] == "claimed":
+            if claimed:
+                cause = AGAIN.get(ended or "", "a cause the history does not show")
+                causes[cause] = causes.get(cause, 0) + 1
+            claimed, ended = True, None
+        elif e["event"] in AGAIN:
+            ended = e["event"]
+    return sorted(causes.items(), key=lambda kv: -kv[1])
 
 
 def _json(value: Any) -> str:
