@@ -171,6 +171,9 @@ def test_a_workflow_and_its_links_show_on_the_dashboard(port: int, db: SyncDB) -
     status, _, page = request(port, f"/workflow/{wid}")
     assert status == 200 and str(first) in page and str(second) in page
     assert "waiting for 1" in page
+    # drawn as a graph: both boxes linked to their pages, an edge from first to second
+    assert 'id="graph"' in page and page.count('class="node ') == 2 and "<line " in page
+    assert page.index(f'data-job="{first}"') < page.index(f'data-job="{second}"')
     _, _, page = request(port, f"/job/{second}")
     assert "waits for" in page and f"/workflow/{wid}" in page
     assert request(port, f"/workflow/{uuid.uuid4()}")[0] == 404

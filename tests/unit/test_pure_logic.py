@@ -233,3 +233,24 @@ def test_a_jobs_page_names_why_it_ran_again_from_its_history() -> None:
                                  ("woken after a sleep or a wait", 1)]
     assert why_again([{"event": "claimed"}, {"event": "claimed"}]) == [
         ("a cause the history does not show", 1)]
+
+
+def test_a_workflow_graph_puts_each_job_right_of_what_it_waits_for() -> None:
+    import datetime as dt
+    import re
+
+    from jobq.dashboard import graph
+
+    t = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    a, b, c, d, outside = (uuid.UUID(int=i) for i in range(1, 6))
+    steps = [{"id": i, "after": after, "status": st, "queue": "q", "created_at": t}
+             for i, after, st in ((d, [b, c], "queued"), (a, [], "completed"),
+                                  (b, [a, outside], "active"), (c, [a], "failed"))]
+    assert graph.levels(steps) == {a: 0, b: 1, c: 1, d: 2}  # a parent outside: ignored
+    drawn = graph.svg(steps)
+    xs = {m[0]: int(m[1]) for m in re.findall(r'data-job="([^"]+)"><rect x="(\d+)"', drawn)}
+    assert xs[str(a)] < xs[str(b)] == xs[str(c)] < xs[str(d)]
+    assert drawn.count("<line ") == 4 and "#f5c6c6" in drawn  # edges; failed is red
+    cyc = [{"id": a, "after": [b], "status": "queued", "queue": "q", "created_at": t},
+           {"id": b, "after": [a], "status": "queued", "queue": "q", "created_at": t}]
+    assert set(graph.levels(cyc).values()) <= {0, 1}  # no endless recursion on a cycle

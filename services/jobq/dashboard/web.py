@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from jobq.dashboard import browse, charts
+from jobq.dashboard import browse, charts, graph
 from jobq.dashboard.sessions import COOKIE, CSP, SESSION_S, Sessions
 from jobq.dashboard.store import Reads
 from jobq.errors import JobqError
@@ -138,7 +138,10 @@ class Dashboard:
         if not steps:
             return self._page(request, "missing.html", refresh=False, status=404,
                               what=f"no workflow {wid}")
-        return self._page(request, "workflow.html", workflow_id=wid, steps=steps)
+        level = graph.levels(steps)
+        ordered = sorted(steps, key=lambda s: (level[s["id"]], s["created_at"], s["id"]))
+        return self._page(request, "workflow.html", workflow_id=wid, steps=ordered,
+                          level=level, graph=graph.svg(steps))
 
     async def workers(self, request: Request) -> Response:
         if gate := self._viewer(request):
