@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: help test lint run install bench docs clean
+.PHONY: help test lint run install bench docs docs-serve clean
 
 help:  ## what each target does
 	@echo "make install  create .venv with jobq and what it needs to run (no test tools)"
@@ -26,7 +26,7 @@ $(VENV)/.runtime: pyproject.toml
 	$(PYTHON) -m venv --clear $(VENV)  # a half-built .venv from a failed install is redone
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[fast]'
-	rm -f $(VENV)/.installed
+	rm -f $(VENV)/.installed $(VENV)/.docs
 	touch $@
 
 $(VENV)/.installed: $(VENV)/.runtime
@@ -50,9 +50,18 @@ lint: $(VENV)/.installed
 run: $(VENV)/.runtime
 	PATH="$(abspath $(VENV))/bin:$$PATH" exec bash deploy/run-local.sh
 
-docs: $(VENV)/.installed
+# The site's builder only (the docs extra), not the test toolchain.
+$(VENV)/.docs: $(VENV)/.runtime
+	$(PY) -m pip install -q -e '.[docs,fast]'
+	touch $@
+
+docs: $(VENV)/.docs
 	$(PY) docs/generate.py
 	$(VENV)/bin/mkdocs build --strict --quiet
+
+# Search needs a server (a browser runs it in a worker, which file:// forbids).
+docs-serve: docs
+	$(PY) -m http.server --directory site --bind 127.0.0.1 8000
 
 bench: $(VENV)/.installed
 	$(PY) bench/run.py --all
