@@ -22,7 +22,7 @@ CREATE TABLE jobq.key_limit (
 );
 COMMENT ON TABLE jobq.key_limit IS
     'Per-key tiers: a key''s own max running and rate over its queue''s per-key defaults.';
-GRANT SELECT ON jobq.key_limit TO jobq_reader;
+GRANT SELECT ON jobq.key_limit TO jobq_reader, jobq_reaper;  -- the reapers' unpark reads it
 
 -- The queue's row as one key sees it: its per-key limits replaced by the
 -- key's tier, where it has one and the queue limits keys at all.
@@ -41,7 +41,8 @@ BEGIN
     END IF;
     RETURN q;
 END $$;
-REVOKE ALL ON FUNCTION jobq.key_tier(jobq.queue, text) FROM PUBLIC;  -- owner's statements only
+REVOKE ALL ON FUNCTION jobq.key_tier(jobq.queue, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION jobq.key_tier(jobq.queue, text) TO jobq_reaper;  -- as key_tokens
 
 -- Admission (schema 0015) with the key's tier: parked at insert when the
 -- key already has its own cap's worth in line or running.

@@ -3607,6 +3607,7 @@ GRANT ALL ON FUNCTION jobq.key_allowance(q jobq.queue, active bigint, tokens dou
 --
 
 REVOKE ALL ON FUNCTION jobq.key_tier(q jobq.queue, k text) FROM PUBLIC;
+GRANT ALL ON FUNCTION jobq.key_tier(q jobq.queue, k text) TO jobq_reaper;
 
 --
 -- Name: FUNCTION key_tokens(q jobq.queue, tokens double precision, at timestamp with time zone); Type: ACL; Schema: jobq; Owner: -
@@ -4127,6 +4128,7 @@ GRANT SELECT ON TABLE jobq.key_hold TO jobq_reader;
 --
 
 GRANT SELECT ON TABLE jobq.key_limit TO jobq_reader;
+GRANT SELECT ON TABLE jobq.key_limit TO jobq_reaper;
 
 --
 -- Name: TABLE key_lock; Type: ACL; Schema: jobq; Owner: -

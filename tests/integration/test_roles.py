@@ -43,11 +43,13 @@ TABLE_RIGHTS = {
     ("jobq_reaper", "backlog", "SELECT"),  # its backlog gauges (0030)
     ("jobq_reaper", "job_unique", "SELECT"),  # retention forgets ended holds (0032)
     ("jobq_reaper", "job_unique", "DELETE"),
+    ("jobq_reaper", "key_limit", "SELECT"),  # its unpark reads key tiers (0036)
 }
 FUNCTION_RIGHTS = {("jobq_producer", "enqueue"), ("jobq_producer", "enqueue_many"),
                    ("jobq_reaper", "enqueue"), ("jobq_reaper", "rate_tokens"),
                    ("jobq_reaper", "settle_dependants"),
                    ("jobq_reaper", "key_tokens"), ("jobq_reaper", "key_allowance"),
+                   ("jobq_reaper", "key_tier"),
                    ("jobq_reaper", "allowance"),
                    ("jobq_producer", "signal"), ("jobq_reaper", "signal")} | {
     (role, f"q_{name}") for name, roles in GRANTS.items() for role in roles}
