@@ -2,7 +2,7 @@
 database is the scarce resource (issue #49), in one sitting:
 
     .venv/bin/python bench/capped.py [--jobs 1000,4000,8000] [--cpus 0.5]
-        [--retained 0] [--peers pgqueuer] [--runs 1]
+        [--retained 0] [--peers pgqueuer,procrastinate] [--runs 1]
 
 A PostgreSQL server of its own (harness/pg_own.py: own port, pg_stat_statements
 loaded), held to --cpus CPUs by a cgroup quota (0: uncapped), reused across
@@ -10,7 +10,9 @@ trials: a database per system, TRUNCATE + VACUUM ANALYZE between trials, as an
 outside harness would. Per trial: a reaper beside 2 ``jobq consume`` of
 concurrency 16 with a no-op handler (their completions counted by UDP pings),
 a producer of 16 concurrent single publishes; pgqueuer 1.6 with its 2 workers
-and the same producer shape, in the same sitting. Printed per trial: steady
+and the same producer shape, and procrastinate 3 with 2 workers of
+concurrency 16, in the same sitting (Celery keeps nothing in PostgreSQL, so a
+database quota does not touch it: it is not a row here). Printed per trial: steady
 rate (jobs / (last completion - producer start)), tuples fetched + returned
 and buffers hit + read per job (pg_stat_database deltas), the quota's
 throttled seconds, and the statements that did most (pg_stat_statements:
@@ -59,12 +61,14 @@ def _top(pg: OwnServer, db: str, n: int, k: int = 14) -> list[dict[str, Any]]:
     return out
 
 
-def jobq_trial(pg: OwnServer, n: int, retained: int) -> dict[str, Any]:
+def jobq_trial(pg: OwnServer, n: int, retained: int, audit_every_s: float = 2.0
+               ) -> dict[str, Any]:
     import benchenv
     from benchenv import service_env, world
     from publish_path import pings, run_json
 
     with world(("noop",), "capped", JOBQ_LOG_LEVEL="WARNING",
+               JOBQ_REAPER__AUDIT_EVERY_S=str(audit_every_s),  # the invariant monitor (#50.8)
                PYTHONPATH=f"{HERE}{os.pathsep}{HERE.parent}") as w:
         db = w.db_url.rsplit("/", 1)[1]
         w.db.execute("INSERT INTO jobq.queue (name, lease_s) VALUES ('noop', 30)")
@@ -145,13 +149,51 @@ def pgqueuer_trial(pg: OwnServer, n: int) -> dict[str, Any]:
                 "top": _top(pg, db, n)}
 
 
+def procrastinate_trial(pg: OwnServer, n: int) -> dict[str, Any]:
+    """procrastinate 3 in the same shape: its schema applied, 2 workers of
+    concurrency 16 waiting for jobs (serve), 16 concurrent single defers."""
+    import subprocess
+
+    from benchenv import scratch
+    from peers import PY, ensure_venv
+    from publish_path import peer_workers, pings, run_json
+
+    ensure_venv()
+    script = str(HERE / "peer_procrastinate.py")
+    with scratch(queues=()) as (db_url, _amqp, _ns):
+        db = db_url.rsplit("/", 1)[1]
+        env = {**os.environ, "PEER_DATABASE_URL": db_url, "PYTHONPATH": str(HERE),
+               "PEER_POOL_MAX": "4"}
+        subprocess.run([str(PY), script, "setup"], env=env, check=True, cwd=HERE,
+                       stdout=subprocess.DEVNULL)
+        with pings(n) as (port, _first, done), peer_workers(
+                [str(PY), script, "serve", str(STEADY_CONCURRENCY)], env, port):
+            time.sleep(2)  # the workers are up (they LISTEN and poll)
+            pg.reset_statements(db)
+            time.sleep(0.5)
+            before, throttled = pg.database_stats(db), pg.throttled_s()
+            prod = run_json([str(PY), script, "single", str(n), str(STEADY_CONCURRENCY)], env)
+            end = done()["last"]
+            time.sleep(0.6)
+            after = pg.database_stats(db)
+        return {"system": "procrastinate", "jobs": n, "retained": 0,
+                "rate": round(n / (end - prod["t0"]), 1),
+                "throttled_s": round(pg.throttled_s() - throttled, 2),
+                **{k: round(v, 2) for k, v in _per_job(before, after, n).items()},
+                "top": _top(pg, db, n)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", default="1000,4000,8000")
     ap.add_argument("--cpus", type=float, default=0.5, help="0: no quota")
     ap.add_argument("--retained", type=int, default=0)
-    ap.add_argument("--peers", default="pgqueuer", help="pgqueuer, or none")
+    ap.add_argument("--peers", default="pgqueuer",
+                    help="comma-separated: pgqueuer, procrastinate; or none (Celery keeps "
+                    "nothing in PostgreSQL: a database quota does not touch it)")
     ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--audit-every", type=float, default=2.0,
+                    help="the reapers' invariant monitor, seconds between checks (0: off)")
     ap.add_argument("--top", action="store_true", help="print the top statements too")
     args = ap.parse_args()
     with OwnServer() as pg:
@@ -163,9 +205,12 @@ def main() -> None:
         rows = []
         for _ in range(args.runs):
             for n in (int(x) for x in args.jobs.split(",")):
-                trials = [jobq_trial(pg, n, args.retained)]
-                if args.peers == "pgqueuer":
+                trials = [jobq_trial(pg, n, args.retained, args.audit_every)]
+                peers = args.peers.split(",")
+                if "pgqueuer" in peers:
                     trials.append(pgqueuer_trial(pg, n))
+                if "procrastinate" in peers:
+                    trials.append(procrastinate_trial(pg, n))
                 for t in trials:
                     top = t.pop("top")
                     print(json.dumps(t), flush=True)
@@ -173,10 +218,10 @@ def main() -> None:
                         for s in top:
                             print("    " + json.dumps(s), flush=True)
                     rows.append(t)
-                if len(trials) == 2:
-                    print(json.dumps({"jobs": n, "rate_ratio_jobq_over_pgqueuer": round(
-                        trials[0]["rate"] / trials[1]["rate"], 3), "tuples_ratio": round(
-                        trials[0]["tuples_per_job"] / max(trials[1]["tuples_per_job"], 1e-9),
+                for peer in trials[1:]:
+                    print(json.dumps({"jobs": n, f"rate_ratio_jobq_over_{peer['system']}": round(
+                        trials[0]["rate"] / peer["rate"], 3), "tuples_ratio": round(
+                        trials[0]["tuples_per_job"] / max(peer["tuples_per_job"], 1e-9),
                         3)}), flush=True)
 
 

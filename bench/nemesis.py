@@ -146,6 +146,8 @@ def run(seconds: float, seed: int, consumers: int, reapers: int,
         for q in QUEUES:
             set_queue(db, q, lease_s=LEASE_S, max_stalls=1000, stall_cooldown_s=0.1)
         set_queue(db, "fair", max_running_per_key=2)
+        # a per-key tier (#51.5): k0 runs 3 at a time where k1 and k2 run 2
+        db.execute("INSERT INTO jobq.key_limit (queue, key, max_running) VALUES ('fair', 'k0', 3)")
         set_queue(db, "limited", max_running=2)
         set_queue(db, "ordered", key_policy="fifo")
         set_queue(db, "newest", key_policy="latest")

@@ -1,6 +1,9 @@
 """procrastinate: python peer_procrastinate.py setup | fill N | worker C (exits once the
 queue is empty: a drain) | serve C (waits for jobs, as a deployed worker does)
-| paced RATE SECONDS CONCURRENCY (jobs of task "lat", publish time as argument t)"""
+| paced RATE SECONDS CONCURRENCY (jobs of task "lat", publish time as argument t)
+| single N CONCURRENCY (CONCURRENCY tasks deferring one "noop" job per call, the
+shape of jobq's single publishes; prints {"t0", "t1", "cpu_s"}). A "noop" run
+reports its completion by UDP to PING_PORT when set (bench/pingcount.py)."""
 import asyncio
 import json
 import os
@@ -19,12 +22,14 @@ app = procrastinate.App(connector=procrastinate.PsycopgConnector(
     conninfo=os.environ["PEER_DATABASE_URL"], **_pool))
 
 
+_sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+_ping = int(os.environ.get("PING_PORT", "0"))
+
+
 @app.task(name="noop", queue="noop")
 async def noop() -> None:
-    return None
-
-
-_sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    if _ping:  # completion reported by UDP (bench/pingcount.py)
+        _sock.sendto(b"1", ("127.0.0.1", _ping))
 
 
 @app.task(name="lat", queue="lat")
@@ -41,6 +46,21 @@ async def paced(rate: float, seconds: float, concurrency: int) -> None:
     print(json.dumps({"sent": sent}), flush=True)
 
 
+async def single(n: int, concurrency: int) -> None:
+    left = [n]
+
+    async def one() -> None:
+        while left[0] > 0:
+            left[0] -= 1
+            await noop.defer_async()
+
+    c0, t0 = os.times(), time.time()
+    await asyncio.gather(*(one() for _ in range(concurrency)))
+    t1, c1 = time.time(), os.times()
+    print(json.dumps({"t0": t0, "t1": t1, "cpu_s": c1.user + c1.system - c0.user - c0.system}),
+          flush=True)
+
+
 async def main() -> None:
     async with app.open_async():
         if sys.argv[1] == "setup":
@@ -49,6 +69,8 @@ async def main() -> None:
             n = int(sys.argv[2])
             for i in range(0, n, 1000):
                 await noop.batch_defer_async(*[{} for _ in range(min(1000, n - i))])
+        elif sys.argv[1] == "single":
+            await single(int(sys.argv[2]), int(sys.argv[3]))
         elif sys.argv[1] == "paced":
             await paced(float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]))
         else:
