@@ -31,8 +31,9 @@ from jobq.client.producer import Client
 from jobq.client.sync import SyncClient
 from jobq.client.task import M, Task
 from jobq.errors import ConfigError
-from jobq.handlers import Handler, Handlers, RetryOptions
+from jobq.handlers import Handler, Handlers
 from jobq.queues import QUEUE_NAME, RESERVED_QUEUES, check_queue_name
+from jobq.runtime.retries import RetryOptions
 from jobq.settings import Settings
 
 __all__ = ["QUEUE_NAME", "RESERVED_QUEUES", "App", "Handler", "check_queue_name", "load"]
@@ -57,21 +58,22 @@ class App(Handlers):
         self.clients.settings = value
 
     @overload
-    def task(self, queue: str, *, payload: type[M], **retry: Unpack[RetryOptions]
-             ) -> Callable[[Callable[..., Any]], Task[M]]: ...
+    def task(self, queue: str, *, payload: type[M], name: str | None = None,
+             **retry: Unpack[RetryOptions]) -> Callable[[Callable[..., Any]], Task[M]]: ...
     @overload
-    def task(self, queue: str, *, payload: None = None, **retry: Unpack[RetryOptions]
-             ) -> Callable[[Callable[..., Any]], Task[Any]]: ...
+    def task(self, queue: str, *, payload: None = None, name: str | None = None,
+             **retry: Unpack[RetryOptions]) -> Callable[[Callable[..., Any]], Task[Any]]: ...
 
-    def task(self, queue: str, *, payload: type[Any] | None = None,
+    def task(self, queue: str, *, payload: type[Any] | None = None, name: str | None = None,
              **retry: Unpack[RetryOptions]) -> Callable[[Callable[..., Any]], Task[Any]]:
         """``@app.handler`` that gives back a typed handle (client/task.py):
         ``await send_email.publish(Email(...))``, ``send_email.publish_sync(...)``;
-        the retry options as ``@app.handler``'s."""
-        register = self.handler(queue, payload=payload, **retry)
+        ``name``: one of several named tasks sharing ``queue``; the retry
+        options as ``@app.handler``'s."""
+        register = self.handler(queue, payload=payload, task=name, **retry)
 
         def wrap(fn: Callable[..., Any]) -> Task[Any]:
-            return Task(self.clients, queue, register(fn), payload)
+            return Task(self.clients, queue, register(fn), payload, name)
 
         return wrap
 

@@ -35,16 +35,18 @@ hook that raises is logged and never changes the job. Both may be async.
 from __future__ import annotations
 
 import inspect
+import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, TypedDict, TypeVar, Unpack
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, Unpack
 
 from pydantic import BaseModel
 
-from jobq.errors import BadInput, ConfigError, InvalidQueue
+from jobq.errors import BadInput, ConfigError, Fail, InvalidQueue
 from jobq.job import Job
 from jobq.queues import check_queue_name
+from jobq.runtime.retries import RetryOptions, RetryPolicy, policy_of
 from jobq.schedules import Schedule
 
 # A decorated function, returned as it was given (a Task stays a Task).
@@ -123,95 +125,33 @@ def _link(mw: Middleware, job: Job, inner: Callable[[], Awaitable[Any]]
     return step
 
 
-ExceptionTypes = tuple[type[BaseException], ...]
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Retries declared next to a handler (issue #50, item 4), over its
-    queue's row, which stays the fleet-wide default for what is not given:
-    ``max_attempts`` (runs that may fail, this one included), a backoff of
-    ``backoff_base_s * 2**errors`` capped at ``backoff_max_s``, a
-    ``timeout_s`` per run; ``fail_on`` exceptions fail the job at once, and
-    with ``retry_on`` given only those are retried (the rest fail at once).
-    ``jobq.Retry`` and ``jobq.Fail`` still say what they say."""
-
-    max_attempts: int | None = None
-    backoff_base_s: float | None = None
-    backoff_max_s: float | None = None
-    timeout_s: float | None = None
-    retry_on: ExceptionTypes = ()
-    fail_on: ExceptionTypes = ()
-
-    def __post_init__(self) -> None:
-        if self.max_attempts is not None and not (
-                isinstance(self.max_attempts, int) and 1 <= self.max_attempts <= 1000):
-            raise ConfigError(f"max_attempts must be a whole number from 1 to 1000, got "
-                              f"{self.max_attempts!r}")
-        for name in ("backoff_base_s", "backoff_max_s", "timeout_s"):
-            v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)
-                                  or not 0 <= v < 31_536_000 or (name == "timeout_s" and v == 0)):
-                raise ConfigError(f"{name} must be a finite number of seconds (under a year"
-                                  f"{', above 0' if name == 'timeout_s' else ''}), got {v!r}")
-        for name in ("retry_on", "fail_on"):
-            v = getattr(self, name)
-            if not isinstance(v, tuple) or not all(
-                    isinstance(t, type) and issubclass(t, BaseException) for t in v):
-                raise ConfigError(f"{name} must be a tuple of exception classes, got {v!r}")
-
-    def refused(self, exc: BaseException) -> str | None:
-        """Why ``exc`` fails the job at once under this policy (None: it may
-        be retried, as far as the policy goes)."""
-        if self.fail_on and isinstance(exc, self.fail_on):
-            return "fail_on"
-        if self.retry_on and not isinstance(exc, self.retry_on):
-            return "not in retry_on"
-        return None
-
-    def backoff(self, errors: int) -> float | None:
-        """Seconds before the next try after ``errors`` failures (None: the
-        queue's backoff)."""
-        if self.backoff_base_s is None and self.backoff_max_s is None:
-            return None
-        base = 1.0 if self.backoff_base_s is None else self.backoff_base_s
-        cap = 3600.0 if self.backoff_max_s is None else self.backoff_max_s
-        return float(min(cap, base * 2 ** min(errors, 40)))
-
-
-class RetryOptions(TypedDict, total=False):
-    """``@app.handler(queue, **options)`` / ``@app.task``: see RetryPolicy."""
-
-    max_attempts: int | None
-    backoff_base_s: float | None
-    backoff_max_s: float | None
-    timeout_s: float | None
-    retry_on: ExceptionTypes
-    fail_on: ExceptionTypes
-
-
-def policy_of(options: Mapping[str, Any]) -> RetryPolicy:
-    unknown = set(options) - set(RetryOptions.__annotations__)
-    if unknown:
-        raise ConfigError(f"unknown handler option(s) {', '.join(sorted(unknown))}: use "
-                          f"{', '.join(RetryOptions.__annotations__)}")
-    values: dict[str, Any] = {k: tuple(v) if k in ("retry_on", "fail_on") and
-                              isinstance(v, list) else v for k, v in options.items()}
-    return RetryPolicy(**values)
-
-
 @dataclass(frozen=True)
 class Handler:
     queue: str
     fn: Callable[..., Any]
     is_async: bool
     payload_model: type[BaseModel] | None = None
-    policy: RetryPolicy = RetryPolicy()
+    policy: RetryPolicy = field(default_factory=RetryPolicy)
+    task: str | None = None  # its name, where several tasks share the queue
+
+
+def envelope(task: str, payload: Any) -> dict[str, Any]:
+    """A named task's job as its row holds it: which task, and its payload."""
+    return {"task": task, "payload": payload}
+
+
+async def _routed(job: Any) -> None:  # the queue's entry while its tasks are named
+    raise Fail(f"queue {job.queue} runs named tasks: publish with a task name")
 
 
 class Handlers:
     def __init__(self) -> None:
         self.handlers: dict[str, Handler] = {}
+        # Several named tasks on one queue (issue #50, item 3): the row's
+        # payload is an envelope {"task": name, "payload": ...} (envelope()),
+        # and route() picks the task's handler per job; limits and priorities
+        # stay the queue's.
+        self.tasks: dict[str, dict[str, Handler]] = {}
         self.schedules: dict[str, Schedule] = {}
         self.hooks = Hooks()  # around every run
 
@@ -244,36 +184,86 @@ class Handlers:
         schedule (named after the queue unless ``name`` is given)."""
         def register(fn: F) -> F:
             target = getattr(fn, "fn", fn)  # a typed task's function
-            queue = next((h.queue for h in self.handlers.values() if h.fn is target), None)
-            if queue is None:
+            mine = [h for h in (*self.handlers.values(),
+                                *(t for ts in self.tasks.values() for t in ts.values()))
+                    if h.fn is target]
+            if not mine:
                 raise ConfigError("@app.periodic goes above @app.handler(queue)")
-            self.schedule(name or queue, queue, cron=cron, every=every, timezone=timezone,
-                          payload=payload, overlap=overlap)
+            h = mine[0]
+            self.schedule(name or h.task or h.queue, h.queue, cron=cron, every=every,
+                          timezone=timezone, overlap=overlap,
+                          payload=payload if h.task is None else envelope(h.task, payload))
             return fn
 
         return register
 
     def handler(
-        self, queue: str, *, payload: type[BaseModel] | None = None,
+        self, queue: str, *, payload: type[BaseModel] | None = None, task: str | None = None,
         **retry: Unpack[RetryOptions],
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """Register ``fn`` for ``queue``; the retry options (RetryPolicy)
-        override the queue's row for this handler's jobs."""
+        """Register ``fn`` for ``queue`` (or, with ``task``, for that task's
+        jobs on ``queue``, beside other named tasks); the retry options
+        (RetryPolicy) override the queue's row for this handler's jobs."""
         try:
             check_queue_name(queue)
+            if task is not None:
+                check_queue_name(task)
         except InvalidQueue as exc:
-            raise ConfigError(str(exc)) from exc
+            raise ConfigError(str(exc).replace("queue name", "task name")) from exc
         policy = policy_of(retry)
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
-            if queue in self.handlers:
-                raise ConfigError(f"queue {queue!r} already has a handler")
-            self.handlers[queue] = Handler(queue, fn, inspect.iscoroutinefunction(fn), payload,
-                                           policy)
+            made = Handler(queue, fn, inspect.iscoroutinefunction(fn), payload, policy, task)
+            named = self.tasks.get(queue)
+            if task is None:
+                if queue in self.handlers:
+                    raise ConfigError(f"queue {queue!r} already has a handler"
+                                      + (" per named task: name this one too (task=...)"
+                                         if named is not None else ""))
+                self.handlers[queue] = made
+            else:
+                if queue in self.handlers and named is None:
+                    raise ConfigError(f"queue {queue!r} has a handler for all its jobs: "
+                                      "name every handler of a queue that tasks share")
+                if task in (named or {}):
+                    raise ConfigError(f"task {task!r} of queue {queue!r} already has a handler")
+                self.tasks.setdefault(queue, {})[task] = made
+                self.handlers[queue] = Handler(queue, _routed, True)
             return fn
 
         return register
 
+    def route(self, queue: str, payload_text: str) -> tuple[Handler, str]:
+        """The handler of one job of ``queue`` and the payload it gets: the
+        queue's own, or, where tasks are named, the one the row's envelope
+        names (an unknown or missing name: a handler that fails the job at
+        once, saying which tasks this app has)."""
+        tasks = self.tasks.get(queue)
+        if tasks is None:
+            return self.handlers[queue], payload_text
+        try:
+            doc = json.loads(payload_text)
+        except (ValueError, RecursionError):
+            doc = None
+        name = doc.get("task") if isinstance(doc, dict) else None
+        found = tasks.get(name) if isinstance(name, str) else None
+        if found is None or not isinstance(doc, dict):
+            return Handler(queue, _unknown(queue, name, sorted(tasks)), True,
+                           task=str(name)[:100]), payload_text
+        return found, json.dumps(doc.get("payload"))
+
+    def named(self, queue: str, task: str | None) -> Handler:
+        """A handler by queue and task name (a child process gets both)."""
+        return self.tasks[queue][task] if task is not None else self.handlers[queue]
+
     @property
     def queues(self) -> list[str]:
+        """Every queue this app handles (a queue of named tasks once)."""
         return sorted(self.handlers)
+
+
+def _unknown(queue: str, name: object, known: list[str]) -> Callable[..., Any]:
+    async def fail(_job: Any) -> None:
+        raise Fail(f"unknown task {name!r} on queue {queue}: this app runs "
+                   f"{', '.join(known)} there (publish with one of those task names)")
+    return fail

@@ -167,10 +167,10 @@ async def run_job(app: App, queue_or_job: str | MemoryJob | Task[Any],
     if isinstance(queue_or_job, Task):  # a handle: its queue, its payload as published
         queue_or_job, payload = queue_or_job.queue, queue_or_job.encode(payload)
     tj = queue_or_job if isinstance(queue_or_job, MemoryJob) else MemoryJob(queue_or_job, payload)
-    handler = app.handlers.get(tj.queue)
-    if handler is None:
+    if tj.queue not in app.handlers:
         raise BadInput(f"the app has no handler for queue {tj.queue!r}")
     text = validate(NewJob(tj.queue, tj.payload))  # what publish would refuse
+    handler, text = app.route(tj.queue, text)  # a named task's handler and its own payload
     tj.memory.parent_results = dict(tj.parents)
     job = Job(id=tj.id, queue=tj.queue, payload=json.loads(text), attempt=tj.attempt,
               lock=uuid.uuid4(), worker_id="jobq-testing")

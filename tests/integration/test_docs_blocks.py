@@ -67,8 +67,8 @@ def test_every_python_block_is_named_and_each_is_tested() -> None:
             "handles_example.py", "examples/django_project/signup/views.py",
             "examples/django_project/signup/tasks.py", "psycopg_example.py",
             "sqlalchemy_example.py", "examples/fastapi_app/main.py"]),
-        "docs/how-to/handlers.md": ["hooks_example.py", "myapp.py", "publish_example.py",
-                                    "retry_example.py"],
+        "docs/how-to/handlers.md": ["hooks_example.py", "myapp.py", "named_tasks_example.py",
+                                    "publish_example.py", "retry_example.py"],
         "docs/how-to/results.md": ["stream_example.py"],
         "docs/how-to/workflows.md": ["workflow_example.py"],
         "docs/how-to/waiting.md": ["approve_example.py", "fanout_example.py",
@@ -95,6 +95,16 @@ def test_the_handlers_page_runs_as_written(tmp_path: Path, env: dict[str, str],
     _run(env, tmp_path, "publish_example.py")
     assert db.val("SELECT count(*) FROM jobq.job WHERE queue = 'emails'") == 6
     assert db.val("SELECT count(*) FROM jobq.job WHERE idempotency_key = 'order-42'") == 1
+
+
+def test_the_named_tasks_example_puts_two_tasks_on_one_queue(tmp_path: Path,
+                                                             env: dict[str, str]) -> None:
+    _write(tmp_path, "docs/how-to/handlers.md", "named_tasks_example.py")
+    out = _run(env, tmp_path, "-c", "import named_tasks_example as m; "
+               "print(sorted(m.app.tasks['default']), m.app.queues, "
+               "m.send_welcome.encode(m.Welcome(email='a@b.c')))")
+    assert out.strip() == ("['resize_image', 'send_welcome'] ['default'] "
+                           "{'task': 'send_welcome', 'payload': {'email': 'a@b.c'}}")
 
 
 def test_the_retry_example_declares_its_policy(tmp_path: Path, env: dict[str, str]) -> None:

@@ -22,9 +22,10 @@ from jobq.errors import (
     Retry,
     StepRefused,
 )
-from jobq.handlers import Handler, RetryPolicy
+from jobq.handlers import Handler
 from jobq.job import Job
 from jobq.lease import Lease
+from jobq.runtime.retries import RetryPolicy
 from jobq.telemetry.logs import printable
 from jobq.worker.run import Run, Stop
 from jobq.worker.verdicts import JobqFault, JobTimeout, PayloadUndecodable, failure_for

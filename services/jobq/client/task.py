@@ -47,11 +47,12 @@ class Task(Generic[M]):
     (so unit tests and ``jobq.testing`` use it as the plain function)."""
 
     def __init__(self, clients: Clients, queue: str, fn: Callable[..., Any],
-                 model: type[BaseModel] | None) -> None:
+                 model: type[BaseModel] | None, task: str | None = None) -> None:
         self.clients = clients
         self.queue = queue
         self.fn = fn
         self.model = model
+        self.task = task  # its name where several tasks share the queue
         self.__name__ = getattr(fn, "__name__", queue)
         self.__doc__ = fn.__doc__
 
@@ -60,7 +61,8 @@ class Task(Generic[M]):
 
     def __repr__(self) -> str:
         model = self.model.__name__ if self.model else "JSON"
-        return f"<jobq.Task {self.__name__} queue={self.queue} payload={model}>"
+        task = f" task={self.task}" if self.task else ""
+        return f"<jobq.Task {self.__name__} queue={self.queue}{task} payload={model}>"
 
     def job(self, payload: M, **options: Unpack[JobOptions]) -> NewJob:
         """A :class:`jobq.NewJob` of this task, for ``publish_many`` and
@@ -83,7 +85,12 @@ class Task(Generic[M]):
         return job_id
 
     def encode(self, payload: Any) -> Any:
-        """The payload as JSON-ready data, checked against the model first."""
+        """The payload as JSON-ready data, checked against the model first; a
+        named task's in its envelope ({"task": name, "payload": ...})."""
+        data = self._checked(payload)
+        return data if self.task is None else {"task": self.task, "payload": data}
+
+    def _checked(self, payload: Any) -> Any:
         if self.model is None:
             return payload
         data = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload

@@ -61,9 +61,10 @@ def setup() -> bool:
 
 def instrument(app: Handlers) -> None:
     """Run each sync handler of ``app`` between close_old_connections()."""
-    for queue, handler in list(app.handlers.items()):
-        if not handler.is_async and not getattr(handler.fn, "_jobq_django", False):
-            app.handlers[queue] = replace(handler, fn=_closing(handler.fn))
+    for table in (app.handlers, *app.tasks.values()):  # named tasks too
+        for name, handler in list(table.items()):
+            if not handler.is_async and not getattr(handler.fn, "_jobq_django", False):
+                table[name] = replace(handler, fn=_closing(handler.fn))
 
 
 def _closing(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -111,7 +111,7 @@ def run_one(app: Any, queue: str, fields: dict[str, Any], max_result_bytes: int)
     """Run one job's handler; the reply to send."""
     handler = None
     try:
-        handler = app.handlers[queue]
+        handler = app.named(queue, fields.get("task"))
         job = rebuild(fields, payload_of(handler, queue, fields["payload_text"]))
         with current.running(job, job.worker_id, fields.get("trace_id")):
             value = handler.fn(job)

@@ -111,8 +111,10 @@ class Executor:
         job = Job(id=row.id, queue=row.queue, payload=None, attempt=row.attempts,
                   lock=row.lock, worker_id=self.worker_id, stalls=row.stalls,
                   created_at=row.created_at)
-        run = Run(job, le, self.app.handlers[row.queue])
+        handler, run_payload = self.app.route(row.queue, row.payload)  # named tasks: the row's
+        run = Run(job, le, handler)
         run.errors = row.errors
+        run.payload_text = run_payload
         self.runs[job.id] = run
         self.heartbeat.track(run)  # from here on the lease is renewed and fenced
         self.tally.count("claimed", job.queue)
@@ -128,11 +130,9 @@ class Executor:
         outcome = "ok"
         progress: ProgressWriter | None = None
         try:
-            if self._in_child(run):  # the child decodes and checks it (child.py)
-                run.payload_text = row.payload
-            else:
+            if not self._in_child(run):  # else the child decodes and checks it (child.py)
                 try:
-                    run.job.payload = json.loads(row.payload)
+                    run.job.payload = json.loads(run.payload_text)
                 except (ValueError, RecursionError) as exc:
                     outcome = "error"
                     await self.completer.fail(run, PayloadUndecodable(
@@ -247,7 +247,8 @@ class Executor:
         if handler.is_async:
             return await handler.fn(job)
         if self._processes is not None:
-            return await self._processes.call(run, _job_fields(job, run.payload_text))
+            return await self._processes.call(run, _job_fields(job, run.payload_text,
+                                                               run.handler.task))
         loop = asyncio.get_running_loop()
         context = contextvars.copy_context()  # the job's log fields and span, in the thread
         return await loop.run_in_executor(self._threads,
@@ -283,10 +284,11 @@ class Executor:
         self._threads.shutdown(wait=False, cancel_futures=True)
 
 
-def _job_fields(job: Job, payload_text: str) -> dict[str, Any]:
+def _job_fields(job: Job, payload_text: str, task: str | None) -> dict[str, Any]:
     """What a child process needs to rebuild the Job (no event, no lock
-    object); the payload as the row's JSON text, decoded by the child."""
-    return {"id": job.id, "queue": job.queue, "payload_text": payload_text,
+    object); the payload as the row's JSON text (a named task's own part),
+    decoded by the child, which finds the handler by queue and task."""
+    return {"id": job.id, "queue": job.queue, "payload_text": payload_text, "task": task,
             "attempt": job.attempt,
             "lock": job.lock, "worker_id": job.worker_id, "stalls": job.stalls,
             "created_at": job.created_at, "trace_id": tracing.trace_id()}

@@ -45,6 +45,8 @@ def register(sub: Any) -> None:
     pub.add_argument("--expires-in", type=float, default=None, metavar="SECONDS",
                      help="a deadline: not started within this many seconds of now, the job "
                      "is cancelled with reason expired and never runs")
+    pub.add_argument("--task", metavar="NAME", help="the named task, where several share "
+                     "the queue (the row holds {\"task\": NAME, \"payload\": JSON})")
     pub.add_argument("--lines", action="store_true",
                      help="bulk: JSON names a file (- for stdin) of payloads, one JSON value "
                      "per line; all are checked first, then committed in batches of 1,000 "
@@ -89,7 +91,8 @@ async def publish(settings: Settings, args: argparse.Namespace) -> None:
         jobs = bulk_jobs(args)  # checked line by line before connecting
     else:
         text = sys.stdin.read() if args.payload == "-" else args.payload
-        jobs = [NewJob(args.queue, decode(text), args.delay, args.idempotency_key, args.priority,
+        jobs = [NewJob(args.queue, _task(args, decode(text)), args.delay, args.idempotency_key,
+                       args.priority,
                        args.key, args.debounce, after=tuple(parse_id(a) for a in args.after),
                        expires_in_s=args.expires_in,
                        idempotency_window_s=args.idempotency_window,
@@ -146,7 +149,7 @@ def bulk_jobs(args: argparse.Namespace) -> list[NewJob]:
     with f:
         for n, line in enumerate(f, 1):
             if line.strip():
-                job = NewJob(args.queue, decode(line, f"line {n}"), args.delay, None,
+                job = NewJob(args.queue, _task(args, decode(line, f"line {n}")), args.delay, None,
                              args.priority, args.key, expires_in_s=args.expires_in)
                 try:
                     validate(job)
@@ -184,3 +187,17 @@ async def wait(settings: Settings, args: argparse.Namespace) -> None:
     finally:
         await pool.close()
     print(json.dumps(result))
+
+
+def _task(args: argparse.Namespace, payload: Any) -> Any:
+    """The payload as published: in a named task's envelope with --task."""
+    if args.task is None:
+        return payload
+    from jobq.handlers import envelope
+    from jobq.queues import check_queue_name
+
+    try:
+        check_queue_name(args.task)
+    except BadInput as exc:
+        raise BadInput(str(exc).replace("queue name", "task name")) from None
+    return envelope(args.task, payload)
