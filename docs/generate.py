@@ -221,6 +221,8 @@ RIGHTS = {
     "audit_now": "record leases overdue and ready jobs unpublished past the grace",
     "schedule_overlap": "set the overlap policy of a schedule its app stored (and only "
                         "that one)",
+    "worker_handlers": "say what retry options its app declares, from its own registry "
+                       "session only",
     "step_get": "read a durable step of a job; only with the live lease's token",
     "step_record": "record a durable step; only with the live lease's token",
     "unpark_freed": "release one parked job of the queue of a job it just finished (the "

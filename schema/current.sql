@@ -2132,6 +2132,22 @@ END
 $_$;
 
 --
+-- Name: q_worker_handlers(text, jsonb); Type: FUNCTION; Schema: jobq; Owner: -
+--
+
+CREATE FUNCTION jobq.q_worker_handlers(text, jsonb) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_custom_plan'
+    AS $_$
+#variable_conflict use_column
+BEGIN
+UPDATE jobq.worker SET handlers = $2::jsonb
+WHERE worker_id = $1 AND backend_pid = pg_backend_pid();
+END
+$_$;
+
+--
 -- Name: q_worker_pool(text, text); Type: FUNCTION; Schema: jobq; Owner: -
 --
 
@@ -3066,6 +3082,8 @@ CREATE TABLE jobq.worker (
     vanished_at timestamp with time zone,
     pool text,
     drained boolean DEFAULT false NOT NULL,
+    handlers jsonb,
+    CONSTRAINT worker_handlers_check CHECK (((handlers IS NULL) OR (pg_column_size(handlers) <= 65536))),
     CONSTRAINT worker_pool_check CHECK ((pool = ANY (ARRAY['thread'::text, 'process'::text])))
 );
 
@@ -3887,6 +3905,13 @@ GRANT ALL ON FUNCTION jobq.q_watch(uuid) TO jobq_producer;
 
 REVOKE ALL ON FUNCTION jobq.q_worker_gone(text) FROM PUBLIC;
 GRANT ALL ON FUNCTION jobq.q_worker_gone(text) TO jobq_consumer;
+
+--
+-- Name: FUNCTION q_worker_handlers(text, jsonb); Type: ACL; Schema: jobq; Owner: -
+--
+
+REVOKE ALL ON FUNCTION jobq.q_worker_handlers(text, jsonb) FROM PUBLIC;
+GRANT ALL ON FUNCTION jobq.q_worker_handlers(text, jsonb) TO jobq_consumer;
 
 --
 -- Name: FUNCTION q_worker_pool(text, text); Type: ACL; Schema: jobq; Owner: -

@@ -252,6 +252,17 @@ class Handlers:
                            task=str(name)[:100]), payload_text
         return found, json.dumps(doc.get("payload"))
 
+    def declared(self) -> str | None:
+        """The retry options the handlers declare, as JSON: {queue: {task or
+        "*": {option: value}}}, only what they set (None: nothing)."""
+        out: dict[str, dict[str, Any]] = {}
+        for table in (self.handlers, *self.tasks.values()):
+            for h in table.values():
+                said = h.policy.declared()
+                if said:
+                    out.setdefault(h.queue, {})[h.task or "*"] = said
+        return json.dumps(out, sort_keys=True) if out else None
+
     def named(self, queue: str, task: str | None) -> Handler:
         """A handler by queue and task name (a child process gets both)."""
         return self.tasks[queue][task] if task is not None else self.handlers[queue]

@@ -54,7 +54,7 @@
 --       expire_due, sweep_probe, audit_claims, audit_completions, audit_now, audit_list,
 --       audit_runs
 --   workers: worker_busy, worker_lock, client_check_interval, worker_register, worker_gone,
---       worker_pool, workers_vanished, workers_prune, lease_lost_event
+--       worker_pool, worker_handlers, workers_vanished, workers_prune, lease_lost_event
 --   operator verbs: cancel, retry_failed, cancel_queue_batch, retry_queue_batch,
 --       queue_job_counts, queue_delete, prune_batch, prune_count, prune_expired,
 --       key_rate_prune, history
@@ -2027,6 +2027,14 @@ WHERE worker_id = $1 AND backend_pid = pg_backend_pid();
 UPDATE jobq.worker SET pool = $2
 WHERE worker_id = $1 AND backend_pid = pg_backend_pid();
 
+-- name: worker_handlers
+-- grant: jobq_consumer
+-- The retry options the worker's app declares (schema 0037: per queue, per
+-- named task, only what differs from the queue's row), from its own
+-- registry session only; jobq queue list shows them.
+UPDATE jobq.worker SET handlers = $2::jsonb
+WHERE worker_id = $1 AND backend_pid = pg_backend_pid();
+
 -- name: workers_vanished
 -- Reaper: registered workers whose registry session (advisory lock) is gone.
 -- Their leases are shortened to the queue's vanished_grace_s, not reclaimed:
@@ -2302,11 +2310,15 @@ DELETE FROM jobq.reaper WHERE reaper_id = $1;
 INSERT INTO jobq.queue (name) VALUES ($1) ON CONFLICT (name) DO NOTHING;
 
 -- name: queue_list
+-- The rows, and what the handlers of consumers alive now declare over them
+-- (schema 0037; each distinct declaration once).
 SELECT name, lease_s, max_stalls, max_attempts, timeout_s, backoff_base_s,
        backoff_max_s, stall_cooldown_s, max_payload_bytes, vanished_grace_s,
        keep_completed_s, keep_failed_s, history, max_result_bytes, max_running, rate_per_s,
-       max_running_per_key, rate_per_s_per_key, key_policy, paused
-FROM jobq.queue
+       max_running_per_key, rate_per_s_per_key, key_policy, paused,
+       (SELECT jsonb_agg(DISTINCT w.handlers -> q.name) FROM jobq.worker w
+        WHERE w.vanished_at IS NULL AND w.handlers ? q.name) AS handlers_declare
+FROM jobq.queue q
 ORDER BY name;
 
 -- name: queue_update

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from harness.helpers import Procs, SyncDB, publish, set_queue, wait_until
+from harness.helpers import Procs, SyncDB, publish, run_cli, set_queue, wait_until
 from jobq import App
 from jobq.errors import ConfigError
 from jobq.settings import Settings
@@ -30,7 +30,7 @@ def _row(db: SyncDB, jid: Any) -> Any:
 
 
 def test_rules_attempts_backoff_and_timeout_declared_on_the_handler(
-        db: SyncDB, procs: Procs, settings: Settings) -> None:
+        db: SyncDB, procs: Procs, settings: Settings, env: dict[str, str]) -> None:
     # The queues' rows say otherwise: 1 attempt where the handler says 4, 10
     # where it says 3, no timeout where it says 0.5 s.
     set_queue(db, "r_rules", max_attempts=1)
@@ -51,6 +51,12 @@ def test_rules_attempts_backoff_and_timeout_declared_on_the_handler(
                                                     {"raise": "ConnectionError"}])
     ids = [value, key, conn, slow, stuck, c_value, c_conn]
     wait_until(lambda: _ended(db, ids), 60, "every job failed for good")
+    # What applies, beside each queue's row: the live consumers' declarations
+    listed = run_cli(env, "queue", "list")
+    assert listed.returncode == 0, listed.stderr
+    rules = next(ln for ln in listed.stdout.splitlines() if ln.startswith("r_rules "))
+    assert '"max_attempts": 4' in rules and '"retry_on": ["ConnectionError"]' in rules, rules
+    assert '"fail_on": ["ValueError"]' in rules, rules
 
     got = {jid: _row(db, jid) for jid in ids}
     assert got[value]["errors"] == 1 and "(not retried: fail_on)" in got[value]["last_error"]

@@ -60,6 +60,15 @@ class RetryPolicy:
             return "not in retry_on"
         return None
 
+    def declared(self) -> dict[str, Any]:
+        """What this policy sets (exception classes by name), for jobq queue list."""
+        out: dict[str, Any] = {k: v for k in ("max_attempts", "backoff_base_s", "backoff_max_s",
+                                              "timeout_s") if (v := getattr(self, k)) is not None}
+        for k in ("retry_on", "fail_on"):
+            if getattr(self, k):
+                out[k] = [t.__name__ for t in getattr(self, k)]
+        return out
+
     def backoff(self, errors: int) -> float | None:
         """Seconds before the next try after ``errors`` failures (None: the
         queue's backoff)."""

@@ -157,7 +157,7 @@ class Consumer:
             await self.processes.start()
         self.registry = Registry(self.settings.session_url, self.worker_id,
                                  on_lost=self._session_lost, on_registered=self._registered,
-                                 pool_kind=self.cfg.pool)
+                                 pool_kind=self.cfg.pool, declared=self.app.declared())
         store = PgStore(pool, self.broker, self.registry, self.worker_id, self.queues)
         units = assemble(self.app, self.cfg, store, worker_id=self.worker_id,
                          queues=self.queues, concurrency=self.concurrency, tally=self.tally,

@@ -34,10 +34,12 @@ log = logging.getLogger("jobq.consumer")
 
 class Registry:
     def __init__(self, database_url: str, worker_id: str, on_lost: Callable[[float], None],
-                 on_registered: Callable[[], None], pool_kind: str = "thread") -> None:
+                 on_registered: Callable[[], None], pool_kind: str = "thread",
+                 declared: str | None = None) -> None:
         self._url = database_url
         self.worker_id = worker_id
         self.pool_kind = pool_kind  # --pool: requeue_lapsed judges a dead worker by it
+        self.declared = declared  # its app's retry options (JSON), for jobq queue list
         self._on_lost = on_lost
         self._on_registered = on_registered
         self.conn: asyncpg.Connection | None = None  # None while not registered
@@ -76,7 +78,7 @@ class Registry:
                 # after a broken connection: the loop tries again.
                 raise RuntimeError(f"worker id {self.worker_id} is registered by a live "
                                    "session")
-            await store.say_pool(conn, self.worker_id, self.pool_kind)
+            await store.say(conn, self.worker_id, self.pool_kind, self.declared)
             self.conn = conn
             self.registered.set()
             self._on_registered()

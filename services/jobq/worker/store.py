@@ -140,8 +140,11 @@ async def register(conn: asyncpg.Connection, worker_id: str, host: str, pid: int
     return await fetchval(conn, Q["worker_register"], worker_id, host, pid, key) is not None
 
 
-async def say_pool(conn: asyncpg.Connection, worker_id: str, kind: str) -> None:
+async def say(conn: asyncpg.Connection, worker_id: str, kind: str, declared: str | None) -> None:
+    """How the worker runs handlers, and the retry options its app declares."""
     await execute(conn, Q["worker_pool"], worker_id, kind)
+    if declared is not None:
+        await execute(conn, Q["worker_handlers"], worker_id, declared)
 
 
 async def deregister(conn: asyncpg.Connection, worker_id: str) -> None:
