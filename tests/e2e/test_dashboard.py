@@ -323,3 +323,27 @@ def test_an_idle_consumer_is_idle_and_a_killed_one_is_not_alive_while_no_reaper_
     assert mine.locator("td.alive").count() == 1
     assert "idle" in mine.locator("td.renewal").inner_text()
     page.close()
+
+
+def test_a_workflow_is_drawn_as_a_graph_whose_boxes_open_their_jobs(
+        browser: Any, dashboard: str, db: SyncDB) -> None:
+    """Issue #50.6: parents left of the jobs that wait for them, each box a link."""
+    import uuid
+
+    from playwright.sync_api import expect
+
+    wid = uuid.uuid4()
+    first = bg(db.val, "SELECT jobq.enqueue('wf', workflow_id => $1)", wid)
+    second = bg(db.val, "SELECT jobq.enqueue('wf', after => ARRAY[$1]::uuid[], "
+                        "workflow_id => $2)", first, wid)
+    page = browser.new_page()
+    page.goto(f"{dashboard}/workflow/{wid}")
+    nodes = page.locator("#graph a.node")
+    expect(nodes).to_have_count(2)
+    left = {n.get_attribute("data-job"): n.locator("rect").bounding_box()["x"]
+            for n in nodes.all()}
+    assert left[str(first)] < left[str(second)], left
+    page.locator(f'#graph a[data-job="{second}"]').click()
+    expect(page.locator("#status")).to_be_visible()
+    assert page.url.endswith(f"/job/{second}")
+    page.close()
