@@ -1342,10 +1342,10 @@ END
 $_$;
 
 --
--- Name: q_fail(uuid[], uuid[], text[], boolean[], double precision[], text[], integer[]); Type: FUNCTION; Schema: jobq; Owner: -
+-- Name: q_fail(uuid[], uuid[], text[], boolean[], double precision[], text[], integer[], double precision[], double precision[]); Type: FUNCTION; Schema: jobq; Owner: -
 --
 
-CREATE FUNCTION jobq.q_fail(uuid[], uuid[], text[], boolean[], double precision[], text[] DEFAULT NULL::text[], integer[] DEFAULT NULL::integer[]) RETURNS TABLE(id uuid, status text, retry_in_s double precision)
+CREATE FUNCTION jobq.q_fail(uuid[], uuid[], text[], boolean[], double precision[], text[] DEFAULT NULL::text[], integer[] DEFAULT NULL::integer[], double precision[] DEFAULT NULL::double precision[], double precision[] DEFAULT NULL::double precision[]) RETURNS TABLE(id uuid, status text, retry_in_s double precision)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET plan_cache_mode TO 'force_generic_plan'
@@ -1359,12 +1359,15 @@ RETURN QUERY WITH locked AS MATERIALIZED (  -- id order whatever the plan (see l
 ), failing AS (
     SELECT j.id, t.lock, t.error, t.tb,
            t.retry AND j.errors + 1 < coalesce(t.max_attempts, q.max_attempts) AS again,
-           now() + make_interval(secs => coalesce(t.delay_s,
-               least(q.backoff_max_s, q.backoff_base_s * power(2, j.errors)))) AS retry_at
+           now() + make_interval(secs => coalesce(t.delay_s, least(
+               coalesce(t.backoff_max_s, q.backoff_max_s),
+               coalesce(t.backoff_base_s, q.backoff_base_s) * power(2, j.errors)))) AS retry_at
     FROM jobq.job j
     JOIN unnest($1::uuid[], $2::uuid[], $3::text[], $4::bool[], $5::float8[],
-                coalesce($6::text[], '{}'), coalesce($7::int[], '{}'))
-         AS t(id, lock, error, retry, delay_s, tb, max_attempts) ON j.id = t.id
+                coalesce($6::text[], '{}'), coalesce($7::int[], '{}'),
+                coalesce($8::float8[], '{}'), coalesce($9::float8[], '{}'))
+         AS t(id, lock, error, retry, delay_s, tb, max_attempts, backoff_base_s, backoff_max_s)
+         ON j.id = t.id
     JOIN jobq.queue q ON q.name = j.queue
     WHERE j.id = ANY($1::uuid[])
 ), failed AS (
@@ -3717,11 +3720,11 @@ REVOKE ALL ON FUNCTION jobq.q_enqueue_many_traced(text[], jsonb[], double precis
 GRANT ALL ON FUNCTION jobq.q_enqueue_many_traced(text[], jsonb[], double precision[], text[], integer[], text[], double precision[], double precision, text[]) TO jobq_producer;
 
 --
--- Name: FUNCTION q_fail(uuid[], uuid[], text[], boolean[], double precision[], text[], integer[]); Type: ACL; Schema: jobq; Owner: -
+-- Name: FUNCTION q_fail(uuid[], uuid[], text[], boolean[], double precision[], text[], integer[], double precision[], double precision[]); Type: ACL; Schema: jobq; Owner: -
 --
 
-REVOKE ALL ON FUNCTION jobq.q_fail(uuid[], uuid[], text[], boolean[], double precision[], text[], integer[]) FROM PUBLIC;
-GRANT ALL ON FUNCTION jobq.q_fail(uuid[], uuid[], text[], boolean[], double precision[], text[], integer[]) TO jobq_consumer;
+REVOKE ALL ON FUNCTION jobq.q_fail(uuid[], uuid[], text[], boolean[], double precision[], text[], integer[], double precision[], double precision[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION jobq.q_fail(uuid[], uuid[], text[], boolean[], double precision[], text[], integer[], double precision[], double precision[]) TO jobq_consumer;
 
 --
 -- Name: FUNCTION q_finished_by(uuid[], uuid[]); Type: ACL; Schema: jobq; Owner: -

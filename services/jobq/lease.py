@@ -29,6 +29,7 @@ import asyncpg
 
 from jobq.db import Database, execute, fetch, fetchval, translated
 from jobq.rows import ChildDeath, Claim, Claimed, Failed, Lapsed, Miss, Renewal, Spell, Vanished, of
+from jobq.runtime.retries import RetryPolicy
 from jobq.sql import Q
 from jobq.status import Status
 
@@ -161,7 +162,7 @@ class Failure:
     error: str
     retry: bool
     delay_s: float | None = None
-    max_attempts: int | None = None  # the handler's, over the queue's (None: the queue's)
+    policy: RetryPolicy | None = None  # the handler's attempts and backoff, over the queue's
     traceback: str | None = None  # where it failed (worker/tracebacks.py)
 
 
@@ -176,7 +177,8 @@ async def fail(pool: asyncpg.Pool, failures: Sequence[Failure]) -> list[Failed |
         [f.lease.job_id for f in ordered], [f.lease.lock for f in ordered],
         [f.error[:4000] for f in ordered], [f.retry for f in ordered],
         [f.delay_s for f in ordered], [f.traceback for f in ordered],
-        [f.max_attempts for f in ordered])
+        *([getattr(f.policy, k, None) for f in ordered]
+          for k in ("max_attempts", "backoff_base_s", "backoff_max_s")))
     by_id: dict[uuid.UUID, Failed] = {r["id"]: of(Failed, r) for r in rows}
     missed = [f.lease for f in failures if f.lease.job_id not in by_id]
     if missed:

@@ -845,8 +845,9 @@ WHERE j.id = $1;
 -- max_attempts runs have failed (and retry = true), else failed. The retry is
 -- published by the reaper's relay once run_at comes (published_at = NULL,
 -- relay_after = run_at). Backoff: backoff_base_s * 2^(errors so far).
--- $6: the failures' tracebacks (schema 0025), kept in last_traceback. $7:
--- each handler's own max_attempts (RetryPolicy), NULL for the queue's.
+-- $6: the failures' tracebacks (schema 0025), kept in last_traceback. $7,
+-- $8, $9: each handler's own max_attempts, backoff_base_s and backoff_max_s
+-- (runtime/retries.py), NULL for the queue's: one backoff rule, here.
 -- optional: $6
 -- Rows locked in id order first, as complete's.
 WITH locked AS MATERIALIZED (  -- id order whatever the plan (see lock_order below)
@@ -855,12 +856,15 @@ WITH locked AS MATERIALIZED (  -- id order whatever the plan (see lock_order bel
 ), failing AS (
     SELECT j.id, t.lock, t.error, t.tb,
            t.retry AND j.errors + 1 < coalesce(t.max_attempts, q.max_attempts) AS again,
-           now() + make_interval(secs => coalesce(t.delay_s,
-               least(q.backoff_max_s, q.backoff_base_s * power(2, j.errors)))) AS retry_at
+           now() + make_interval(secs => coalesce(t.delay_s, least(
+               coalesce(t.backoff_max_s, q.backoff_max_s),
+               coalesce(t.backoff_base_s, q.backoff_base_s) * power(2, j.errors)))) AS retry_at
     FROM jobq.job j
     JOIN unnest($1::uuid[], $2::uuid[], $3::text[], $4::bool[], $5::float8[],
-                coalesce($6::text[], '{}'), coalesce($7::int[], '{}'))
-         AS t(id, lock, error, retry, delay_s, tb, max_attempts) ON j.id = t.id
+                coalesce($6::text[], '{}'), coalesce($7::int[], '{}'),
+                coalesce($8::float8[], '{}'), coalesce($9::float8[], '{}'))
+         AS t(id, lock, error, retry, delay_s, tb, max_attempts, backoff_base_s, backoff_max_s)
+         ON j.id = t.id
     JOIN jobq.queue q ON q.name = j.queue
     WHERE j.id = ANY($1::uuid[])
 ), failed AS (

@@ -70,7 +70,6 @@ class Claim:
     max_result_bytes: int
     limited: bool
     via: uuid.UUID
-    errors: int = 0  # failed runs before this one (a handler's own backoff)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,7 +35,7 @@ BY_ID: dict[str, Any] = {
     "complete": lambda ids: (ids, ids, [None] * len(ids)),
     "finished_by": lambda ids: (ids, ids),
     "fail": lambda ids: (ids, ids, ["e"] * len(ids), [True] * len(ids), [None] * len(ids),
-             ["tb"] * len(ids), [None] * len(ids)),
+             ["tb"] * len(ids), [None] * len(ids), [None] * len(ids), [None] * len(ids)),
     "release": lambda ids: (ids, ids, "why", False),
     "cancel": lambda ids: (ids[0], "why"),
     "retry_failed": lambda ids: (ids[0], None),

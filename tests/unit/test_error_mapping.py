@@ -76,11 +76,10 @@ def test_bugs_and_bad_data_are_not_transient(exc: BaseException) -> None:
     assert not is_transient(exc)
 
 
-def _run(policy: RetryPolicy | None = None, errors: int = 0) -> Run:
+def _run(policy: RetryPolicy | None = None) -> Run:
     job: Job[Any] = Job(uuid.uuid4(), "q", {}, 1, uuid.uuid4(), "w")
     le = Lease(job.id, "q", job.lock, 30.0, 0.15, 25.5)
     run = Run(job, le, Handler("q", lambda j: None, False, None, policy or RetryPolicy()))
-    run.errors = errors
     return run
 
 
@@ -106,16 +105,16 @@ def test_a_handlers_exception_decides_retry_or_failure() -> None:
     e = failure_for(run, RuntimeError("boom\ncompleted job=FORGED"))
     assert e is not None and e.retry and e.error == "RuntimeError: boom\\ncompleted job=FORGED"
     assert failure_for(run, KeyError()).error == "KeyError"  # type: ignore[union-attr]
-    assert (e.delay_s, e.max_attempts) == (None, None)  # the queue's row decides
+    assert e.delay_s is None and e.policy == RetryPolicy()  # the queue's row decides
 
 
 def test_a_handlers_retry_policy_decides_over_the_queue() -> None:
     policy = RetryPolicy(max_attempts=7, backoff_base_s=2, backoff_max_s=30,
                          retry_on=(ConnectionError,), fail_on=(ConnectionRefusedError,))
-    ok = failure_for(_run(policy, errors=3), ConnectionResetError("reset"))
-    assert ok is not None and ok.retry and (ok.delay_s, ok.max_attempts) == (16, 7)
-    capped = failure_for(_run(policy, errors=9), ConnectionError("x"))
-    assert capped is not None and capped.delay_s == 30
+    ok = failure_for(_run(policy), ConnectionResetError("reset"))
+    # attempts and backoff go to the fail statement with the failure (the queue's
+    # row is the default there); no delay of its own
+    assert ok is not None and ok.retry and (ok.delay_s, ok.policy) == (None, policy)
     refused = failure_for(_run(policy), ConnectionRefusedError("no"))  # fail_on wins
     assert refused is not None and not refused.retry and "(not retried: fail_on)" in refused.error
     other = failure_for(_run(policy), KeyError("k"))
@@ -124,8 +123,8 @@ def test_a_handlers_retry_policy_decides_over_the_queue() -> None:
     for ours in (JobqFault("bug"), JobTimeout("job timeout")):
         f = failure_for(_run(policy), ours)
         assert f is not None and f.retry, ours
-    told = failure_for(_run(policy, errors=1), Retry("later"))
-    assert told is not None and told.retry and told.delay_s == 4  # its backoff, not 0
+    told = failure_for(_run(policy), Retry("later", delay_s=4))
+    assert told is not None and told.retry and told.delay_s == 4  # its own delay wins
 
 
 def test_printable_escapes_control_characters_and_cuts() -> None:

@@ -1,9 +1,10 @@
 """Retries declared next to a handler (issue #50, item 4): what
 ``@app.handler(queue, max_attempts=..., retry_on=..., ...)`` and
 ``@app.task`` take, checked once at import (one ConfigError line), and the
-two decisions the worker asks of it per failure (worker/verdicts.py): whether
-an exception may be retried at all, and how long to wait before the next try.
-The queue's row stays the fleet-wide default for what a handler does not say.
+decision the worker asks of it per failure (worker/verdicts.py): whether an
+exception may be retried at all. Attempts and backoff go with the failure to
+the ``fail`` statement, which applies them over the queue's row (the
+fleet-wide default for what a handler does not say): one backoff rule.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ class RetryPolicy:
     """Retries declared next to a handler (issue #50, item 4), over its
     queue's row, which stays the fleet-wide default for what is not given:
     ``max_attempts`` (runs that may fail, this one included), a backoff of
-    ``backoff_base_s * 2**errors`` capped at ``backoff_max_s``, a
+    ``backoff_base_s * 2**errors`` capped at ``backoff_max_s`` (either one
+    not given: the queue's), a
     ``timeout_s`` per run; ``fail_on`` exceptions fail the job at once, and
     with ``retry_on`` given only those are retried (the rest fail at once).
     ``jobq.Retry`` and ``jobq.Fail`` still say what they say."""
@@ -68,15 +70,6 @@ class RetryPolicy:
             if getattr(self, k):
                 out[k] = [t.__name__ for t in getattr(self, k)]
         return out
-
-    def backoff(self, errors: int) -> float | None:
-        """Seconds before the next try after ``errors`` failures (None: the
-        queue's backoff)."""
-        if self.backoff_base_s is None and self.backoff_max_s is None:
-            return None
-        base = 1.0 if self.backoff_base_s is None else self.backoff_base_s
-        cap = 3600.0 if self.backoff_max_s is None else self.backoff_max_s
-        return float(min(cap, base * 2 ** min(errors, 40)))
 
 
 class RetryOptions(TypedDict, total=False):

@@ -113,7 +113,6 @@ class Executor:
                   created_at=row.created_at)
         handler, run_payload = self.app.route(row.queue, row.payload)  # named tasks: the row's
         run = Run(job, le, handler)
-        run.errors = row.errors
         run.payload_text = run_payload
         self.runs[job.id] = run
         self.heartbeat.track(run)  # from here on the lease is renewed and fenced

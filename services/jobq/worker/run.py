@@ -27,9 +27,8 @@ class Stop(str, enum.Enum):
 
 
 class Run:
-    __slots__ = ("error", "errors", "fence", "handler", "job", "kill_child", "lease",
-                 "limited", "max_result_bytes", "payload_text", "stop_reason", "task",
-                 "timeout")
+    __slots__ = ("error", "fence", "handler", "job", "kill_child", "lease", "limited",
+                 "max_result_bytes", "payload_text", "stop_reason", "task", "timeout")
 
     def __init__(self, job: Job, lease_: Lease, handler: Handler) -> None:
         self.job = job
@@ -44,7 +43,6 @@ class Run:
         self.max_result_bytes = 65536  # the queue's, from the claim
         self.limited = False  # the queue has max_running or rate_per_s
         self.payload_text = "{}"  # the row's payload, for a handler in a child process
-        self.errors = 0  # failed runs before this one (the claim's): a handler's backoff
 
     @property
     def ours(self) -> bool:

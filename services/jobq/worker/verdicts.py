@@ -37,8 +37,7 @@ def _verdict(run: Run, exc: BaseException) -> Failure | None:
     """What a handler's exception means for the job; None: the lease is lost."""
     le, queue, policy = run.lease, run.job.queue, run.handler.policy
     if isinstance(exc, Retry):
-        delay = exc.delay_s if exc.delay_s is not None else policy.backoff(run.errors)
-        return Failure(le, f"Retry: {printable(str(exc))}", True, delay, policy.max_attempts)
+        return Failure(le, f"Retry: {printable(str(exc))}", True, exc.delay_s, policy)
     if isinstance(exc, Fail):
         return Failure(le, f"Fail: {printable(str(exc))}", False)
     if isinstance(exc, SignalInvalid):  # built again on every run: retrying cannot help
@@ -56,15 +55,14 @@ def _verdict(run: Run, exc: BaseException) -> Failure | None:
     name = type(exc).__name__
     text = printable(str(exc))
     error = f"{name}: {text}" if text else name
-    # The handler's retry rules: in a child process the child applied them
-    # (it has the exception's class; child.py sends the reason).
-    # Not the handler's own exceptions: jobq's fault, the run's timeout, and one
-    # from a child process (its class stayed there; the child applied them).
+    # The handler's fail_on / retry_on, for its own exceptions only: not
+    # jobq's fault nor the run's timeout; one from a child process was judged
+    # there, where its class is (child.py sends the reason).
     theirs = not (isinstance(exc, JobqFault | JobTimeout) or hasattr(exc, "remote_traceback"))
     refused = getattr(exc, "jobq_refused", None) or (policy.refused(exc) if theirs else None)
     if refused:
         return Failure(le, f"{error} (not retried: {refused})", False)
-    return Failure(le, error, True, policy.backoff(run.errors), policy.max_attempts)
+    return Failure(le, error, True, None, policy)
 
 
 def failure_for(run: Run, exc: BaseException) -> Failure | None:
