@@ -247,9 +247,10 @@ class Handlers:
             doc = None
         name = doc.get("task") if isinstance(doc, dict) else None
         found = tasks.get(name) if isinstance(name, str) else None
-        if found is None or not isinstance(doc, dict):
+        if found is None:
             return Handler(queue, _unknown(queue, name, sorted(tasks)), True,
                            task=str(name)[:100]), payload_text
+        assert isinstance(doc, dict)  # a name was found in it
         return found, json.dumps(doc.get("payload"))
 
     def declared(self) -> str | None:

@@ -15,3 +15,7 @@ class Status(str, enum.Enum):
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
+
+
+# A job in one of these has ended for good (client.result, client.stream).
+TERMINAL = frozenset({Status.COMPLETED.value, Status.FAILED.value, Status.CANCELLED.value})

@@ -207,8 +207,7 @@ class Client:
         assert self.pool is not None, "call connect() first"
         if self._listener is None:
             self._listener = Listener(await self._listening())
-        async for item in stream(self.pool, self._listener, uuid.UUID(str(job_id)),
-                                 from_offset):
+        async for item in stream(self.pool, self._listener, job_id, from_offset):
             yield item
 
     async def signal(self, job_id: uuid.UUID, name: str, payload: Any = None, *,

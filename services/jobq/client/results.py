@@ -28,8 +28,8 @@ from jobq.client import store
 from jobq.client.store import JobState
 from jobq.db import connection
 from jobq.errors import JobqError, UnknownJob
+from jobq.status import TERMINAL
 
-TERMINAL = ("completed", "failed", "cancelled")
 RECHECK_S = 2.0  # a waiter re-reads the row this often, NOTIFY or not
 
 

@@ -29,13 +29,14 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from jobq.client.results import job_uuid
 from jobq.client.store import output_read
 from jobq.db import connection
 from jobq.errors import UnknownJob
+from jobq.status import TERMINAL
 
 log = logging.getLogger("jobq.client")
 
-TERMINAL = ("completed", "failed", "cancelled")
 RECHECK_S = 1.0
 BATCH = 500  # chunks a read returns at most
 
@@ -112,6 +113,7 @@ async def stream(pool: Any, listener: Listener, job_id: uuid.UUID,
     if isinstance(from_offset, bool) or not isinstance(from_offset, int) or from_offset < 0:
         raise ValueError(f"from_offset is a chunk's offset (0: from the start), "
                          f"got {from_offset!r}")
+    job_id = job_uuid(job_id)  # UnknownJob for what is not a job id
     await listener.started()
     offset, run = from_offset, None
     with listener.watching(job_id) as woken:

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ValidationError
 from typing_extensions import Unpack
 
 from jobq.errors import InvalidPayload
+from jobq.handlers import envelope
 from jobq.newjob import JobOptions, NewJob, new_job
 
 if TYPE_CHECKING:
@@ -88,7 +89,7 @@ class Task(Generic[M]):
         """The payload as JSON-ready data, checked against the model first; a
         named task's in its envelope ({"task": name, "payload": ...})."""
         data = self._checked(payload)
-        return data if self.task is None else {"task": self.task, "payload": data}
+        return data if self.task is None else envelope(self.task, data)
 
     def _checked(self, payload: Any) -> Any:
         if self.model is None:

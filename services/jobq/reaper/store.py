@@ -14,13 +14,13 @@ import logging
 import time
 import uuid
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Protocol
 
 import asyncpg
 
 from jobq import lease
 from jobq.amqp.broker import Broker
-from jobq.db import execute, fetch, fetchrow, fetchval, transaction, translated
+from jobq.db import Database, execute, fetch, fetchrow, fetchval, transaction, translated
 from jobq.rows import Backlog, DueSlot, Lapsed, Overdue, Probe, Settled, Vanished, of
 from jobq.runtime import crash
 from jobq.sql import Q
@@ -221,7 +221,7 @@ class PgAuditStore:
     """The invariant monitor's statements (reaper/audit.py), on a pool or a
     connection: a reaper's, or jobq audit's as the schema owner."""
 
-    def __init__(self, db: Any) -> None:
+    def __init__(self, db: Database) -> None:
         self.db = db
 
     async def claims(self, after_n: int, limit: int) -> tuple[int, int]:
