@@ -118,40 +118,30 @@ async def _one(settings: Any) -> None:
 
 
 def pgqueuer_trial(pg: OwnServer, n: int) -> dict[str, Any]:
-    import subprocess
+    """pgqueuer 1.6: its schema installed (pgq install), 2 workers."""
+    from peers import VENV
 
-    from benchenv import scratch
-    from peers import PY, VENV, ensure_venv
-    from publish_path import peer_workers, pings, run_json
-
-    ensure_venv()
-    script = str(HERE / "peer_pgqueuer.py")
-    with scratch(queues=()) as (db_url, _amqp, _ns):
-        db = db_url.rsplit("/", 1)[1]
-        env = {**os.environ, "PEER_DATABASE_URL": db_url, "PGDSN": db_url,
-               "PYTHONPATH": str(HERE)}
-        subprocess.run([str(VENV / "bin" / "pgq"), "install"], env=env, check=True, cwd=HERE,
-                       stdout=subprocess.DEVNULL)
-        with pings(n) as (port, _first, done), peer_workers(
-                [str(PY), script, "worker"], {**env, "PGQ_MAX_TASKS": "0"}, port):
-            time.sleep(2)  # the workers are up (they LISTEN and poll)
-            pg.reset_statements(db)
-            time.sleep(0.5)
-            before, throttled = pg.database_stats(db), pg.throttled_s()
-            prod = run_json([str(PY), script, "single", str(n), str(STEADY_CONCURRENCY)], env)
-            end = done()["last"]
-            time.sleep(0.6)
-            after = pg.database_stats(db)
-        return {"system": "pgqueuer", "jobs": n, "retained": 0,
-                "rate": round(n / (end - prod["t0"]), 1),
-                "throttled_s": round(pg.throttled_s() - throttled, 2),
-                **{k: round(v, 2) for k, v in _per_job(before, after, n).items()},
-                "top": _top(pg, db, n)}
+    return _peer_trial(pg, n, "pgqueuer", "peer_pgqueuer.py", [str(VENV / "bin" / "pgq"),
+                                                               "install"],
+                       ["worker"], {"PGQ_MAX_TASKS": "0"})
 
 
 def procrastinate_trial(pg: OwnServer, n: int) -> dict[str, Any]:
-    """procrastinate 3 in the same shape: its schema applied, 2 workers of
-    concurrency 16 waiting for jobs (serve), 16 concurrent single defers."""
+    """procrastinate 3: its schema applied, 2 workers of concurrency 16
+    waiting for jobs (serve)."""
+    from peers import PY
+
+    script = str(HERE / "peer_procrastinate.py")
+    return _peer_trial(pg, n, "procrastinate", "peer_procrastinate.py",
+                       [str(PY), script, "setup"], ["serve", str(STEADY_CONCURRENCY)],
+                       {"PEER_POOL_MAX": "4"})
+
+
+def _peer_trial(pg: OwnServer, n: int, system: str, script_name: str, setup: list[str],
+                worker_args: list[str], worker_env: dict[str, str]) -> dict[str, Any]:
+    """A peer in jobq's shape: a database of its own on the capped server,
+    ``setup`` run once, 2 workers (``script worker_args``) reporting each
+    completion, then 16 concurrent single publishes (``script single``)."""
     import subprocess
 
     from benchenv import scratch
@@ -159,24 +149,24 @@ def procrastinate_trial(pg: OwnServer, n: int) -> dict[str, Any]:
     from publish_path import peer_workers, pings, run_json
 
     ensure_venv()
-    script = str(HERE / "peer_procrastinate.py")
+    script = str(HERE / script_name)
     with scratch(queues=()) as (db_url, _amqp, _ns):
         db = db_url.rsplit("/", 1)[1]
-        env = {**os.environ, "PEER_DATABASE_URL": db_url, "PYTHONPATH": str(HERE),
-               "PEER_POOL_MAX": "4"}
-        subprocess.run([str(PY), script, "setup"], env=env, check=True, cwd=HERE,
-                       stdout=subprocess.DEVNULL)
+        env = {**os.environ, "PEER_DATABASE_URL": db_url, "PGDSN": db_url,
+               "PYTHONPATH": str(HERE)}
+        subprocess.run(setup, env=env, check=True, cwd=HERE, stdout=subprocess.DEVNULL)
         with pings(n) as (port, _first, done), peer_workers(
-                [str(PY), script, "serve", str(STEADY_CONCURRENCY)], env, port):
+                [str(PY), script, *worker_args], {**env, **worker_env}, port):
             time.sleep(2)  # the workers are up (they LISTEN and poll)
             pg.reset_statements(db)
             time.sleep(0.5)
             before, throttled = pg.database_stats(db), pg.throttled_s()
-            prod = run_json([str(PY), script, "single", str(n), str(STEADY_CONCURRENCY)], env)
+            prod = run_json([str(PY), script, "single", str(n), str(STEADY_CONCURRENCY)],
+                            {**env, **worker_env})
             end = done()["last"]
             time.sleep(0.6)
             after = pg.database_stats(db)
-        return {"system": "procrastinate", "jobs": n, "retained": 0,
+        return {"system": system, "jobs": n, "retained": 0,
                 "rate": round(n / (end - prod["t0"]), 1),
                 "throttled_s": round(pg.throttled_s() - throttled, 2),
                 **{k: round(v, 2) for k, v in _per_job(before, after, n).items()},

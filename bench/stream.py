@@ -30,6 +30,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 from benchenv import scratch
+from detection import pct
 
 from harness.helpers import Procs, SyncDB, set_queue
 from jobq import Chunk, Client, NewJob, Settings
@@ -76,7 +77,7 @@ def run(jobs: int, chunks: int, every: float, consumers: int) -> dict[str, Any]:
                     "consumers": consumers, "received": len(lat),
                     "all_in_order_once": in_order and len(lat) == jobs * chunks,
                     "emit_to_receive_ms_p50": round(statistics.median(lat), 1),
-                    "emit_to_receive_ms_p99": round(lat[int(0.99 * (len(lat) - 1))], 1),
+                    "emit_to_receive_ms_p99": round(pct(lat, 0.99), 1),
                     "emit_to_receive_ms_max": round(lat[-1], 1)}
         finally:
             procs.close()

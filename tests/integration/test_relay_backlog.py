@@ -33,20 +33,14 @@ def test_lapsed_leases_are_requeued_in_time_while_the_relay_has_a_backlog(
     async def check(reaper: Reaper, _wakes: Wakes, conn: asyncpg.Connection) -> None:
         await conn.execute("INSERT INTO jobq.queue (name, lease_s) VALUES ('bulk', 30), "
                            "('short', 1)")
-        jids = [await conn.fetchval("SELECT jobq.enqueue('short', '{}'::jsonb, "
-                                    "relay_grace_s => 3600)") for _ in LAPSE_S]
         # Nobody publishes these (grace 0): the relay's, all due now.
         await conn.execute(
             "SELECT jobq.enqueue_many(array_fill('bulk'::text, ARRAY[$1::int]), "
             "array_fill('{}'::jsonb, ARRAY[$1::int]), relay_grace_s => 0)", BACKLOG)
-        # Claimed jobs whose workers are gone: their leases lapse in turn.
-        deadlines = [await conn.fetchval(
-            "UPDATE jobq.job SET status = 'active', lock = gen_random_uuid(), "
-            "lease_expires_at = now() + make_interval(secs => $2) WHERE id = $1 "
-            "RETURNING lease_expires_at", jid, s) for jid, s in zip(jids, LAPSE_S)]
+        deadlines = await lapsing(conn)
         loop = asyncio.create_task(reaper._loop())
         try:
-            late, left = await requeued(conn, dict(zip(jids, deadlines)))
+            late, left = await requeued(conn, deadlines)
         finally:
             reaper.request_stop()
             await loop
@@ -83,15 +77,10 @@ def test_a_slow_backlog_sample_does_not_hold_up_a_requeue(settings: Settings) ->
         assert reaper.pool is not None
         reaper.store = SlowBacklog(reaper.pool, reaper.broker)
         await conn.execute("INSERT INTO jobq.queue (name, lease_s) VALUES ('short', 1)")
-        jids = [await conn.fetchval("SELECT jobq.enqueue('short', '{}'::jsonb, "
-                                    "relay_grace_s => 3600)") for _ in LAPSE_S]
-        deadlines = [await conn.fetchval(
-            "UPDATE jobq.job SET status = 'active', lock = gen_random_uuid(), "
-            "lease_expires_at = now() + make_interval(secs => $2) WHERE id = $1 "
-            "RETURNING lease_expires_at", jid, s) for jid, s in zip(jids, LAPSE_S)]
+        deadlines = await lapsing(conn)
         loop = asyncio.create_task(reaper._loop())
         try:
-            late, _left = await requeued(conn, dict(zip(jids, deadlines)))
+            late, _left = await requeued(conn, deadlines)
             sampling = await conn.fetchval(
                 "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(3)' "
                 "AND state = 'active'")
@@ -106,6 +95,20 @@ def test_a_slow_backlog_sample_does_not_hold_up_a_requeue(settings: Settings) ->
             "the sample held up the requeue")
 
     run(settings, check)
+
+
+async def lapsing(conn: asyncpg.Connection) -> dict[object, object]:
+    """Jobs of queue 'short' claimed by workers that are gone: their leases
+    lapse in turn, LAPSE_S after now; each job's deadline."""
+    out = {}
+    for s in LAPSE_S:
+        jid = await conn.fetchval("SELECT jobq.enqueue('short', '{}'::jsonb, "
+                                  "relay_grace_s => 3600)")
+        out[jid] = await conn.fetchval(
+            "UPDATE jobq.job SET status = 'active', lock = gen_random_uuid(), "
+            "lease_expires_at = now() + make_interval(secs => $2) WHERE id = $1 "
+            "RETURNING lease_expires_at", jid, s)
+    return out
 
 
 async def requeued(conn: asyncpg.Connection, deadlines: dict[object, object]
