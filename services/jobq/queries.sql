@@ -2101,12 +2101,26 @@ WHERE j.id = $1 AND j.lock = $2 AND q.history;
 -- name: cancel
 -- queued -> cancelled at once; active -> cancelled, and the worker learns it
 -- on its next renewal (fenced writes need status = 'active') and stops.
-WITH cancelled AS (
+-- The job and the children it joins are locked first, all of them, in id
+-- order as every multi-row write (schema 0017), whatever scan the updates'
+-- plans take: it locked the parent first and then its children in scan
+-- order, and deadlocked with a consumer claiming two of those children in
+-- one batch (CI; test_lock_order.py). The count(*) makes the lock one
+-- step before any row is written.
+WITH family AS MATERIALIZED (  -- read, not locked
+    SELECT ARRAY[j.id] || coalesce(j.joining, '{}') AS ids FROM jobq.job j WHERE j.id = $1
+), locked AS MATERIALIZED (
+    SELECT j.id FROM jobq.job j
+    WHERE j.id = ANY((SELECT ids FROM family)::uuid[])
+    ORDER BY j.id
+    FOR NO KEY UPDATE OF j
+), cancelled AS (
     UPDATE jobq.job j
     SET status = 'cancelled', lease_expires_at = NULL, finished_at = now(),
         last_error = coalesce($2, 'cancelled')
     FROM jobq.queue q
     WHERE j.id = $1 AND j.status COLLATE "C" IN ('queued', 'active') AND q.name = j.queue
+      AND (SELECT count(*) FROM locked) > 0
     RETURNING j.id, j.worker_id, j.attempts, q.history, j.joining
 ), children AS (  -- a joining parent's children it still waits for (schema 0029)
     UPDATE jobq.job c

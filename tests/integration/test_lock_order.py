@@ -98,3 +98,50 @@ def test_a_completion_locks_in_id_order_whatever_its_plan_scans(db_url: str) -> 
             await worker.close()
 
     with_pool(db_url, body)
+
+
+def test_a_cancel_locks_a_parent_and_its_children_in_id_order(db_url: str) -> None:
+    """CI's ``deadlock detected`` (test_suspension): cancelling a joining
+    parent locked it, then its children in scan order, while a consumer
+    claiming two of those children in one batch locked them in id order.
+    Here the parent (MID) joins LOW and HIGH, the plan scans in physical
+    order, and a claim holds LOW: the cancel must wait on LOW holding
+    neither MID nor HIGH."""
+    mid = uuid.UUID("80000000-0000-4000-8000-000000000000")
+
+    async def body(pool: asyncpg.Pool) -> None:
+        await pool.execute(Q["queue_ensure"], "q")
+        for job_id in (HIGH, LOW):  # physical order: HIGH first
+            await pool.execute("INSERT INTO jobq.job (id, queue, payload) VALUES ($1, 'q', '{}')",
+                               job_id)
+        await pool.execute("INSERT INTO jobq.job (id, queue, payload, joining, run_at) VALUES "
+                           "($1, 'q', '{}', $2, 'infinity')", mid, [HIGH, LOW])
+        holder = await asyncpg.connect(db_url)
+        operator = await asyncpg.connect(db_url)
+        try:
+            await operator.execute("SET enable_indexscan = off; SET enable_bitmapscan = off")
+            tx = holder.transaction()
+            await tx.start()
+            await holder.execute("SELECT 1 FROM jobq.job WHERE id = $1 FOR UPDATE", LOW)
+            pid = await operator.fetchval("SELECT pg_backend_pid()")
+            cancel = asyncio.create_task(lease.cancel(operator, mid, "no longer needed"))
+            for _ in range(500):  # until the cancel waits for a row lock
+                if await pool.fetchval("SELECT wait_event_type = 'Lock' FROM pg_stat_activity "
+                                       "WHERE pid = $1", pid):
+                    break
+                await asyncio.sleep(0.01)
+            else:
+                raise AssertionError("the cancel never waited for LOW")
+            async with pool.acquire() as other, other.transaction():
+                for free in (mid, HIGH):
+                    assert await other.fetchval(
+                        "SELECT 1 FROM jobq.job WHERE id = $1 FOR UPDATE NOWAIT", free) == 1
+            await tx.commit()
+            assert await asyncio.wait_for(cancel, 10) is True
+            rows = await pool.fetch("SELECT status::text FROM jobq.job ORDER BY id")
+            assert [r["status"] for r in rows] == ["cancelled"] * 3, rows
+        finally:
+            await holder.close()
+            await operator.close()
+
+    with_pool(db_url, body)
