@@ -256,7 +256,7 @@ async def quarantine(pool: asyncpg.Pool, job_id: uuid.UUID, worker_id: str,
 
 # ── operators (admin.py): status-guarded, not fenced by a token ──
 
-async def cancel(pool: asyncpg.Pool, job_id: uuid.UUID, reason: str | None) -> bool:
+async def cancel(pool: Database, job_id: uuid.UUID, reason: str | None) -> bool:
     """queued/active -> cancelled; an active job's worker learns it at its
     next renewal (its fenced writes need status = 'active') and stops."""
     return bool(await fetch(pool, Q["cancel"], job_id, reason))
