@@ -2030,6 +2030,7 @@ RETURN QUERY WITH mine AS (
         lease_expires_at = NULL,
         published_at = NULL,
         suspect = false,
+        suspended_at = now(),  -- what it waits for and since when (schema 0038)
         wake_on = $4,
         joining = CASE WHEN m.ready THEN NULL ELSE $6::uuid[] END,
         run_at = CASE WHEN m.ready THEN now()
@@ -2580,6 +2581,7 @@ CREATE TABLE jobq.job (
     joining uuid[],
     expires_at timestamp with time zone,
     idempotency_scope text,
+    suspended_at timestamp with time zone,
     CONSTRAINT job_idempotency_scope_check CHECK ((idempotency_scope = ANY (ARRAY['live'::text, 'window'::text]))),
     CONSTRAINT job_key_policy_check CHECK ((key_policy = ANY (ARRAY['fifo'::text, 'latest'::text, 'singleton'::text]))),
     CONSTRAINT job_last_traceback_size CHECK ((octet_length(last_traceback) <= 16384)),
@@ -2598,17 +2600,27 @@ CREATE VIEW jobq.backlog AS
     count(s.id) FILTER (WHERE (s.state = 'waiting'::text)) AS waiting,
     count(s.id) FILTER (WHERE (s.state = 'parked'::text)) AS parked,
     count(s.id) FILTER (WHERE (s.state = 'suspended'::text)) AS suspended,
-    (COALESCE(EXTRACT(epoch FROM (now() - min(s.run_at) FILTER (WHERE (s.state = 'ready'::text)))), (0)::numeric))::double precision AS oldest_ready_s
+    (COALESCE(EXTRACT(epoch FROM (now() - min(s.run_at) FILTER (WHERE (s.state = 'ready'::text)))), (0)::numeric))::double precision AS oldest_ready_s,
+    count(s.id) FILTER (WHERE ((s.state = 'suspended'::text) AND (s.reason = 'sleep'::text))) AS suspended_sleep,
+    count(s.id) FILTER (WHERE ((s.state = 'suspended'::text) AND (s.reason = 'signal'::text))) AS suspended_signal,
+    count(s.id) FILTER (WHERE ((s.state = 'suspended'::text) AND (s.reason = 'children'::text))) AS suspended_children,
+    (COALESCE(EXTRACT(epoch FROM (now() - min(s.suspended_at) FILTER (WHERE (s.state = 'suspended'::text)))), (0)::numeric))::double precision AS oldest_suspended_s
    FROM (jobq.queue q
      LEFT JOIN LATERAL ( SELECT j.id,
             j.run_at,
+            j.suspended_at,
                 CASE
                     WHEN (j.waiting_on > 0) THEN 'waiting'::text
                     WHEN (j.relay_after = 'infinity'::timestamp with time zone) THEN 'parked'::text
-                    WHEN (((j.wake_on IS NOT NULL) OR (j.joining IS NOT NULL)) AND (j.run_at > now())) THEN 'suspended'::text
+                    WHEN ((j.run_at > now()) AND ((j.wake_on IS NOT NULL) OR (j.joining IS NOT NULL) OR (j.suspended_at > j.started_at))) THEN 'suspended'::text
                     WHEN (j.run_at > now()) THEN 'delayed'::text
                     ELSE 'ready'::text
-                END AS state
+                END AS state,
+                CASE
+                    WHEN (j.joining IS NOT NULL) THEN 'children'::text
+                    WHEN (j.wake_on IS NOT NULL) THEN 'signal'::text
+                    ELSE 'sleep'::text
+                END AS reason
            FROM jobq.job j
           WHERE ((j.status = 'queued'::text) AND (j.queue = q.name))) s ON (true))
   GROUP BY q.name;
@@ -3407,6 +3419,12 @@ CREATE INDEX job_signal_undelivered_idx ON jobq.job_signal USING btree (sent_at)
 --
 
 CREATE UNIQUE INDEX job_singleton_idx ON jobq.job USING btree (queue, key) WHERE ((key_policy = 'singleton'::text) AND (status = ANY (ARRAY['queued'::text, 'active'::text])));
+
+--
+-- Name: job_step_spawned_idx; Type: INDEX; Schema: jobq; Owner: -
+--
+
+CREATE INDEX job_step_spawned_idx ON jobq.job_step USING btree (((result #>> '{}'::text[]))) WHERE (fn = 'jobq.spawn'::text);
 
 --
 -- Name: job_unpublished_idx; Type: INDEX; Schema: jobq; Owner: -

@@ -985,6 +985,7 @@ WITH mine AS (
         lease_expires_at = NULL,
         published_at = NULL,
         suspect = false,
+        suspended_at = now(),  -- what it waits for and since when (schema 0038)
         wake_on = $4,
         joining = CASE WHEN m.ready THEN NULL ELSE $6::uuid[] END,
         run_at = CASE WHEN m.ready THEN now()
@@ -1302,7 +1303,8 @@ SELECT set_config('statement_timeout', $1::text, true);
 -- jobq_queue_oldest_wait_seconds): queued rows only (schema 0030), at most
 -- once per backlog_every_s, under a statement timeout so a huge backlog
 -- costs a missed sample, never a sweep.
-SELECT queue, ready, delayed, waiting, parked, suspended, oldest_ready_s
+SELECT queue, ready, delayed, waiting, parked, suspended, oldest_ready_s,
+       suspended_sleep, suspended_signal, suspended_children, oldest_suspended_s
 FROM jobq.backlog
 ORDER BY queue;
 
@@ -2487,19 +2489,34 @@ SELECT status FROM jobq.job WHERE id = $1;
 SELECT id, queue, payload, status, lock, worker_id, lease_expires_at, attempts, errors, stalls,
        last_error, idempotency_key, run_at, published_at, created_at, started_at,
        finished_at, progress, progress_at, result, priority, key, waiting_on, workflow_id,
-       snoozes, key_policy, wake_on, joining, expires_at, idempotency_scope, last_traceback
+       snoozes, key_policy, wake_on, joining, expires_at, idempotency_scope, last_traceback,
+       CASE WHEN status = 'queued' AND suspended_at > started_at AND run_at > now()
+            THEN suspended_at END AS suspended_since,
+       CASE WHEN status = 'queued' AND suspended_at > started_at AND run_at > now()
+                 AND run_at < now() + interval '99 years'  -- a wait with no timeout: none
+            THEN run_at END AS wakes_at
 FROM jobq.job
 WHERE id = $1;
 
 -- name: job_links
--- jobq inspect, the dashboard: what a job waits for and what waits for it.
+-- jobq inspect, the dashboard: what a job waits for and what waits for it,
+-- the children it spawned and the job that spawned it (its step
+-- 'spawn:<name>', found through job_step_spawned_idx, schema 0038).
 SELECT 'waits for' AS link, p.id, p.queue, p.status
 FROM jobq.job_dependency d JOIN jobq.job p ON p.id = d.parent_id
 WHERE d.job_id = $1
 UNION ALL
 SELECT 'waited for by', c.id, c.queue, c.status
 FROM jobq.job_dependency d JOIN jobq.job c ON c.id = d.job_id
-WHERE d.parent_id = $1;
+WHERE d.parent_id = $1
+UNION ALL
+SELECT 'spawned', c.id, c.queue, c.status
+FROM jobq.job_step s JOIN jobq.job c ON c.id = (s.result #>> '{}')::uuid
+WHERE s.job_id = $1 AND s.fn = 'jobq.spawn'
+UNION ALL
+SELECT 'spawned by', p.id, p.queue, p.status
+FROM jobq.job_step s JOIN jobq.job p ON p.id = s.job_id
+WHERE (s.result #>> '{}') = $1::text AND s.fn = 'jobq.spawn';
 
 -- name: job_steps
 -- jobq inspect: a job's durable steps, in the order they were recorded.
@@ -2507,12 +2524,20 @@ SELECT name, fn, attempt, at, result FROM jobq.job_step WHERE job_id = $1 ORDER 
 
 -- name: workflow_jobs
 -- jobq inspect WORKFLOW_ID: its steps in the order they were published, with
--- what each waits for.
+-- what each waits for, and the children its steps spawned (job.spawn, and
+-- theirs in turn; spawned_by: the job whose step made it, NULL for a step).
+-- The children are followed through the spawn steps' primary key.
+WITH RECURSIVE member(id, spawned_by) AS (
+    SELECT j.id, NULL::uuid FROM jobq.job j WHERE j.workflow_id = $1
+    UNION
+    SELECT (s.result #>> '{}')::uuid, s.job_id
+    FROM member m JOIN jobq.job_step s ON s.job_id = m.id AND s.fn = 'jobq.spawn'
+)
 SELECT j.id, j.queue, j.status, j.waiting_on, j.created_at, j.finished_at, j.last_error,
        ARRAY(SELECT d.parent_id FROM jobq.job_dependency d WHERE d.job_id = j.id
-             ORDER BY d.parent_id) AS after
-FROM jobq.job j
-WHERE j.workflow_id = $1
+             ORDER BY d.parent_id) AS after,
+       m.spawned_by
+FROM member m JOIN jobq.job j ON j.id = m.id
 ORDER BY j.created_at, j.id;
 
 -- name: workflow_cancel
@@ -2621,7 +2646,12 @@ SELECT id, queue, payload, status, worker_id, attempts, errors, stalls, suspect_
        snoozes, last_error, idempotency_key, run_at, created_at, started_at, finished_at,
        extract(epoch FROM lease_expires_at - now())::float8 AS lease_left_s, progress, result,
        workflow_id, last_traceback, key, key_policy, wake_on, joining, expires_at,
-       idempotency_scope
+       idempotency_scope,
+       CASE WHEN status = 'queued' AND suspended_at > started_at AND run_at > now()
+            THEN suspended_at END AS suspended_since,
+       CASE WHEN status = 'queued' AND suspended_at > started_at AND run_at > now()
+                 AND run_at < now() + interval '99 years'  -- a wait with no timeout: none
+            THEN run_at END AS wakes_at
 FROM jobq.job
 WHERE id = $1;
 

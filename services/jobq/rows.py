@@ -154,7 +154,8 @@ class Vanished:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Backlog:
     """One queue's queued jobs by state and its oldest ready job's wait
-    (jobq.backlog, schema 0030)."""
+    (jobq.backlog, schema 0030); the suspended ones by reason and the oldest
+    suspension's age (schema 0038)."""
 
     queue: str
     ready: int
@@ -163,8 +164,13 @@ class Backlog:
     parked: int
     suspended: int
     oldest_ready_s: float
+    suspended_sleep: int
+    suspended_signal: int
+    suspended_children: int
+    oldest_suspended_s: float
 
     STATES = ("ready", "delayed", "waiting", "parked", "suspended")
+    REASONS = ("sleep", "signal", "children")  # suspended_<reason>
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

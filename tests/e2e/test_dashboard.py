@@ -217,6 +217,10 @@ def test_a_waiting_jobs_page_says_what_it_waits_for(
     page.goto(f"{dashboard}/job/{jid}")
     assert page.locator("#wake_on td").inner_text().strip() == "approval"
     assert page.locator("#joining").count() == 0
+    since = page.locator("#suspended_since td").inner_text().strip()  # issue #52.6
+    assert since.startswith(str(bg(db.val, "SELECT suspended_at::date FROM jobq.job "
+                                           "WHERE id = $1", jid))), since
+    assert page.locator("#wakes_at").count() == 0  # no timeout: no clock wakes it
     page.close()
 
 
@@ -327,7 +331,8 @@ def test_an_idle_consumer_is_idle_and_a_killed_one_is_not_alive_while_no_reaper_
 
 def test_a_workflow_is_drawn_as_a_graph_whose_boxes_open_their_jobs(
         browser: Any, dashboard: str, db: SyncDB) -> None:
-    """Issue #50.6: parents left of the jobs that wait for them, each box a link."""
+    """Issue #50.6: parents left of the jobs that wait for them, each box a link;
+    a child a step spawned (#52.6: its step 'spawn:<name>') right of it, dashed."""
     import uuid
 
     from playwright.sync_api import expect
@@ -336,13 +341,19 @@ def test_a_workflow_is_drawn_as_a_graph_whose_boxes_open_their_jobs(
     first = bg(db.val, "SELECT jobq.enqueue('wf', workflow_id => $1)", wid)
     second = bg(db.val, "SELECT jobq.enqueue('wf', after => ARRAY[$1]::uuid[], "
                         "workflow_id => $2)", first, wid)
+    child = bg(db.val, "SELECT jobq.enqueue('work')")
+    bg(db.execute, "INSERT INTO jobq.job_step (job_id, name, fn, result, attempt) VALUES "
+                   "($1, 'spawn:c0', 'jobq.spawn', to_jsonb($2::text), 1)", second, str(child))
     page = browser.new_page()
     page.goto(f"{dashboard}/workflow/{wid}")
     nodes = page.locator("#graph a.node")
-    expect(nodes).to_have_count(2)
+    expect(nodes).to_have_count(3)
     left = {n.get_attribute("data-job"): n.locator("rect").bounding_box()["x"]
             for n in nodes.all()}
-    assert left[str(first)] < left[str(second)], left
+    assert left[str(first)] < left[str(second)] < left[str(child)], left
+    expect(page.locator("#graph line.spawned")).to_have_count(1)
+    assert page.locator(f'tr[data-job="{child}"] a.spawned-by').get_attribute(
+        "href") == f"/job/{second}"
     page.locator(f'#graph a[data-job="{second}"]').click()
     expect(page.locator("#status")).to_be_visible()
     assert page.url.endswith(f"/job/{second}")

@@ -78,12 +78,22 @@ def _gauges(port: int) -> Gauges:
                 out[(s.labels["queue"], s.labels["state"])] = s.value
             elif s.name == "jobq_queue_oldest_wait_seconds":
                 out[(s.labels["queue"], "oldest")] = s.value
+            elif s.name == "jobq_queue_suspended":  # issue #52: by what they wait for
+                out[(s.labels["queue"], s.labels["reason"])] = s.value
+            elif s.name == "jobq_queue_oldest_suspended_seconds":
+                out[(s.labels["queue"], "oldest_suspended")] = s.value
     return out
 
 
 def test_a_reaper_exports_the_backlog_and_drops_a_deleted_queue(
         settings: Settings, db: SyncDB, procs: Procs, env: dict[str, str]) -> None:
     want = _publish_every_state(settings, db, "bk")
+    # and one job suspended for a signal, as job.wait_for leaves it (the
+    # suspend statement's columns; test_suspension.py makes them for real)
+    db.execute("UPDATE jobq.job SET started_at = now() - interval '1 s', suspended_at = now(), "
+               "wake_on = 'go', run_at = now() + interval '1 h', relay_after = now() + "
+               "interval '1 h' WHERE id = $1", db.val("SELECT jobq.enqueue('bk')"))
+    want["suspended"] = 1
     set_queue(db, "bk_gone")
     port = free_port()
     procs.reaper(JOBQ_HEALTH_PORT=str(port), JOBQ_REAPER__BACKLOG_EVERY_S="0.2")
@@ -99,6 +109,8 @@ def test_a_reaper_exports_the_backlog_and_drops_a_deleted_queue(
     assert got is not None
     assert {s: got[("bk", s)] for s in STATES} == want, got
     assert got[("bk", "oldest")] >= 0
+    assert [got[("bk", r)] for r in ("sleep", "signal", "children")] == [0, 1, 0], got
+    assert got[("bk", "oldest_suspended")] >= 0
     assert run_cli(env, "queue", "delete", "bk_gone").returncode == 0
     wait_until(lambda: ("bk_gone", "ready") not in _gauges(port), 30,
                "the deleted queue's series to go")

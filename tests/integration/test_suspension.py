@@ -16,6 +16,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from jobq.client.workflow import Workflow
 from jobq.errors import BadInput, UnknownJob
 from jobq.ops import admin
 from jobq.settings import Settings
@@ -147,5 +148,43 @@ def test_children_spawned_once_each_and_joined_with_errors_as_values(
         await admin.cancel(w.pool, parent, "no longer needed")  # as `jobq cancel` runs it
         for kid in row["joining"]:
             await w.wait_status(kid, "cancelled")
+
+    scenario(settings, body, queues=["waits", "work"])
+
+
+def test_what_a_suspended_job_waits_for_since_when_and_who_it_spawned(
+        settings: Settings) -> None:
+    """Issue #52, item 6: jobq.backlog (the reapers' gauges) counts suspended
+    jobs by reason, a durable sleep among them (it counted as delayed);
+    jobq inspect and the job page say since when and when the clock wakes
+    it; a parent's spawned child shows on both pages and in its workflow."""
+    async def body(w: World) -> None:
+        (sleeper, waiter) = await w.publish("waits", {"sleep_s": 60}, {"signal": "approve"})
+        wf = Workflow()
+        wf.step("waits", {"spawn": 1, "children": [{"sleep": 30}]})
+        wid = await w.client.publish_workflow(wf)
+        (parent,) = [r["id"] for r in await admin.workflow(w.pool, wid)]
+        for jid in (sleeper, waiter, parent):
+            await _suspended(w, jid)
+        b = await w.pool.fetchrow("SELECT * FROM jobq.backlog WHERE queue = 'waits'")
+        assert b is not None
+        assert (b["suspended"], b["delayed"], b["suspended_sleep"], b["suspended_signal"],
+                b["suspended_children"]) == (3, 0, 1, 1, 1), dict(b)
+        assert b["oldest_suspended_s"] >= 0
+        slept, _ = await admin.inspect(w.pool, sleeper)
+        waited, _ = await admin.inspect(w.pool, waiter)
+        assert slept["suspended_since"] is not None and waited["suspended_since"] is not None
+        assert (slept["wakes_at"] - slept["suspended_since"]).total_seconds() >= 59, dict(slept)
+        assert waited["wakes_at"] is None  # a wait with no timeout: no clock wakes it
+        links, _ = await admin.links_and_steps(w.pool, parent)
+        (child,) = [r["id"] for r in links if r["link"] == "spawned"]
+        back, _ = await admin.links_and_steps(w.pool, child)
+        assert [(r["link"], r["id"]) for r in back] == [("spawned by", parent)], back
+        steps = await admin.workflow(w.pool, wid)
+        assert {(r["id"], r["spawned_by"]) for r in steps} == {(parent, None), (child, parent)}
+        await admin.cancel(w.pool, parent, "done looking")  # the child with it
+        await w.wait_status(child, "cancelled")
+        again, _ = await admin.inspect(w.pool, parent)
+        assert again["suspended_since"] is None  # it waits no more
 
     scenario(settings, body, queues=["waits", "work"])

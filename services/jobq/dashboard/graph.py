@@ -1,7 +1,9 @@
 """A workflow as a graph (issue #50, item 6): parents on the left, the jobs
 that wait for them to their right, one column per level, each job a box
-coloured by its state and linked to its page. Inline SVG, laid out here (no
-script: the dashboard's CSP forbids them, and needs none)."""
+coloured by its state and linked to its page. A child a step spawned at run
+time (job.spawn, issue #52) sits right of its parent, on a dashed edge.
+Inline SVG, laid out here (no script: the dashboard's CSP forbids them, and
+needs none)."""
 
 from __future__ import annotations
 
@@ -14,10 +16,16 @@ COLOUR = {"queued": "#e3e6ea", "active": "#cfe0ff", "completed": "#cdebd6",
           "failed": "#f5c6c6", "cancelled": "#f1f1f1"}
 
 
+def _parents(step: Any) -> list[Any]:
+    """What it waits for, and the job that spawned it (schema 0038)."""
+    spawner = step.get("spawned_by")
+    return [p for p in step["after"] if p is not None] + ([spawner] if spawner else [])
+
+
 def levels(steps: list[Any]) -> dict[Any, int]:
     """Each step's level: 0 with no parent in the workflow, else one more
     than its deepest parent's (the longest path from a root)."""
-    parents = {s["id"]: [p for p in s["after"] if p is not None] for s in steps}
+    parents = {s["id"]: _parents(s) for s in steps}
     level: dict[Any, int] = {}
 
     def of(node: Any, seen: frozenset[Any] = frozenset()) -> int:
@@ -47,11 +55,14 @@ def svg(steps: list[Any]) -> str:
     edges = []
     for s in steps:
         cx, cy = at[s["id"]]
-        for p in s["after"]:
+        for p in _parents(s):
             if p in at:
                 px, py = at[p]
+                spawn = p == s.get("spawned_by")
                 edges.append(f'<line x1="{px + BOX_W}" y1="{py + BOX_H / 2}" x2="{cx}" '
-                             f'y2="{cy + BOX_H / 2}" stroke="#8a94a6" stroke-width="1.2"/>')
+                             f'y2="{cy + BOX_H / 2}" stroke="#8a94a6" stroke-width="1.2"'
+                             + (' stroke-dasharray="5 3" class="spawned"' if spawn else '')
+                             + '/>')
     nodes = []
     for s in steps:
         x, y = at[s["id"]]
@@ -64,5 +75,6 @@ def svg(steps: list[Any]) -> str:
             f'<text x="{x + 8}" y="{y + 29}" font-size="11" fill="#5b6475">'
             f'{escape(str(s["queue"])[:24])}</text></a>')
     return (f'<svg id="graph" width="{width}" height="{height}" role="img" '
-            f'aria-label="the workflow: each job after the jobs it waits for">'
+            f'aria-label="the workflow: each job after the jobs it waits for and '
+            f'the job that spawned it">'
             f'{"".join(edges)}{"".join(nodes)}</svg>')

@@ -2,8 +2,10 @@
 the oldest ready job has waited.
 
 Every reaper samples ``jobq.backlog`` (schema 0030) on its own clock and
-exports ``jobq_queue_depth{queue,state}`` and
-``jobq_queue_oldest_wait_seconds{queue}``; reapers are peers, so each shows
+exports ``jobq_queue_depth{queue,state}``,
+``jobq_queue_oldest_wait_seconds{queue}``, and the suspended jobs by what
+they wait for, ``jobq_queue_suspended{queue,reason}`` and
+``jobq_queue_oldest_suspended_seconds{queue}`` (issue #52); reapers are peers, so each shows
 the same figures and alert rules take ``max by``. The statement reads queued
 rows only and runs under a statement timeout: a backlog too large to count
 in time costs a missed sample (logged), never a sweep. A queue deleted since
@@ -42,10 +44,17 @@ class BacklogGauges:
             for state in Backlog.STATES:
                 metrics.QUEUE_DEPTH.labels(row.queue, state).set(getattr(row, state))
             metrics.OLDEST_WAIT.labels(row.queue).set(row.oldest_ready_s)
+            for reason in Backlog.REASONS:
+                metrics.SUSPENDED.labels(row.queue, reason).set(
+                    getattr(row, f"suspended_{reason}"))
+            metrics.OLDEST_SUSPENDED.labels(row.queue).set(row.oldest_suspended_s)
         for gone in self._queues - seen:
             for state in Backlog.STATES:
                 metrics.QUEUE_DEPTH.remove(gone, state)
+            for reason in Backlog.REASONS:
+                metrics.SUSPENDED.remove(gone, reason)
             metrics.OLDEST_WAIT.remove(gone)
+            metrics.OLDEST_SUSPENDED.remove(gone)
         self._queues = seen
         metrics.BACKLOG_SAMPLED.set(time.time())
         return rows

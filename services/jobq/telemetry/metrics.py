@@ -5,8 +5,9 @@
 Monitor the monitor: ``jobq_reaper_last_sweep_timestamp_seconds``,
 ``jobq_leases_overdue`` (due but not reaped) and
 ``jobq_oldest_overdue_lease_seconds`` turn a stopped reaper into an alert.
-Backlog: ``jobq_queue_depth{queue,state}`` and
-``jobq_queue_oldest_wait_seconds{queue}``; the rules that use them are in
+Backlog: ``jobq_queue_depth{queue,state}``,
+``jobq_queue_oldest_wait_seconds{queue}``, the suspended jobs by reason
+``jobq_queue_suspended{queue,reason}`` and their oldest wait; the rules that use them are in
 ``deploy/prometheus/jobq-alerts.yaml``.
 """
 
@@ -80,11 +81,17 @@ OLDEST_OVERDUE = Gauge("jobq_oldest_overdue_lease_seconds", "How long ago the ol
 # and exports the same figures, so alert on max by (queue, state), not sum.
 QUEUE_DEPTH = Gauge("jobq_queue_depth", "Queued jobs per queue by state: ready (could start "
                     "now), delayed, waiting (for parent jobs), parked (held by limits), "
-                    "suspended (waiting for a signal or children).", ["queue", "state"],
+                    "suspended (a durable sleep, a signal wait, a join).", ["queue", "state"],
                     registry=REGISTRY)
 OLDEST_WAIT = Gauge("jobq_queue_oldest_wait_seconds", "How long the oldest ready job of the "
                     "queue has been due and not started (0: none).", ["queue"],
                     registry=REGISTRY)
+SUSPENDED = Gauge("jobq_queue_suspended", "Suspended jobs per queue by what they wait for: "
+                  "sleep (job.sleep), signal (job.wait_for), children (job.join); they hold "
+                  "no slot and no lease.", ["queue", "reason"], registry=REGISTRY)
+OLDEST_SUSPENDED = Gauge("jobq_queue_oldest_suspended_seconds", "How long the queue's "
+                         "longest-suspended job has waited (0: none).", ["queue"],
+                         registry=REGISTRY)
 BACKLOG_SAMPLED = Gauge("jobq_backlog_sampled_timestamp_seconds", "Unix time of this reaper's "
                         "last backlog sample.", registry=REGISTRY)
 # The invariant monitor (reaper/audit.py): each violation is counted once,

@@ -55,7 +55,8 @@ async def inspect(settings: Settings, args: argparse.Namespace) -> None:
         if not steps:
             raise
         print(f"workflow {wanted}: {len(steps)} step(s)")
-        table([{**dict(r), "after": " ".join(str(a)[:8] for a in r["after"])} for r in steps])
+        table([{**dict(r), "after": " ".join(str(a)[:8] for a in r["after"]),
+                "spawned_by": str(r["spawned_by"] or "")[:8]} for r in steps])
         return
     fields_ = dict(row)  # a Record iterates over its values, not its keys
     tb = fields_.pop("last_traceback", None)
