@@ -197,6 +197,14 @@ async def waits(job: Job) -> Any:
     return await run(job, start, end)
 
 
+@app.handler("waits_sync")
+def waits_sync(job: Job) -> Any:
+    """The sync twins (job.sleep_sync, ...) in the thread pool: harness/waits.py."""
+    from harness.waits import waits_sync as run
+
+    return run(job)
+
+
 @app.handler("emits")
 async def emits(job: Job) -> Any:
     """job.emit (issue #52): harness/emits.py."""

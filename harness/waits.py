@@ -49,3 +49,20 @@ async def waits(job: Job, start: Any, end: Any) -> Any:
         return {"first": first, "timed_out": True}
     await end(job, "returned")
     return {"first": first, "got": got}
+
+
+def waits_sync(job: Job) -> Any:
+    """The same in a sync handler (the consumer's thread pool), with the sync
+    twins: ``{"sleep_s": s, "signal": name, "spawn": n}`` sleeps, then waits
+    for the signal, then spawns n empty children into "work" and joins them."""
+    p = job.payload or {}
+    first = job.step_sync("first", _stamp)
+    if p.get("sleep_s") is not None:
+        job.sleep_sync("nap", float(p["sleep_s"]))
+    got: Any = None
+    if p.get("signal"):
+        got = job.wait_for_sync(p["signal"], timeout_s=p.get("timeout_s"))
+    if p.get("spawn"):
+        ids = [job.spawn_sync(f"c{i}", "work", {}) for i in range(int(p["spawn"]))]
+        got = [got, job.join_sync(ids)]
+    return {"first": first, "got": got}

@@ -132,6 +132,44 @@ class Job(Generic[P]):
         n: int = self._linked().emit_sync(chunk)
         return n
 
+    # Sync twins (issue #52.6) for sync handlers in the consumer's thread pool:
+    # each runs its coroutine on the consumer's loop while this thread waits,
+    # and raises what it raises (the exception that ends the run included).
+    def sleep_sync(self, name: str, seconds: float) -> None:
+        """``sleep`` for sync handlers."""
+        self._sync("sleep", name, seconds)
+
+    def wait_for_sync(self, name: str, timeout_s: float | None = None) -> Any:
+        """``wait_for`` for sync handlers."""
+        return self._sync("wait_for", name, timeout_s)
+
+    def spawn_sync(self, name: str, queue: str, payload: Any = None, *, delay_s: float = 0,
+                   priority: int = 0, key: str | None = None) -> uuid.UUID:
+        """``spawn`` for sync handlers."""
+        child: uuid.UUID = self._sync("spawn", name, queue, payload, delay_s=delay_s,
+                                      priority=priority, key=key)
+        return child
+
+    def join_sync(self, ids: Any) -> list[Any]:
+        """``join`` for sync handlers."""
+        results: list[Any] = self._sync("join", ids)
+        return results
+
+    def _sync(self, method: str, *args: Any, **options: Any) -> Any:
+        link = self._linked()
+        loop = getattr(link, "loop", None)
+        if loop is None:  # jobq.testing's memory: no consumer's loop to hand it to
+            return asyncio.run(getattr(link, method)(*args, **options))
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        if here is loop:  # it would wait for itself
+            raise RuntimeError(f"job.{method}_sync() is for sync handlers; await "
+                               f"job.{method}() in an async handler")
+        return asyncio.run_coroutine_threadsafe(getattr(link, method)(*args, **options),
+                                                loop).result()
+
     def step_key(self, name: str) -> str:
         """The same on every run of this job: an idempotency key for the
         side effect of step ``name`` (a payment API's, an email's)."""

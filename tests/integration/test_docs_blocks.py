@@ -71,8 +71,8 @@ def test_every_python_block_is_named_and_each_is_tested() -> None:
                                     "publish_example.py", "retry_example.py"],
         "docs/how-to/results.md": ["stream_example.py"],
         "docs/how-to/workflows.md": ["workflow_example.py"],
-        "docs/how-to/waiting.md": ["approve_example.py", "fanout_example.py",
-                                   "waiting_example.py"],
+        "docs/how-to/waiting.md": ["agent_example.py", "approve_example.py",
+                                   "fanout_example.py", "waiting_example.py"],
     }
 
 
@@ -213,6 +213,25 @@ def test_the_fanout_example_joins_its_children_as_written(
                30, "the report joined its regions")
     assert db.val("SELECT result FROM jobq.job WHERE id = $1", jid) == '{"done": 3, "failed": 0}'
     assert db.val("SELECT count(*) FROM jobq.job WHERE queue = 'regions'") == 3
+
+
+def test_the_agent_example_loops_through_its_tools_as_written(
+        tmp_path: Path, env: dict[str, str], db: SyncDB, procs: Any, settings: Any) -> None:
+    from harness.helpers import publish
+
+    _write(tmp_path, "docs/how-to/waiting.md", "agent_example.py")
+    procs.reaper()
+    procs.start("consume", "agent_example:app",
+                PYTHONPATH=f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}")
+    (jid,) = publish(settings, "agents", [{"question": "why?"}])
+    wait_until(lambda: db.val("SELECT status FROM jobq.job WHERE id = $1", jid) == "completed",
+               30, "the agent's answer")
+    assert db.val("SELECT result FROM jobq.job WHERE id = $1", jid) == (
+        '{"turns": 3, "answer": "done after 2 tool calls"}')
+    assert db.val("SELECT count(*) FROM jobq.job WHERE queue = 'tools'") == 2
+    # three thoughts streamed, each once, though the handler ran three times
+    assert db.val("SELECT array_agg(chunk->>'turn' ORDER BY n) FROM jobq.job_output "
+                  "WHERE job_id = $1", jid) == ["0", "1", "2"]
 
 
 def test_the_hooks_example_runs_around_a_job_as_written(

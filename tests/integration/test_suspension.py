@@ -188,3 +188,28 @@ def test_what_a_suspended_job_waits_for_since_when_and_who_it_spawned(
         assert again["suspended_since"] is None  # it waits no more
 
     scenario(settings, body, queues=["waits", "work"])
+
+
+def test_a_sync_handler_sleeps_waits_spawns_and_joins_with_the_sync_twins(
+        settings: Settings) -> None:
+    """Issue #52.6: job.sleep_sync, wait_for_sync, spawn_sync, join_sync from a
+    sync handler in the consumer's thread pool end its run and bring it back
+    as the async calls do (no attempt counted, steps answered from the record)."""
+    async def body(w: World) -> None:
+        (jid,) = await w.publish("waits_sync", {"sleep_s": 0.3, "signal": "go", "spawn": 2})
+        for _ in range(500):
+            if (await w.row(jid))["wake_on"] == "go":
+                break
+            await asyncio.sleep(0.02)
+        else:
+            raise AssertionError(f"never waited for its signal: {dict(await w.row(jid))}")
+        assert await w.client.signal(jid, "go", {"ok": 1}) is True
+        done = await w.wait_status(jid, "completed", timeout=20)
+        assert _result(done)["got"] == [{"ok": 1}, [None, None]], dict(done)
+        assert done["attempts"] == 1 and done["errors"] == 0, dict(done)
+        suspended = await w.pool.fetchval("SELECT count(*) FROM jobq.job_event WHERE job_id = $1 "
+                                          "AND event = 'suspended'", jid)
+        assert suspended == 3, suspended  # the sleep, the signal, the join
+        assert await w.pool.fetchval("SELECT count(*) FROM jobq.job WHERE queue = 'work'") == 2
+
+    scenario(settings, body, queues=["waits_sync", "work"])
