@@ -224,6 +224,7 @@ RIGHTS = {
     "worker_handlers": "say what retry options its app declares, from its own registry "
                        "session only",
     "step_get": "read a durable step of a job; only with the live lease's token",
+    "step_names": "list the durable steps a job recorded; only with the live lease's token",
     "step_record": "record a durable step; only with the live lease's token",
     "unpark_freed": "release one parked job of the queue of a job it just finished (the "
                     "proof is spent; the new spell's token is the database's)",

@@ -1979,6 +1979,24 @@ END
 $_$;
 
 --
+-- Name: q_step_names(uuid, uuid); Type: FUNCTION; Schema: jobq; Owner: -
+--
+
+CREATE FUNCTION jobq.q_step_names(uuid, uuid) RETURNS TABLE(name text, fn text)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_custom_plan'
+    AS $_$
+#variable_conflict use_column
+BEGIN
+RETURN QUERY SELECT s.name, s.fn
+FROM jobq.job_step s JOIN jobq.job j ON j.id = s.job_id
+WHERE s.job_id = $1 AND j.lock = $2
+  AND j.status COLLATE "C" = 'active' AND j.lease_expires_at > now();
+END
+$_$;
+
+--
 -- Name: q_step_record(uuid, uuid, text, text, jsonb); Type: FUNCTION; Schema: jobq; Owner: -
 --
 
@@ -3891,6 +3909,13 @@ GRANT ALL ON FUNCTION jobq.q_spawn(uuid, uuid, text, text, jsonb, double precisi
 
 REVOKE ALL ON FUNCTION jobq.q_step_get(uuid, uuid, text) FROM PUBLIC;
 GRANT ALL ON FUNCTION jobq.q_step_get(uuid, uuid, text) TO jobq_consumer;
+
+--
+-- Name: FUNCTION q_step_names(uuid, uuid); Type: ACL; Schema: jobq; Owner: -
+--
+
+REVOKE ALL ON FUNCTION jobq.q_step_names(uuid, uuid) FROM PUBLIC;
+GRANT ALL ON FUNCTION jobq.q_step_names(uuid, uuid) TO jobq_consumer;
 
 --
 -- Name: FUNCTION q_step_record(uuid, uuid, text, text, jsonb); Type: ACL; Schema: jobq; Owner: -

@@ -44,8 +44,8 @@
 --       queue_limits, mark_published, mark_republished, relay_take, relay_defer, relay_mark
 --   claim and run: claim, claim_plain, claim_recover, claim_misses, renew
 --   run and finish: complete, finished_by, progress, output_emit, parents, step_get,
---       step_record, signal, output_read, watch, fail, snooze, suspend, spawn, join_results,
---       signal_get, release
+--       step_names, step_record, signal, output_read, watch, fail, snooze, suspend, spawn,
+--       join_results, signal_get, release
 --   reap: requeue_lapsed, isolate, child_died, quarantine, lost_candidates,
 --       local_statement_timeout, backlog, lost_horizon, unpublish_lost, unpark, unpark_freed,
 --       wake_signalled, settle_dependants, schedules_due, schedule_lock, schedule_try_lock,
@@ -785,6 +785,17 @@ WHERE j.id = $1 AND j.lock = $2
 SELECT s.fn, s.result
 FROM jobq.job_step s JOIN jobq.job j ON j.id = s.job_id
 WHERE s.job_id = $1 AND j.lock = $2 AND s.name = $3
+  AND j.status COLLATE "C" = 'active' AND j.lease_expires_at > now();
+
+-- name: step_names
+-- grant: jobq_consumer
+-- A run's first job.step (or sleep, wait): the names and functions of every
+-- step the job recorded, not their results, so that each later lookup that
+-- misses costs no statement: a fresh run's 20 steps are 21 statements, not
+-- 40 (bench/suspension_cost.py). Only for the holder of its live lease.
+SELECT s.name, s.fn
+FROM jobq.job_step s JOIN jobq.job j ON j.id = s.job_id
+WHERE s.job_id = $1 AND j.lock = $2
   AND j.status COLLATE "C" = 'active' AND j.lease_expires_at > now();
 
 -- name: step_record
@@ -1533,6 +1544,7 @@ WITH pending AS (
                      AND NOT EXISTS (SELECT 1 FROM jobq.job c
                                      WHERE c.id = ANY(p.joining)
                                        AND c.status IN ('queued', 'active'))
+                   ORDER BY p.id  -- job_joining_idx's order: never all queued rows
                    LIMIT $1)
       AND j.joining IS NOT NULL AND j.status = 'queued'
     RETURNING j.id, j.queue, 'children ended'::text AS name
@@ -1783,7 +1795,10 @@ SELECT count(*) FROM expired;
 -- statement (workers_vanished and requeue_lapsed, unpark, relay_take,
 -- schedules_due), so a duty skipped had nothing to do when this ran; what
 -- turns up after it waits for the next loop, at most max_sleep_s (idle, at
--- most idle_sleep_s and min_lease_s: reaper/wakes.py).
+-- most idle_sleep_s and min_lease_s: reaper/wakes.py). 10,000 jobs asleep
+-- (job.sleep) or delayed cost it two index entries, not a read of each
+-- (bench/suspension_cost.py): the earliest relay time is the index's first
+-- entry and the joining flag an ordered probe of its partial index.
 SELECT EXISTS (SELECT 1 FROM jobq.job WHERE status = 'active') AS active,
        EXISTS (SELECT 1 FROM jobq.worker w
                WHERE w.vanished_at IS NULL
@@ -1805,7 +1820,8 @@ SELECT EXISTS (SELECT 1 FROM jobq.job WHERE status = 'active') AS active,
        EXISTS (SELECT 1 FROM jobq.schedule
                WHERE enabled AND next_run_at <= now()) AS schedules_due,
        EXISTS (SELECT 1 FROM jobq.job_signal WHERE NOT delivered)
-           OR EXISTS (SELECT 1 FROM jobq.job WHERE joining IS NOT NULL) AS signals,
+           OR (SELECT id FROM jobq.job WHERE joining IS NOT NULL  -- job_joining_idx, in
+               ORDER BY id LIMIT 1) IS NOT NULL AS signals,  -- its order: never a table scan
        EXISTS (SELECT 1 FROM jobq.job_dependency WHERE state = 'new')
            OR EXISTS (SELECT 1 FROM jobq.job
                       WHERE has_dependants
@@ -1815,9 +1831,10 @@ SELECT EXISTS (SELECT 1 FROM jobq.job WHERE status = 'active') AS active,
                  AND expires_at <= now()) AS expiring,
        extract(epoch FROM least(
            (SELECT min(lease_expires_at) FROM jobq.job WHERE status = 'active'),
-           (SELECT min(relay_after) FROM jobq.job
-             WHERE status = 'queued' AND published_at IS NULL
-               AND relay_after < 'infinity'),  -- parked by a limit: unpark decides
+           (SELECT relay_after FROM jobq.job  -- job_unpublished_idx's first, not a
+             WHERE status = 'queued' AND published_at IS NULL  -- min() over all of it
+               AND relay_after < 'infinity'  -- parked by a limit: unpark decides
+             ORDER BY relay_after LIMIT 1),
            (SELECT min(next_run_at) FROM jobq.schedule WHERE enabled),
            (SELECT min(expires_at) FROM jobq.job
              WHERE status = 'queued' AND expires_at IS NOT NULL AND started_at IS NULL)

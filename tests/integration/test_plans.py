@@ -248,7 +248,7 @@ ACTIVE = 20  # what runs: the probes may read that much (bounded by the fleet)
 
 
 async def _backlog(conn: asyncpg.Connection, stats: str) -> None:
-    """40 k jobs queued and published a minute ago, ACTIVE running."""
+    """40 k jobs queued and published a minute ago, ACTIVE running, 10 k asleep."""
     await conn.execute("INSERT INTO jobq.queue (name) VALUES ('noop')")
     if stats == "empty":  # analyzed while empty: the planner believes it still is
         await conn.execute("VACUUM ANALYZE jobq.job")
@@ -259,6 +259,12 @@ async def _backlog(conn: asyncpg.Connection, stats: str) -> None:
         "gen_random_uuid(), now() - interval '2 min', now() - interval '1 min', "
         "CASE WHEN i <= $1 THEN now() + interval '30 s' END, "
         "CASE WHEN i <= $1 THEN now() END FROM generate_series(1, 40000) i", ACTIVE)
+    # and 10 k asleep (job.sleep, issue #52): unpublished, due in an hour; the
+    # probe's earliest relay time read each of them (a min() over the index)
+    await conn.execute(
+        "INSERT INTO jobq.job (queue, payload, run_at, relay_after, started_at, suspended_at) "
+        "SELECT 'noop', '{}', now() + interval '1 h', now() + interval '1 h', now(), now() "
+        "FROM generate_series(1, 10000)")
     if stats == "fresh":
         await conn.execute("ANALYZE jobq.job")
 

@@ -31,7 +31,7 @@ from typing import Any
 from jobq import lease
 from jobq.client.results import ResultInvalid, encode
 from jobq.errors import LeaseLost, StepRefused
-from jobq.worker import output, suspension
+from jobq.worker import output, suspension, waits_store
 
 
 def fn_name(fn: Callable[..., Any]) -> str:
@@ -50,6 +50,7 @@ class JobLink:
         self.max_result_bytes = max_result_bytes
         self.loop = asyncio.get_running_loop()
         self._emitting = asyncio.Lock()  # one emit of this run at a time (output.py)
+        self._names: dict[str, str] | None = None  # recorded steps' names (_recorded)
 
     async def parents(self) -> dict[uuid.UUID, Any]:
         rows = await lease.parents(self.pool, self.job_id, self.lock)
@@ -108,14 +109,23 @@ class JobLink:
         except ResultInvalid as exc:
             raise StepRefused(f"step {name!r}: {exc}") from None
         if await lease.step_record(self.pool, self.job_id, self.lock, name, who, text):
+            if self._names is not None:
+                self._names[name] = who
             return json.loads(text) if text is not None else None
-        again = await self._recorded(name, who)  # a retried record whose reply was lost
+        again = await self._recorded(name, who, fresh=True)  # a retried record, reply lost
         if again is None:
             raise LeaseLost(f"job {self.job_id}: lease lost before step {name!r} was recorded")
         return again[0]
 
-    async def _recorded(self, name: str, who: str) -> tuple[Any] | None:
-        """(result,) if this job recorded the step; BadInput if with another fn."""
+    async def _recorded(self, name: str, who: str, fresh: bool = False) -> tuple[Any] | None:
+        """(result,) if this job recorded the step; BadInput if with another fn.
+        The run's first lookup reads the names of every recorded step; a name
+        not among them (nor recorded by this run since) is a miss without a
+        statement: only this run, the lease's holder, records steps now."""
+        if self._names is None:
+            self._names = await waits_store.step_names(self.pool, self.job_id, self.lock)
+        if not fresh and name not in self._names:
+            return None
         row = await lease.step_get(self.pool, self.job_id, self.lock, name)
         if row is None:
             return None

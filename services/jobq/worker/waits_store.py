@@ -1,9 +1,9 @@
 """What a running job that waits or streams needs of the database (issue
-#52): the signal it waits for, the child it spawns once per name, the
-children it joins, the chunks it emits. Each statement is fenced by the
-job's lease token, as every worker write is: a zombie run reads and makes
-nothing. The suspend itself is the worker store's (worker/store.py), as
-every end of a run is."""
+#52): the index of its recorded steps, the signal it waits for, the child it
+spawns once per name, the children it joins, the chunks it emits. Each
+statement is fenced by the job's lease token, as every worker write is: a
+zombie run reads and makes nothing. The suspend itself is the worker
+store's (worker/store.py), as every end of a run is."""
 
 from __future__ import annotations
 
@@ -25,6 +25,12 @@ class Child:
     status: str
     result: str | None
     last_error: str | None
+
+
+async def step_names(pool: Database, job_id: uuid.UUID, lock: uuid.UUID) -> dict[str, str]:
+    """Name -> function of every step this job recorded (not the results):
+    a run's index of its record (worker/steps.py). Only with the live lease."""
+    return {r["name"]: r["fn"] for r in await fetch(pool, Q["step_names"], job_id, lock)}
 
 
 async def signal_get(pool: Database, job_id: uuid.UUID, lock: uuid.UUID,
