@@ -113,9 +113,13 @@ def producer(settings: Settings, stop: threading.Event, rng: random.Random,
                     elif kind < 0.82:  # key policies (issue #51)
                         jobs = [NewJob(rng.choice(("ordered", "newest", "single")),
                                        {"sleep": sleep}, key=f"p{n % 2}")]
-                    elif kind < 0.9:  # suspension (issue #52): a sleep, or a signal wait
-                        if rng.random() < 0.5:
+                    elif kind < 0.9:  # suspension (issue #52): a sleep, children, a signal
+                        way = rng.random()
+                        if way < 0.35:
                             jobs = [NewJob("waits", {"sleep_s": sleep})]
+                        elif way < 0.6:  # 3 children, each tagged: spawned twice shows
+                            jobs = [NewJob("waits", {"spawn": 3, "children": [
+                                {"sleep": sleep, "tag": f"{n}-{i}"} for i in range(3)]})]
                         else:
                             (waiter,) = await client.publish_many(
                                 [NewJob("waits", {"signal": "go", "timeout_s": 3})])
@@ -272,7 +276,8 @@ def _cut_consumer(procs: Procs, host: netns.Host, db_url: str, amqp_url: str) ->
 FAILURES = ("lost", "not_in_db", "completed_by_non_owner", "completed_twice",
             "dependants_started_early", "schedule_slots_twice", "fifo_out_of_order",
             "singleton_two_live", "superseded_completed", "waits_unfinished",
-            "expired_ran_late", "expired_but_ran", "unique_two_live", "invariant_violations")
+            "expired_ran_late", "expired_but_ran", "unique_two_live", "invariant_violations",
+            "woken_twice", "children_spawned_twice")
 
 
 def audited(db: SyncDB) -> int:
@@ -348,6 +353,18 @@ def check(db: SyncDB, published: list[Any], last_fault: Any) -> dict[str, Any]:
         "suspended_runs": db.val("SELECT count(*) FROM test_run r JOIN jobq.job j "
                                  "ON j.id = r.job_id WHERE j.queue = 'waits' "
                                  "AND r.outcome = 'suspended'"),
+        # a wake per suspension at most (a signal's or the children's), and one
+        # child per spawn name however often its parent ran
+        "woken_twice": db.val(
+            "SELECT count(*) FROM (SELECT job_id FROM jobq.job_event GROUP BY job_id "
+            "HAVING count(*) FILTER (WHERE event = 'woken') "
+            "> count(*) FILTER (WHERE event = 'suspended')) t"),
+        "children_spawned": db.val("SELECT count(*) FROM jobq.job WHERE payload ? 'tag'"),
+        "children_spawned_twice": db.val(
+            "SELECT count(*) FROM (SELECT payload->>'tag' FROM jobq.job WHERE payload ? 'tag' "
+            "GROUP BY 1 HAVING count(*) > 1) t") + db.val(
+            "SELECT count(*) FROM (SELECT s.job_id FROM jobq.job_step s "
+            "WHERE s.name LIKE 'spawn:%' GROUP BY 1 HAVING count(*) <> 3) t"),
         # deadlines (issue #51.7): no job's first claim was past its deadline;
         # no job cancelled as expired had ever run
         "with_deadline": db.val("SELECT count(*) FROM jobq.job WHERE expires_at IS NOT NULL"),

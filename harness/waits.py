@@ -1,12 +1,13 @@
 """The test app's handler that waits without holding anything (issue #52):
 ``{"sleep_s": s}`` sleeps durably, ``{"signal": name, "timeout_s": t}``
-waits for a signal; ``{"spawn": n, "children": [payload, ...], "kill_after_spawn":
-true}`` spawns n children into queue "work" (the given payloads, in turn)
-and joins them, a SIGKILL of its own process right after the spawns on its
-first run if asked; all after a durable step ("first", a random id
-recorded once), so a test can tell that a re-run answered it from the
-record. Each run is in ``test_run`` (harness/apps.py), outcome
-``suspended`` for a run that ended to wait. Returns what it got."""
+waits for a signal; ``{"join": [id, ...]}`` joins those; ``{"spawn": n,
+"children": [payload, ...], "kill_after_spawn": true}`` spawns n children
+into queue "work" (the given payloads, in turn) and joins them, a SIGKILL of
+its own process right after the spawns on its first run if asked; all after
+a durable step ("first", a random id recorded once), so a test can tell
+that a re-run answered it from the record. Each run is in ``test_run``
+(harness/apps.py), outcome ``suspended`` for a run that ended to wait.
+Returns what it got."""
 
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ async def waits(job: Job, start: Any, end: Any) -> Any:
         got = None
         if p.get("signal"):
             got = await job.wait_for(p["signal"], timeout_s=p.get("timeout_s"))
+        if p.get("join"):  # ids it did not spawn (test_suspension: refused)
+            got = await job.join(p["join"])
         if p.get("spawn"):
             kids = p.get("children") or [{}]
             ids = [await job.spawn(f"c{i}", "work", kids[i % len(kids)])

@@ -1479,7 +1479,7 @@ $_$;
 -- Name: q_join_results(uuid, uuid, uuid[]); Type: FUNCTION; Schema: jobq; Owner: -
 --
 
-CREATE FUNCTION jobq.q_join_results(uuid, uuid, uuid[]) RETURNS TABLE(held boolean, id uuid, status text, result text, last_error text)
+CREATE FUNCTION jobq.q_join_results(uuid, uuid, uuid[]) RETURNS TABLE(held boolean, id uuid, status text, result text, last_error text, spawned boolean)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET plan_cache_mode TO 'force_custom_plan'
@@ -1491,7 +1491,10 @@ RETURN QUERY WITH holder AS (
                    WHERE j.id = $1 AND j.lock = $2 AND j.status COLLATE "C" = 'active'
                      AND j.lease_expires_at > now()) AS held
 )
-SELECT h.held, c.id, c.status, c.result::text AS result, c.last_error
+SELECT h.held, c.id, c.status, c.result::text AS result, c.last_error,
+       EXISTS (SELECT 1 FROM jobq.job_step s
+               WHERE s.job_id = $1 AND s.fn = 'jobq.spawn'
+                 AND (s.result #>> '{}') = c.id::text) AS spawned
 FROM holder h
 LEFT JOIN jobq.job c ON c.id = ANY($3::uuid[]) AND h.held;
 END

@@ -110,7 +110,8 @@ class Job(Generic[P]):
         return child
 
     async def join(self, ids: Any) -> list[Any]:
-        """The results of jobs ``ids`` in order once every one ended: a
+        """The results of jobs ``ids`` (children this job spawned; another
+        job's id fails this one at once) in order once every one ended: a
         completed job's result, a failed or cancelled one's as a
         :class:`jobq.JobFailed` value (not raised). Until then the run ends
         and this job waits holding nothing (I12); cancelling it cancels the

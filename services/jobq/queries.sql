@@ -1044,14 +1044,19 @@ SELECT id FROM recorded UNION ALL SELECT id FROM made;
 -- name: join_results
 -- grant: jobq_consumer
 -- job.join: the children's statuses, results and errors, for the holder of
--- the parent's live lease (the ids it passed; any job may be joined). One
--- row at least: held false, the lease is lost; id NULL, no such job.
+-- the parent's live lease (the ids it passed), and whether this job spawned
+-- each (its steps 'spawn:<name>'): a job joins only its own children, not
+-- another queue's or another login's jobs. One row at least: held false,
+-- the lease is lost; id NULL, no such job.
 WITH holder AS (
     SELECT EXISTS (SELECT 1 FROM jobq.job j
                    WHERE j.id = $1 AND j.lock = $2 AND j.status COLLATE "C" = 'active'
                      AND j.lease_expires_at > now()) AS held
 )
-SELECT h.held, c.id, c.status, c.result::text AS result, c.last_error
+SELECT h.held, c.id, c.status, c.result::text AS result, c.last_error,
+       EXISTS (SELECT 1 FROM jobq.job_step s
+               WHERE s.job_id = $1 AND s.fn = 'jobq.spawn'
+                 AND (s.result #>> '{}') = c.id::text) AS spawned
 FROM holder h
 LEFT JOIN jobq.job c ON c.id = ANY($3::uuid[]) AND h.held;
 

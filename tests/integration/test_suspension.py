@@ -213,3 +213,36 @@ def test_a_sync_handler_sleeps_waits_spawns_and_joins_with_the_sync_twins(
         assert await w.pool.fetchval("SELECT count(*) FROM jobq.job WHERE queue = 'work'") == 2
 
     scenario(settings, body, queues=["waits_sync", "work"])
+
+
+def test_bad_input_fails_that_job_at_once_and_touches_nothing_else(
+        settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #52, bad input and limits: a negative or NaN sleep, a join on a
+    job it did not spawn, a child over the queue's payload limit, more
+    children than the cap: each fails its job at once (1 attempt, the reason
+    in last_error), with no child beyond what the cap allowed."""
+    from jobq.worker import suspension
+    monkeypatch.setattr(suspension, "MAX_CHILDREN", 2)  # 1,000 in production
+
+    async def body(w: World) -> None:
+        (other,) = await w.publish("work", {})
+        await w.pool.execute("UPDATE jobq.queue SET max_payload_bytes = 200 "
+                             "WHERE name = 'work'")
+        cases = {
+            "finite number of seconds": {"sleep_s": -1},
+            "finite number of seconds ": {"sleep_s": "nan"},
+            "is not one": {"join": [str(other)]},
+            "max_payload_bytes": {"spawn": 1, "children": [{"big": "x" * 500}]},
+            "at most 2 children": {"spawn": 3, "children": [{}]},
+        }
+        ids = await w.publish("waits", *cases.values())
+        for why, jid in zip(cases, ids, strict=True):
+            row = await w.wait_status(jid, "failed", timeout=20)
+            assert why.strip() in row["last_error"], dict(row)
+            assert row["attempts"] == 1, dict(row)
+        capped = ids[-1]
+        assert await w.pool.fetchval("SELECT count(*) FROM jobq.job_step WHERE job_id = $1 "
+                                     "AND name LIKE 'spawn:%'", capped) == 2
+        assert await w.pool.fetchval("SELECT count(*) FROM jobq.job WHERE queue = 'work'") == 3
+
+    scenario(settings, body, queues=["waits", "work"])

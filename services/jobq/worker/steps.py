@@ -117,14 +117,18 @@ class JobLink:
             raise LeaseLost(f"job {self.job_id}: lease lost before step {name!r} was recorded")
         return again[0]
 
+    async def recorded_names(self) -> dict[str, str]:
+        """Name -> function of every step recorded by now (read once a run)."""
+        if self._names is None:
+            self._names = await waits_store.step_names(self.pool, self.job_id, self.lock)
+        return self._names
+
     async def _recorded(self, name: str, who: str, fresh: bool = False) -> tuple[Any] | None:
         """(result,) if this job recorded the step; BadInput if with another fn.
         The run's first lookup reads the names of every recorded step; a name
         not among them (nor recorded by this run since) is a miss without a
         statement: only this run, the lease's holder, records steps now."""
-        if self._names is None:
-            self._names = await waits_store.step_names(self.pool, self.job_id, self.lock)
-        if not fresh and name not in self._names:
+        if not fresh and name not in await self.recorded_names():
             return None
         row = await lease.step_get(self.pool, self.job_id, self.lock, name)
         if row is None:

@@ -41,9 +41,11 @@ from typing import Any
 
 from jobq import db
 from jobq.client.results import JobFailed
-from jobq.errors import MAX_DELAY_S, LeaseLost, SignalTimeout, StepRefused, Suspended
+from jobq.errors import MAX_DELAY_S, BadInput, LeaseLost, SignalTimeout, StepRefused, Suspended
 from jobq.newjob import NewJob, validate
 from jobq.worker import waits_store
+
+MAX_CHILDREN = 1000  # children one job may spawn (documented: docs/how-to/waiting.md)
 
 
 def _name(name: object) -> str:
@@ -104,8 +106,17 @@ async def spawn(link: Any, name: str, queue: str, payload: Any = None, *, delay_
     name = _name(name)
     job = NewJob(queue, payload, delay_s, None, priority, key)
     text = validate(job)  # the queue name, the options, the payload: one clear line
-    child = await waits_store.spawn(link.pool, link.job_id, link.lock, name, queue,
-                                    json.loads(text), delay_s, priority, key)
+    made = await link.recorded_names()
+    if f"spawn:{name}" not in made \
+            and sum(n.startswith("spawn:") for n in made) >= MAX_CHILDREN:
+        raise StepRefused(f"job.spawn: a job spawns at most {MAX_CHILDREN} children")
+    try:
+        child = await waits_store.spawn(link.pool, link.job_id, link.lock, name, queue,
+                                        json.loads(text), delay_s, priority, key)
+    except BadInput as exc:  # the queue's payload limit: the same on every run
+        raise StepRefused(f"job.spawn({name!r}): {exc}") from None
+    if child is not None:
+        made[f"spawn:{name}"] = "jobq.spawn"
     if child is None:
         raise LeaseLost(f"job {link.job_id}: lease lost before child {name!r} was spawned")
     return child
@@ -123,6 +134,10 @@ async def join(link: Any, ids: Sequence[uuid.UUID | str]) -> list[Any]:
     missing = [str(i) for i in wanted if i not in by_id]
     if missing:
         raise StepRefused(f"job.join: no job {', '.join(missing[:3])}")
+    foreign = [str(c.id) for c in rows if not c.spawned]
+    if foreign:
+        raise StepRefused(f"job.join takes the children this job spawned (job.spawn); "
+                          f"{', '.join(foreign[:3])} is not one")
     if any(c.status in ("queued", "active") for c in rows):
         raise Suspended(None, None, f"joining {len(wanted)} children", joining=wanted)
     out: list[Any] = []

@@ -25,6 +25,7 @@ class Child:
     status: str
     result: str | None
     last_error: str | None
+    spawned: bool  # by the joining job (job.join takes only its own children)
 
 
 async def step_names(pool: Database, job_id: uuid.UUID, lock: uuid.UUID) -> dict[str, str]:
@@ -56,7 +57,7 @@ async def children(pool: Database, job_id: uuid.UUID, lock: uuid.UUID,
     rows = await fetch(pool, Q["join_results"], job_id, lock, list(ids))
     if not rows or not rows[0]["held"]:
         return None
-    return [Child(r["id"], r["status"], r["result"], r["last_error"])
+    return [Child(r["id"], r["status"], r["result"], r["last_error"], r["spawned"])
             for r in rows if r["id"] is not None]
 
 
