@@ -65,3 +65,10 @@ COMMENT ON VIEW jobq.backlog IS
 -- workflow view find a child's parent without reading every step.
 CREATE INDEX job_step_spawned_idx ON jobq.job_step ((result #>> '{}'))
     WHERE fn = 'jobq.spawn';
+
+-- A joining job's index holds queued ones only: a cancelled parent keeps its
+-- joining list (what it waited for, shown on its page), and in the old index
+-- (0029) it kept the reapers' probe saying "a join is pending" forever, so
+-- the wake duty ran every sweep after the first cancelled join.
+DROP INDEX jobq.job_joining_idx;
+CREATE INDEX job_joining_idx ON jobq.job (id) WHERE joining IS NOT NULL AND status = 'queued';

@@ -3391,7 +3391,7 @@ CREATE INDEX job_in_line_key_idx ON jobq.job USING btree (queue, key) WHERE ((st
 -- Name: job_joining_idx; Type: INDEX; Schema: jobq; Owner: -
 --
 
-CREATE INDEX job_joining_idx ON jobq.job USING btree (id) WHERE (joining IS NOT NULL);
+CREATE INDEX job_joining_idx ON jobq.job USING btree (id) WHERE ((joining IS NOT NULL) AND (status = 'queued'::text));
 
 --
 -- Name: job_key_seq_idx; Type: INDEX; Schema: jobq; Owner: -

@@ -1549,7 +1549,7 @@ WITH pending AS (
                      AND NOT EXISTS (SELECT 1 FROM jobq.job c
                                      WHERE c.id = ANY(p.joining)
                                        AND c.status IN ('queued', 'active'))
-                   ORDER BY p.id  -- job_joining_idx's order: never all queued rows
+                   ORDER BY p.id  -- job_joining_idx's order (its predicate's rows)
                    LIMIT $1)
       AND j.joining IS NOT NULL AND j.status = 'queued'
     RETURNING j.id, j.queue, 'children ended'::text AS name
@@ -1825,8 +1825,9 @@ SELECT EXISTS (SELECT 1 FROM jobq.job WHERE status = 'active') AS active,
        EXISTS (SELECT 1 FROM jobq.schedule
                WHERE enabled AND next_run_at <= now()) AS schedules_due,
        EXISTS (SELECT 1 FROM jobq.job_signal WHERE NOT delivered)
-           OR (SELECT id FROM jobq.job WHERE joining IS NOT NULL  -- job_joining_idx, in
-               ORDER BY id LIMIT 1) IS NOT NULL AS signals,  -- its order: never a table scan
+           OR (SELECT id FROM jobq.job  -- job_joining_idx, in its order: no table scan
+               WHERE joining IS NOT NULL AND status = 'queued'  -- (a cancelled join: no)
+               ORDER BY id LIMIT 1) IS NOT NULL AS signals,
        EXISTS (SELECT 1 FROM jobq.job_dependency WHERE state = 'new')
            OR EXISTS (SELECT 1 FROM jobq.job
                       WHERE has_dependants

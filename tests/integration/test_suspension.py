@@ -20,6 +20,7 @@ from jobq.client.workflow import Workflow
 from jobq.errors import BadInput, UnknownJob
 from jobq.ops import admin
 from jobq.settings import Settings
+from jobq.sql import BODY, statements
 from tests.integration.test_consumer import World, _app_db, scenario  # noqa: F401
 
 
@@ -148,6 +149,10 @@ def test_children_spawned_once_each_and_joined_with_errors_as_values(
         await admin.cancel(w.pool, parent, "no longer needed")  # as `jobq cancel` runs it
         for kid in row["joining"]:
             await w.wait_status(kid, "cancelled")
+        # no join pending any more: the reapers' probe stops waking its duty
+        # (a cancelled parent kept it on for good, every sweep)
+        probe = await w.pool.fetchrow(statements(BODY["sweep_probe"])[-1])
+        assert probe is not None and probe["signals"] is False, dict(probe or {})
 
     scenario(settings, body, queues=["waits", "work"])
 
