@@ -120,7 +120,9 @@ class JobLink:
     async def recorded_names(self) -> dict[str, str]:
         """Name -> function of every step recorded by now (read once a run)."""
         if self._names is None:
-            self._names = await waits_store.step_names(self.pool, self.job_id, self.lock)
+            names = await waits_store.step_names(self.pool, self.job_id, self.lock)
+            if self._names is None:  # two first lookups at once: the first read wins,
+                self._names = names  # with what this run recorded since in it
         return self._names
 
     async def _recorded(self, name: str, who: str, fresh: bool = False) -> tuple[Any] | None:

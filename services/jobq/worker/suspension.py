@@ -115,10 +115,9 @@ async def spawn(link: Any, name: str, queue: str, payload: Any = None, *, delay_
                                         json.loads(text), delay_s, priority, key)
     except BadInput as exc:  # the queue's payload limit: the same on every run
         raise StepRefused(f"job.spawn({name!r}): {exc}") from None
-    if child is not None:
-        made[f"spawn:{name}"] = "jobq.spawn"
     if child is None:
         raise LeaseLost(f"job {link.job_id}: lease lost before child {name!r} was spawned")
+    made[f"spawn:{name}"] = "jobq.spawn"
     return child
 
 
