@@ -48,6 +48,12 @@ def _write(tmp: Path, page: str, *names: str) -> dict[str, str]:
     return found
 
 
+def _consume(procs: Any, env: dict[str, str], tmp: Path, module: str) -> Any:
+    """``jobq consume <module>:app`` with the written example importable."""
+    return procs.start("consume", f"{module}:app",
+                       PYTHONPATH=f"{tmp}{os.pathsep}{env['PYTHONPATH']}")
+
+
 def _run(env: dict[str, str], tmp: Path, *argv: str, timeout: float = 60) -> str:
     out = subprocess.run([sys.executable, *argv], env={
         **env, "PYTHONPATH": f"{tmp}{os.pathsep}{env['PYTHONPATH']}"}, cwd=tmp,
@@ -159,8 +165,7 @@ def test_the_handler_flow_example_snoozes_and_holds_as_written(
     from harness.helpers import publish
 
     _write(tmp_path, "docs/how-to/flow-control.md", "handler_flow_example.py")
-    procs.start("consume", "handler_flow_example:app",
-                PYTHONPATH=f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}")
+    _consume(procs, env, tmp_path, "handler_flow_example")
     early, throttled = publish(settings, "invoices", [{"ready": False}, {"throttled": True}])
     wait_until(lambda: db.val("SELECT count(*) FROM jobq.job WHERE snoozes = 1") == 2, 30,
                "both put back")
@@ -187,8 +192,7 @@ def test_the_waiting_example_waits_for_its_signal_as_written(
 
     _write(tmp_path, "docs/how-to/waiting.md", "waiting_example.py", "approve_example.py")
     procs.reaper()  # the relay after the cool-down, and the wake
-    procs.start("consume", "waiting_example:app",
-                PYTHONPATH=f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}")
+    _consume(procs, env, tmp_path, "waiting_example")
     (jid,) = publish(settings, "refunds", [{"order": "42"}])
     wait_until(lambda: db.val("SELECT wake_on FROM jobq.job WHERE id = $1", jid) == "approval",
                30, "the job waiting for its approval")
@@ -206,8 +210,7 @@ def test_the_fanout_example_joins_its_children_as_written(
 
     _write(tmp_path, "docs/how-to/waiting.md", "fanout_example.py")
     procs.reaper()
-    procs.start("consume", "fanout_example:app",
-                PYTHONPATH=f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}")
+    _consume(procs, env, tmp_path, "fanout_example")
     (jid,) = publish(settings, "reports", [{"regions": ["eu", "us", "apac"]}])
     wait_until(lambda: db.val("SELECT status FROM jobq.job WHERE id = $1", jid) == "completed",
                30, "the report joined its regions")
@@ -221,8 +224,7 @@ def test_the_agent_example_loops_through_its_tools_as_written(
 
     _write(tmp_path, "docs/how-to/waiting.md", "agent_example.py")
     procs.reaper()
-    procs.start("consume", "agent_example:app",
-                PYTHONPATH=f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}")
+    _consume(procs, env, tmp_path, "agent_example")
     (jid,) = publish(settings, "agents", [{"question": "why?"}])
     wait_until(lambda: db.val("SELECT status FROM jobq.job WHERE id = $1", jid) == "completed",
                30, "the agent's answer")
@@ -239,8 +241,7 @@ def test_the_hooks_example_runs_around_a_job_as_written(
     from harness.helpers import publish
 
     _write(tmp_path, "docs/how-to/handlers.md", "hooks_example.py")
-    proc = procs.start("consume", "hooks_example:app",
-                       PYTHONPATH=f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}")
+    proc = _consume(procs, env, tmp_path, "hooks_example")
     (jid,) = publish(settings, "invoices", [{"tenant": "acme"}])
     wait_until(lambda: db.val("SELECT result FROM jobq.job WHERE id = $1", jid) == '"acme"',
                30, "the handler saw the middleware's tenant")
@@ -252,8 +253,7 @@ def test_the_workflow_example_publishes_and_runs_as_written(
     _write(tmp_path, "docs/how-to/workflows.md", "workflow_example.py")
     _run(env, tmp_path, "workflow_example.py")
     procs.reaper()
-    procs.start("consume", "workflow_example:app",
-                PYTHONPATH=f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}")
+    _consume(procs, env, tmp_path, "workflow_example")
     wait_until(lambda: db.val("SELECT count(*) FROM jobq.job WHERE status = 'completed'") == 4,
                30, "the workflow's four steps")
     result = db.val("SELECT result FROM jobq.job WHERE queue = 'checkout'")

@@ -35,6 +35,16 @@ async def _vanished_worker_with_two_jobs(pool: asyncpg.Pool) -> None:
             "gen_random_uuid(), 1, now() + interval '1 hour', now())", job_id)
 
 
+async def _waits_for_a_row_lock(pool: asyncpg.Pool, pid: int, who: str) -> None:
+    """Until backend ``pid`` waits for a row lock (LOW, held by the test)."""
+    for _ in range(500):
+        if await pool.fetchval("SELECT wait_event_type = 'Lock' FROM pg_stat_activity "
+                               "WHERE pid = $1", pid):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{who} never waited for LOW")
+
+
 def test_a_cut_waits_for_a_completion_in_id_order_instead_of_deadlocking(db_url: str) -> None:
     async def body(pool: asyncpg.Pool) -> None:
         await _vanished_worker_with_two_jobs(pool)
@@ -80,13 +90,7 @@ def test_a_completion_locks_in_id_order_whatever_its_plan_scans(db_url: str) -> 
             done = asyncio.create_task(worker.fetch(
                 statements(BODY["complete"])[-1], [LOW, HIGH], [tokens[LOW], tokens[HIGH]],
                 [None, None]))
-            for _ in range(500):  # until the completion waits for a row lock
-                if await pool.fetchval("SELECT wait_event_type = 'Lock' FROM pg_stat_activity "
-                                       "WHERE pid = $1", pid):
-                    break
-                await asyncio.sleep(0.01)
-            else:
-                raise AssertionError("the completion never waited for LOW")
+            await _waits_for_a_row_lock(pool, pid, "the completion")
             # It waits for LOW and holds nothing after it: HIGH is free.
             async with pool.acquire() as other, other.transaction():
                 assert await other.fetchval(
@@ -125,13 +129,7 @@ def test_a_cancel_locks_a_parent_and_its_children_in_id_order(db_url: str) -> No
             await holder.execute("SELECT 1 FROM jobq.job WHERE id = $1 FOR UPDATE", LOW)
             pid = await operator.fetchval("SELECT pg_backend_pid()")
             cancel = asyncio.create_task(lease.cancel(operator, mid, "no longer needed"))
-            for _ in range(500):  # until the cancel waits for a row lock
-                if await pool.fetchval("SELECT wait_event_type = 'Lock' FROM pg_stat_activity "
-                                       "WHERE pid = $1", pid):
-                    break
-                await asyncio.sleep(0.01)
-            else:
-                raise AssertionError("the cancel never waited for LOW")
+            await _waits_for_a_row_lock(pool, pid, "the cancel")
             async with pool.acquire() as other, other.transaction():
                 for free in (mid, HIGH):
                     assert await other.fetchval(
