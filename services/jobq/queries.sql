@@ -2513,12 +2513,12 @@ SELECT id, queue, payload, status, lock, worker_id, lease_expires_at, attempts, 
        last_error, idempotency_key, run_at, published_at, created_at, started_at,
        finished_at, progress, progress_at, result, priority, key, waiting_on, workflow_id,
        snoozes, key_policy, wake_on, joining, expires_at, idempotency_scope, last_traceback,
-       CASE WHEN status = 'queued' AND suspended_at > started_at AND run_at > now()
-            THEN suspended_at END AS suspended_since,
-       CASE WHEN status = 'queued' AND suspended_at > started_at AND run_at > now()
-                 AND run_at < now() + interval '99 years'  -- a wait with no timeout: none
-            THEN run_at END AS wakes_at
-FROM jobq.job
+       w.since AS suspended_since,
+       CASE WHEN w.since IS NOT NULL AND run_at < now() + interval '99 years'
+            THEN run_at END AS wakes_at  -- none for a wait with no timeout (100 years)
+FROM jobq.job,
+     LATERAL (SELECT CASE WHEN status = 'queued' AND suspended_at > started_at  -- waits now
+                               AND run_at > now() THEN suspended_at END AS since) w
 WHERE id = $1;
 
 -- name: job_links
@@ -2670,12 +2670,12 @@ SELECT id, queue, payload, status, worker_id, attempts, errors, stalls, suspect_
        extract(epoch FROM lease_expires_at - now())::float8 AS lease_left_s, progress, result,
        workflow_id, last_traceback, key, key_policy, wake_on, joining, expires_at,
        idempotency_scope,
-       CASE WHEN status = 'queued' AND suspended_at > started_at AND run_at > now()
-            THEN suspended_at END AS suspended_since,
-       CASE WHEN status = 'queued' AND suspended_at > started_at AND run_at > now()
-                 AND run_at < now() + interval '99 years'  -- a wait with no timeout: none
-            THEN run_at END AS wakes_at
-FROM jobq.job
+       w.since AS suspended_since,
+       CASE WHEN w.since IS NOT NULL AND run_at < now() + interval '99 years'
+            THEN run_at END AS wakes_at  -- none for a wait with no timeout (100 years)
+FROM jobq.job,
+     LATERAL (SELECT CASE WHEN status = 'queued' AND suspended_at > started_at  -- waits now
+                               AND run_at > now() THEN suspended_at END AS since) w
 WHERE id = $1;
 
 -- name: dash_output
