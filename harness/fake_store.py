@@ -152,7 +152,7 @@ class FakeStore:
 
     async def renew(self, leases: Sequence[Lease], within_s: float) -> Renewal:
         self._enter("renew", [le.job_id for le in leases])
-        held, busy = set(), set()
+        held, busy, cancelled = set(), set(), set()
         for le in leases:
             row = self._held(le.job_id, le.lock)
             if row is not None and row.locked:
@@ -160,8 +160,11 @@ class FakeStore:
             elif row is not None:
                 row.expires = now() + row.lease_s
                 held.add(le.job_id)
+            elif (mine := self.rows.get(le.job_id)) is not None and mine.lock == le.lock \
+                    and mine.status == "cancelled":  # finished_by: cancelled under its run
+                cancelled.add(le.job_id)
         self._leave("renew")
-        return Renewal(frozenset(held), frozenset(busy))
+        return Renewal(frozenset(held), frozenset(busy), frozenset(cancelled))
 
     async def complete(self, leases: Sequence[Lease],
                        results: Sequence[str | None]) -> list[bool]:

@@ -467,6 +467,7 @@ BEGIN
                     quote_literal(enqueue.idempotency_key), new_id USING ERRCODE = '23505',
                     HINT = 'the job that holds the key is the one to wait for';
             END IF;
+            PERFORM jobq.idempotency_payload_check(enqueue.idempotency_key, new_id, doc);
             RETURN new_id;
         END IF;
     END IF;
@@ -503,6 +504,9 @@ BEGIN
             RAISE EXCEPTION 'jobq: duplicate: idempotency key % is held by job %',
                 quote_literal(enqueue.idempotency_key), new_id USING ERRCODE = '23505',
                 HINT = 'the job that holds the key is the one to wait for';
+        END IF;
+        IF new_id IS NOT NULL AND NOT slot_key THEN
+            PERFORM jobq.idempotency_payload_check(enqueue.idempotency_key, new_id, doc);
         END IF;
         IF new_id IS NULL AND policy = 'singleton' THEN  -- the key's live job
             SELECT jj.id INTO new_id FROM jobq.job AS jj
@@ -617,6 +621,24 @@ BEGIN
         PERFORM pg_notify('jobq_relay', d.queue)
         FROM (SELECT DISTINCT u.queue FROM unnest(enqueue_many.queues, enqueue_many.delays_s)
               AS u(queue, delay) WHERE coalesce(u.delay, 0) <= 0) AS d;
+    END IF;
+END;
+$$;
+
+--
+-- Name: idempotency_payload_check(text, uuid, jsonb); Type: FUNCTION; Schema: jobq; Owner: -
+--
+
+CREATE FUNCTION jobq.idempotency_payload_check(k text, holder uuid, doc jsonb) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_custom_plan'
+    AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM jobq.job j WHERE j.id = holder AND j.payload IS DISTINCT FROM doc) THEN
+        RAISE WARNING 'jobq: idempotency key % already names job % with another payload: that '
+                      'job is returned and this payload is not stored', quote_literal(k), holder
+            USING HINT = 'a new job needs a new key; on_duplicate => ''refuse'' makes a held key an error';
     END IF;
 END;
 $$;
@@ -3648,6 +3670,12 @@ GRANT ALL ON FUNCTION jobq.enqueue(queue text, payload jsonb, delay_s double pre
 
 REVOKE ALL ON FUNCTION jobq.enqueue_many(queues text[], payloads jsonb[], delays_s double precision[], idempotency_keys text[], relay_grace_s double precision, priorities integer[], keys text[], debounces_s double precision[]) FROM PUBLIC;
 GRANT ALL ON FUNCTION jobq.enqueue_many(queues text[], payloads jsonb[], delays_s double precision[], idempotency_keys text[], relay_grace_s double precision, priorities integer[], keys text[], debounces_s double precision[]) TO jobq_producer;
+
+--
+-- Name: FUNCTION idempotency_payload_check(k text, holder uuid, doc jsonb); Type: ACL; Schema: jobq; Owner: -
+--
+
+REVOKE ALL ON FUNCTION jobq.idempotency_payload_check(k text, holder uuid, doc jsonb) FROM PUBLIC;
 
 --
 -- Name: FUNCTION idempotency_take(q text, who text, k text, new_id uuid, window_s double precision, while_live boolean); Type: ACL; Schema: jobq; Owner: -

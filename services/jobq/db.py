@@ -91,7 +91,9 @@ async def _light_reset(conn: asyncpg.Connection) -> None:
 
 async def _check_schema(conn: asyncpg.Connection | PooledConnection) -> None:
     if await conn.fetchval(Q["schema_present"]) is None:
-        raise SchemaMissing("the database has no jobq schema yet: run `jobq migrate`")
+        name = await conn.fetchval(Q["database_name"])
+        raise SchemaMissing(f"database {name} has no jobq schema yet: run `jobq migrate` "
+                            "against it (or point JOBQ_DATABASE_URL at the migrated one)")
 
 
 async def connect_once(

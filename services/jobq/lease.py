@@ -20,6 +20,7 @@ clock only makes the worker give up earlier.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -125,17 +126,22 @@ async def claim_misses(pool: asyncpg.Pool, ids: Sequence[uuid.UUID]) -> dict[uui
 
 async def renew(conn: Database, leases: Sequence[Lease], worker_id: str) -> Renewal:
     """One statement for all leases, on the registry session (not pooled).
-    It never waits for a row lock (queries.sql: renew)."""
+    It never waits for a row lock (queries.sql: renew). Only when one is left
+    out (lost), one more read says if it was cancelled under us (an operator,
+    a newer job of a latest key): that is no fault, and is not told as one."""
     if not leases:
         return Renewal(frozenset())
     with translated():
         leases = in_lock_order(leases)
-        rows = await fetch(conn,
-            Q["renew"], [le.job_id for le in leases], [le.lock for le in leases],
-            [le.lease_s for le in leases], worker_id,
-        )
+        rows = await fetch(conn, Q["renew"], [le.job_id for le in leases],
+                           [le.lock for le in leases], [le.lease_s for le in leases], worker_id)
+        seen = {r["id"] for r in rows}
+        gone = [le for le in leases if le.job_id not in seen]
+        again = await fetch(conn, Q["finished_by"], [le.job_id for le in gone],
+                            [le.lock for le in gone]) if gone else []
     return Renewal(frozenset(r["id"] for r in rows if r["renewed"]),
-                   frozenset(r["id"] for r in rows if not r["renewed"]))
+                   frozenset(r["id"] for r in rows if not r["renewed"]),
+                   frozenset(r["id"] for r in again if r["status"] == Status.CANCELLED))
 
 
 async def complete(pool: asyncpg.Pool, leases: Sequence[Lease],
@@ -288,8 +294,7 @@ async def cut_vanished(pool: asyncpg.Pool) -> list[Vanished]:
 
 
 async def record_lost(pool: asyncpg.Pool, lease_: Lease) -> None:
-    """History only: the worker learned it lost this lease. Best effort."""
-    try:
+    """History only: the worker learned it lost this lease. Best effort:
+    the database may be why the lease was lost."""
+    with contextlib.suppress(Exception):
         await execute(pool, Q["lease_lost_event"], lease_.job_id, lease_.lock, lease_.lost)
-    except Exception:  # the database may be why the lease was lost
-        pass

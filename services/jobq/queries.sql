@@ -67,11 +67,11 @@
 --       reader_member, dash_reapers
 --   install: database_exists, create_database_statement, role_exists, role_create_statement,
 --       current_login, session_login, owner_joined, owner_join, schema_owner, as_owner,
---       roles_shared_with, schema_present, schema_namespace, schema_create, migrations_present,
---       migrations_create, migrations_applied, migration_record, lock_timeout_local,
---       migrate_lock, migrate_unlock, type_names, routines_present, routines_create,
---       routines_installed, routine_record, routine_forget, routine_drop_statement,
---       routine_grant_statements, ping, rollback
+--       roles_shared_with, schema_present, database_name, schema_namespace, schema_create,
+--       migrations_present, migrations_create, migrations_applied, migration_record,
+--       lock_timeout_local, migrate_lock, migrate_unlock, type_names, routines_present,
+--       routines_create, routines_installed, routine_record, routine_forget,
+--       routine_drop_statement, routine_grant_statements, ping, rollback
 --   uninstall: uninstall_database_name, uninstall_schema_exists, uninstall_job_count,
 --       uninstall_roles_present, uninstall_schema, uninstall_roles
 -- (end of contents)
@@ -1155,7 +1155,8 @@ WITH lapsed AS (
                 WHEN j.isolated THEN 'own'
                 WHEN coalesce(h.isolating, 0) > 0 THEN 'bystander'
                 WHEN coalesce(h.n, 1) <= 1 THEN 'own'
-                ELSE 'witness' END AS verdict
+                ELSE 'witness' END AS verdict,
+           w.vanished_at IS NOT NULL AS gone  -- its session ended: died or cut off
     FROM lapsed l
     JOIN jobq.job j ON j.id = l.id
     LEFT JOIN held h ON h.worker_id = l.worker_id
@@ -1185,7 +1186,7 @@ WITH lapsed AS (
     FROM judged d, jobq.queue q
     WHERE j.id = d.id AND q.name = j.queue
     RETURNING j.id, j.queue, j.status, j.stalls, j.suspect_stalls, j.suspect, j.worker_id,
-              j.attempts, j.last_error, d.verdict, d.held, q.history
+              j.attempts, j.last_error, d.verdict, d.held, d.gone, q.history
 ), logged AS (
     INSERT INTO jobq.job_event (job_id, event, worker_id, attempt, detail)
     SELECT id, CASE WHEN status = 'failed' THEN 'failed' ELSE 'stalled' END, $2, attempts,
@@ -1194,9 +1195,15 @@ WITH lapsed AS (
                                                  'requeued', worker_id, stalls)
                 WHEN verdict = 'bystander' THEN format('lease of worker %s lapsed while it '
                     'isolated another (suspect) job; requeued, not charged', worker_id)
-                WHEN verdict = 'parent' THEN format('lease of worker %s lapsed: its handlers '
-                    'ran in child processes, so its own death is no evidence against this '
-                    'job; requeued, not charged', worker_id)
+                -- What happened to the worker first: a frozen one did not die,
+                -- and its children did not either (the reason once said so).
+                WHEN verdict = 'parent' THEN format('lease of worker %s lapsed: %s; its '
+                    'handlers run in child processes (a crashing handler is charged when its '
+                    'child dies), so this is no evidence against the job; requeued, not '
+                    'charged', worker_id, CASE WHEN gone
+                        THEN 'its database session ended (the worker died or was cut off)'
+                        ELSE 'it stopped renewing while its session lived (frozen or '
+                             'starved)' END)
                 ELSE format('lease of worker %s lapsed while it held %s jobs; requeued, not '
                             'charged (crashes witnessed: %s%s)', worker_id, held,
                             suspect_stalls, CASE WHEN suspect THEN ', now a suspect: runs '
@@ -2155,10 +2162,14 @@ WITH family AS MATERIALIZED (  -- read, not locked
     WHERE c.id = ANY(p.joining) AND c.status COLLATE "C" IN ('queued', 'active')
     RETURNING c.id, c.worker_id, c.attempts, c.last_error
 ), logged AS (
+    -- By the caller, not by the job's worker: the event once named the worker
+    -- that held the job (a dead one, for a job cancelled after a crash).
     INSERT INTO jobq.job_event (job_id, event, worker_id, attempt, detail)
-    SELECT id, 'cancelled', worker_id, attempts, $2 FROM cancelled WHERE history
+    SELECT id, 'cancelled', NULL, attempts, format('%s (by %s)', coalesce($2, 'cancelled'),
+                                                   session_user)
+    FROM cancelled WHERE history
     UNION ALL
-    SELECT id, 'cancelled', worker_id, attempts, last_error FROM children
+    SELECT id, 'cancelled', NULL, attempts, last_error FROM children
 )
 SELECT id FROM cancelled;
 
@@ -2187,9 +2198,12 @@ WITH doomed AS (
     FROM doomed, jobq.queue q
     WHERE j.id = doomed.id AND j.status COLLATE "C" IN ('queued', 'active') AND q.name = j.queue
     RETURNING j.id, j.worker_id, j.attempts, q.history
-), logged AS (
+), logged AS (  -- by the caller, as in cancel
     INSERT INTO jobq.job_event (job_id, event, worker_id, attempt, detail)
-    SELECT id, 'cancelled', worker_id, attempts, $4 FROM cancelled WHERE history
+    SELECT id, 'cancelled', NULL, attempts,
+           format('%s (by %s)', coalesce($4, 'cancelled with its queue by an operator'),
+                  session_user)
+    FROM cancelled WHERE history
 )
 SELECT count(*) FROM cancelled;
 
@@ -2771,6 +2785,10 @@ ORDER BY 1;
 -- name: schema_present
 -- Migrated at all (services refuse to start otherwise: "run jobq migrate").
 SELECT to_regclass('jobq.job');
+
+-- name: database_name
+-- Which database a message speaks of ("database jobq_demo has no jobq schema").
+SELECT current_database();
 
 -- name: schema_namespace
 SELECT to_regnamespace('jobq');

@@ -76,10 +76,12 @@ class Claim:
 class Renewal:
     """What one renewal statement did (renew): the leases it extended, and
     those it left alone because another transaction held their row right
-    then (still ours: tried again soon). A lease in neither is lost."""
+    then (still ours: tried again soon). A lease in neither is lost;
+    ``cancelled``: of those, the ones cancelled under their run."""
 
     renewed: frozenset[uuid.UUID]
     busy: frozenset[uuid.UUID] = frozenset()
+    cancelled: frozenset[uuid.UUID] = frozenset()
 
 
 class Claimed(NamedTuple):

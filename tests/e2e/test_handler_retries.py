@@ -52,7 +52,7 @@ def test_rules_attempts_backoff_and_timeout_declared_on_the_handler(
     ids = [value, key, conn, slow, stuck, c_value, c_conn]
     wait_until(lambda: _ended(db, ids), 60, "every job failed for good")
     # What applies, beside each queue's row: the live consumers' declarations
-    listed = run_cli(env, "queue", "list")
+    listed = run_cli(env, "queue", "list", "--wide")
     assert listed.returncode == 0, listed.stderr
     rules = next(ln for ln in listed.stdout.splitlines() if ln.startswith("r_rules "))
     assert '"max_attempts": 4' in rules and '"retry_on": ["ConnectionError"]' in rules, rules

@@ -195,6 +195,30 @@ def test_a_healthy_job_survives_five_kills_of_its_process_pool_parent(db: SyncDB
     details = [r["detail"] for r in db.fetch(
         "SELECT detail FROM jobq.job_event WHERE job_id = $1 AND event = 'stalled'", jid)]
     assert len(details) == 5 and all("child processes" in d for d in details), details
+    assert all("session ended (the worker died" in d for d in details), details
+
+
+def test_a_frozen_process_pool_parent_is_said_to_have_frozen_not_died(
+        db: SyncDB, procs: Procs, settings: Settings) -> None:
+    """Issue #50.10: a SIGSTOPped --pool process consumer's requeued job was
+    told its worker had died; it froze, with its session alive."""
+    set_queue(db, "proc", lease_s=2, max_stalls=2)
+    procs.reaper()
+    (jid,) = publish(settings, "proc", [{"sleep": 60}])
+    c = pool_consumer(procs, 1)
+    worker = c.worker_id()
+    wait_until(lambda: job(db, jid)["worker_id"] == worker and
+               job(db, jid)["status"] == "active", 20, "running")
+    c.signal(signal.SIGSTOP)
+    try:
+        wait_until(lambda: job(db, jid)["status"] == "queued", 15, "requeued while frozen")
+    finally:
+        c.signal(signal.SIGCONT)
+    (detail,) = [r["detail"] for r in db.fetch(
+        "SELECT detail FROM jobq.job_event WHERE job_id = $1 AND event = 'stalled'", jid)]
+    assert "stopped renewing while its session lived (frozen" in detail, detail
+    assert "died" not in detail.split(";")[0], detail
+    assert job(db, jid)["stalls"] == 0
 
 
 def _children(pid: int) -> list[int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 import uuid
 from typing import Any
 
@@ -100,7 +101,14 @@ def test_unreachable_services_and_bad_urls_fail_fast_with_one_line(env: dict[str
 
 def test_unmigrated_database_says_run_migrate(env: dict[str, str], pg_admin_url: str) -> None:
     e = {**env, "JOBQ_DATABASE_URL": pg_admin_url.rsplit("/", 1)[0] + "/template1"}
-    one_line_error(run_cli(e, "stats"), 2, "jobq migrate")
+    one_line_error(run_cli(e, "stats"), 2, "jobq migrate", "database template1 ")
+
+
+def test_a_negative_delay_typed_on_the_command_line_is_refused(env: dict[str, str],
+                                                                 db: SyncDB) -> None:
+    one_line_error(run_cli(env, "publish", "emails", "{}", "--delay", "-5"), 1,
+                   "--delay must be 0 or more seconds, got -5")
+    assert db.val("SELECT count(*) FROM jobq.job") == 0
 
 
 def test_consume_refuses_unknown_app_or_queue(env: dict[str, str]) -> None:
@@ -130,6 +138,20 @@ def test_queue_settings_stats_and_inspect(env: dict[str, str], db: SyncDB) -> No
     assert tuple(db.fetchrow(limits, "emails")) == (None, None, None)
     one_line_error(run_cli(env, "queue", "set", "emails", "--lease-seconds", "0"), 1)
     assert "emails" in run_cli(env, "queue", "list").stdout
+    # The default view fits 100 columns with every limit set on a 20-character
+    # name (the full row was ~330 characters); --wide shows every column.
+    name = "tenant_invoices_2026"
+    assert run_cli(env, "queue", "set", name, "--max-running", "500", "--rate-per-second",
+                   "2.5", "--max-running-per-key", "20", "--rate-per-second-per-key", "0.25",
+                   "--timeout-seconds", "3600", "--key-policy", "fifo").returncode == 0
+    assert run_cli(env, "queue", "pause", name).returncode == 0
+    listed = run_cli(env, "queue", "list").stdout.splitlines()
+    assert all(len(line) <= 100 for line in listed), listed
+    cells = next(line for line in listed if line.startswith(name)).split()
+    assert cells[1:] == ["30", "5", "3600", "≤500", "2.5/s", "≤20", "0.25/s", "fifo",
+                       "paused"], cells
+    wide = run_cli(env, "queue", "list", "--wide").stdout.splitlines()[0].split()
+    assert {"max_stalls", "backoff_base_s", "keep_failed_s", "handlers_declare"} <= set(wide)
 
     jid = run_cli(env, "publish", "emails", '{"a": 1}').stdout.strip()
     stats = run_cli(env, "stats").stdout.splitlines()
@@ -151,3 +173,24 @@ def test_stalled_jobs_show_in_sql_before_the_reaper_runs(env: dict[str, str], db
     row = db.fetchrow("SELECT * FROM jobq.queue_stats WHERE queue = 'emails'")
     assert (row["stalled"], row["running"], row["queued"]) == (1, 0, 0)
     assert "1 (!)" in run_cli(env, "stats").stdout
+
+
+def test_an_idempotency_key_reused_with_another_payload_is_said(env: dict[str, str],
+                                                                 db: SyncDB) -> None:
+    """Issue #50.10: it silently returned the first job's id. It still does
+    (as Oban, River and BullMQ do), and now says so, once per such publish."""
+    first = run_cli(env, "publish", "emails", '{"to": "a"}', "--idempotency-key", "k1")
+    same = run_cli(env, "publish", "emails", '{"to": "a"}', "--idempotency-key", "k1")
+    other = run_cli(env, "publish", "emails", '{"to": "b"}', "--idempotency-key", "k1")
+    assert first.stdout == same.stdout == other.stdout and first.stdout.strip()
+    assert "another payload" not in first.stderr + same.stderr, same.stderr
+    assert (f"idempotency key 'k1' already names job {first.stdout.strip()} with another "
+            "payload") in other.stderr, other.stderr
+    assert db.val("SELECT payload->>'to' FROM jobq.job") == "a"
+    said = [subprocess.run(["psql", env["JOBQ_DATABASE_URL"], "-Atc",
+                            f"SELECT jobq.enqueue('emails', '{{\"to\": \"{to}\"}}', "
+                            "idempotency_key => 'k2')"], capture_output=True, text=True)
+            for to in "cd"]
+    assert said[0].stdout == said[1].stdout and said[0].stdout.strip(), said
+    assert "already names job" not in said[0].stderr, said[0].stderr
+    assert "WARNING:  jobq: idempotency key 'k2' already names job" in said[1].stderr, said

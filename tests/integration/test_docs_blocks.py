@@ -337,3 +337,14 @@ def test_the_tutorial_runs_as_written(env: dict[str, str], pg_admin_url: str,
     assert "active|2" in out.stdout, out.stdout[-3000:]
     assert "removed schema jobq" in out.stdout and "worker_vanished" in out.stdout
     assert "DROP DATABASE" in out.stdout, out.stderr[-2000:]
+    # What the page says happened is what the history shows, event for event
+    # (it once left out enqueued and isolated), step 1's broker line is what
+    # migrate printed, and the logs did not land where the user stands.
+    page = (ROOT / "docs" / "tutorial.md").read_text()
+    said = re.search(r'jobq inspect "\$JOB" +# (.*)', page)
+    assert said is not None
+    told = [w.split(" (")[0] for w in said.group(1).split(" · ")]
+    shown = re.findall(r"^\d{4}-\d\d-\d\d [\d:.]+ +(\w+)", out.stdout, re.M)
+    assert shown == told, (shown, told)
+    assert "exchange and 0 queue(s)" in out.stdout and "and 0 queue(s)" in page
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tutorial.sh"]

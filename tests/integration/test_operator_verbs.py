@@ -43,7 +43,7 @@ def test_bulk_cancel_and_retry_of_a_queue_count_first_and_touch_only_it(
     assert _statuses(db, "imports") == {"cancelled": 3}
     assert db.val("SELECT status FROM jobq.job WHERE id = $1", other[0]) == "queued"
     assert db.val("SELECT count(*) FROM jobq.job_event WHERE event = 'cancelled' "
-                  "AND detail = 'bad batch'") == 3
+                  "AND detail LIKE 'bad batch (by %)' AND worker_id IS NULL") == 3
     db.execute("UPDATE jobq.job SET status = 'failed' WHERE queue = 'imports' AND id = "
                "(SELECT min(id::text)::uuid FROM jobq.job WHERE queue = 'imports')")
     dry = run_cli(env, "retry", "--queue", "imports", "--dry-run")

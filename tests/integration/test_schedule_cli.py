@@ -28,7 +28,9 @@ def test_set_list_delete_and_mistakes(env: dict[str, str], db: SyncDB) -> None:
         bad = run_cli(env, "schedule", "set", *args)
         assert bad.returncode == 1 and "Traceback" not in bad.stderr, bad.stderr
         assert len(bad.stderr.strip().splitlines()) == 1 and needle in bad.stderr, bad.stderr
-    assert run_cli(env, "schedule", "delete", "ping").returncode == 0
+    deleted = run_cli(env, "schedule", "delete", "ping")
+    assert deleted.returncode == 0 and deleted.stdout.startswith("deleted schedule ping:"), \
+        deleted.stdout  # it printed "(none)", an empty table, on success
     gone = run_cli(env, "schedule", "delete", "ping")
     assert gone.returncode == 1 and "no schedule named" in gone.stderr
     assert db.val("SELECT count(*) FROM jobq.schedule") == 1

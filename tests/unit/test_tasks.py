@@ -52,8 +52,13 @@ def test_payloads_are_encoded_as_json_and_checked_against_the_model() -> None:
     _, send_invoice, plain = make_app()
     assert send_invoice.encode(Invoice(number=7, total=9.5)) == {"number": 7, "total": 9.5}
     assert send_invoice.encode({"number": "7", "total": 1}) == {"number": 7, "total": 1.0}
-    with pytest.raises(InvalidPayload, match=r"does not fit Invoice: total: Field required"):
+    with pytest.raises(InvalidPayload, match=r"does not fit Invoice: 1 error\(s\): "
+                       r"Field required at total;"):
         send_invoice.encode({"number": 7})
+    with pytest.raises(InvalidPayload) as two:  # every mistake, not only the first
+        send_invoice.encode({"number": "seven"})
+    assert "2 error(s)" in str(two.value) and " at number" in str(two.value) \
+        and "Field required at total" in str(two.value), two.value
     assert plain.encode({"any": ["json"]}) == {"any": ["json"]}
     new = send_invoice.job(Invoice(number=1, total=2), priority=3, key="k", delay_s=5)
     assert (new.queue, new.payload, new.priority, new.key, new.delay_s) == (

@@ -499,11 +499,37 @@ def test_a_renewal_that_matches_no_row_stops_the_handler() -> None:
             jid = w.store.add(lease_s=0.3)
             w.deliver(jid)
             await w.until(lambda: w.status(jid) == "active")
-            w.store.rows[jid].status = "cancelled"  # an operator cancelled it
+            w.store.rows[jid].lock = uuid.uuid4()  # reaped and claimed by another
             await w.until(cancelled.is_set)
             await w.idle()
             assert w.store.lost == [(jid, "renewal matched no row: lapsed, reaped or cancelled")]
             assert w.tally.counters["lease_lost"] == 1
+            assert w.store.named("complete") == [] and w.store.named("fail") == []
+    run(go())
+
+
+def test_a_job_cancelled_under_its_run_is_stopped_and_not_told_as_a_lost_lease() -> None:
+    """Issue #50.10: an operator's cancel of a running job was logged as a
+    WARNING "lease lost", counted in jobq_leases_lost_total and recorded as
+    a lease_lost event beside the history's cancel."""
+    async def go() -> None:
+        cancelled = asyncio.Event()
+
+        async def long(job: Job) -> None:
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+        async with World(long) as w:
+            jid = w.store.add(lease_s=0.3)
+            w.deliver(jid)
+            await w.until(lambda: w.status(jid) == "active")
+            w.store.rows[jid].status = "cancelled"  # an operator cancelled it
+            await w.until(cancelled.is_set)
+            await w.idle()
+            assert w.store.lost == [] and w.tally.counters["lease_lost"] == 0
+            assert w.tally.counters["cancelled_running"] == 1
             assert w.store.named("complete") == [] and w.store.named("fail") == []
     run(go())
 

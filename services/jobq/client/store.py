@@ -10,8 +10,11 @@ its caller's transaction), each on one statement of queries.sql.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +48,34 @@ class JobState:
     last_traceback: str | None = None
 
 
+log = logging.getLogger("jobq.client")
+
+
+def _said(_conn: object, message: object) -> None:
+    text = str(getattr(message, "message", ""))
+    if text.startswith("jobq: "):
+        log.warning("%s", text.removeprefix("jobq: "))
+
+
+@contextlib.asynccontextmanager
+async def _told(db: Database, keyed: bool) -> AsyncIterator[Database]:
+    """Where a publish with an idempotency key runs: a session whose server
+    WARNINGs are logged (jobq.enqueue warns of a key reused with another
+    payload, schema 0039; asyncpg drops them unless someone listens)."""
+    if not keyed:
+        yield db
+    elif isinstance(db, asyncpg.Pool):
+        async with db.acquire() as conn, _told(conn, True) as told:
+            yield told
+    else:
+        db.add_log_listener(_said)
+        try:
+            yield db
+        finally:
+            await asyncio.sleep(0)  # the driver schedules the listener's call
+            db.remove_log_listener(_said)
+
+
 async def insert(db: Database, rows: Sequence[Row], grace_s: float) -> list[uuid.UUID]:
     """Insert a batch (jobq.enqueue_many, one array per option, newjob.COLUMNS),
     storing the trace contexts beside the rows that have one; their ids in
@@ -52,10 +83,11 @@ async def insert(db: Database, rows: Sequence[Row], grace_s: float) -> list[uuid
     to publish (0: the relay's at once, the reapers woken at commit)."""
     args = (*arrays([r.job for r in rows], [r.text for r in rows]), grace_s)
     traces = [r.trace for r in rows]
-    if any(t is not None for t in traces):
-        got = await fetch(db, Q["enqueue_many_traced"], *args, traces)
-    else:
-        got = await fetch(db, Q["enqueue_many"], *args)
+    async with _told(db, any(r.job.idempotency_key for r in rows)) as db:
+        if any(t is not None for t in traces):
+            got = await fetch(db, Q["enqueue_many_traced"], *args, traces)
+        else:
+            got = await fetch(db, Q["enqueue_many"], *args)
     return [r["id"] for r in got]
 
 
@@ -63,10 +95,11 @@ async def insert_linked(db: Database, job: NewJob, text: str, after: Sequence[uu
                         grace_s: float, trace: str | None) -> uuid.UUID:
     """One job through jobq.enqueue with every option (it may wait for
     ``after``, or belong to a workflow), in the caller's transaction."""
-    job_id: uuid.UUID = await fetchval(
-        db, Q["enqueue_linked"], *(get(job, text) for _, get in COLUMNS), grace_s,
-        list(after) or None, job.workflow_id, trace, job.expires_in_s,
-        job.idempotency_window_s, job.idempotency_while_live, job.on_duplicate)
+    async with _told(db, bool(job.idempotency_key)) as db:
+        job_id: uuid.UUID = await fetchval(
+            db, Q["enqueue_linked"], *(get(job, text) for _, get in COLUMNS), grace_s,
+            list(after) or None, job.workflow_id, trace, job.expires_in_s,
+            job.idempotency_window_s, job.idempotency_while_live, job.on_duplicate)
     return job_id
 
 

@@ -34,6 +34,7 @@ from typing_extensions import Unpack
 from jobq.errors import InvalidPayload
 from jobq.handlers import envelope
 from jobq.newjob import JobOptions, NewJob, new_job
+from jobq.runtime.validation import every_error
 
 if TYPE_CHECKING:
     from jobq.client.defaults import Clients
@@ -98,10 +99,8 @@ class Task(Generic[M]):
         try:  # also checks an instance: model_construct() skips validation
             checked = self.model.model_validate(data)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first.get("loc", ())) or "payload"
             raise InvalidPayload(
                 f"payload for {self.__name__} (queue {self.queue}) does not fit "
-                f"{self.model.__name__}: {where}: {first.get('msg')}; pass a valid "
+                f"{self.model.__name__}: {every_error(exc)}; pass a valid "
                 f"{self.model.__name__}(...)") from None
         return checked.model_dump(mode="json")

@@ -45,9 +45,9 @@ from pydantic import ValidationError
 from jobq.client.results import ResultInvalid, encode
 from jobq.errors import Fail, RateLimited, Retry, SignalInvalid, Snooze
 from jobq.job import Job
+from jobq.runtime.validation import validation_failure
 from jobq.telemetry import current
 from jobq.worker import frames, tracebacks
-from jobq.worker.validation import validation_failure
 
 PR_SET_PDEATHSIG = 1
 

@@ -261,7 +261,7 @@ class Executor:
                 "job timeout: the handler ran past its timeout_s (the handler's, else the "
                 "queue's) and was stopped"))
         elif reason is Stop.LOST:
-            log.info("handler stopped: lease lost (%s)", run.lease.lost, extra=fields(
+            log.info("handler stopped (%s)", run.lease.lost, extra=fields(
                 event="stopped", job=run.job.id, queue=run.job.queue, attempt=run.job.attempt,
                 worker=self.worker_id))
         # SHUTDOWN: the drain releases every such run in one statement.

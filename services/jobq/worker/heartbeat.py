@@ -80,14 +80,23 @@ class Heartbeat:
             return
         self.lose(run, "lease not renewed in time: self-fenced before it could lapse")
 
-    def lose(self, run: Run, why: str) -> None:
+    def lose(self, run: Run, why: str, cancelled: bool = False) -> None:
         """The lease is no longer ours: stop the handler, count, log, record.
-        Never retried: whoever holds the row now owns what happens next."""
+        Never retried: whoever holds the row now owns what happens next. A
+        job cancelled under its run (an operator, a newer job of a latest
+        key) is told as that, at INFO: it was a WARNING "lease lost", counted
+        with the faults and recorded as one beside the history's cancel."""
         if run.lease.lost is not None:
             return
         run.lease.lost = why
         run.stop(Stop.LOST)
         job = run.job
+        if cancelled:
+            self.tally.note("cancelled_running")
+            log.info("job cancelled while it ran: the handler is stopped", extra=fields(
+                event="cancelled", job=job.id, queue=job.queue, attempt=job.attempt,
+                worker=self.worker_id))
+            return
         self.tally.count("lease_lost", job.queue)
         log.warning("lease lost (%s): the handler is stopped and cannot finish the job", why,
                     extra=fields(event="lease_lost", job=job.id, queue=job.queue,
@@ -165,6 +174,8 @@ class Heartbeat:
                     r.lease.extend(sent_at)
                     if r.ours and not r.lease.finishing:
                         self._arm(r)
+                elif r.ours and not r.lease.finishing and r.job.id in held.cancelled:
+                    self.lose(r, "cancelled while it ran", cancelled=True)
                 elif r.ours and not r.lease.finishing:
                     self.lose(r, "renewal matched no row: lapsed, reaped or cancelled")
                 else:

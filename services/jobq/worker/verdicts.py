@@ -15,10 +15,10 @@ from pydantic import ValidationError
 from jobq.client.results import ResultInvalid
 from jobq.errors import Fail, LeaseLost, Retry, SignalInvalid, StepRefused
 from jobq.lease import Failure
+from jobq.runtime.validation import validation_failure
 from jobq.telemetry.logs import printable
 from jobq.worker import tracebacks
 from jobq.worker.run import Run
-from jobq.worker.validation import validation_failure
 
 
 class PayloadUndecodable(Exception):

@@ -87,6 +87,9 @@ async def publish(settings: Settings, args: argparse.Namespace) -> None:
         print("jobq: note: --key is the job's flow-control key (per-key caps and fairness), "
               "not an idempotency key: publishing it twice makes two jobs; use "
               "--idempotency-key for that", file=sys.stderr)
+    if args.delay < 0:  # typed by hand, a sign is a mistake (Python's delay_s < 0 means now)
+        raise BadInput(f"--delay must be 0 or more seconds, got {args.delay:g}: leave it out "
+                       "to run the job now")
     if args.lines:
         jobs = bulk_jobs(args)  # checked line by line before connecting
     else:

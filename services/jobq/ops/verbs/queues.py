@@ -11,6 +11,11 @@ from jobq.ops.common import admin_call, table
 from jobq.queues import SETTINGS
 from jobq.settings import Settings
 
+LIST = ("Every queue with the settings a team looks at first (lease, attempts, timeout, "
+        "limits, key policy, paused), a row of under 100 characters; --wide shows every "
+        "column of jobq.queue and what the live consumers' handlers declare over it. See "
+        "`jobq queue set --help` for what each means.")
+
 
 def register(sub: Any) -> None:
     qp = sub.add_parser("queue", help="per-queue settings, pause and resume, delete",
@@ -35,9 +40,8 @@ def register(sub: Any) -> None:
         v = qsub.add_parser(verb, help=what.split(";")[0], description=what[0].upper() + what[1:]
                             + ".")
         v.add_argument("name", metavar="QUEUE")
-    qsub.add_parser("list", help="show every queue's settings",
-                    description="Every queue with its settings (jobq.queue); see "
-                    "`jobq queue set --help` for what each means.")
+    qsub.add_parser("list", help="show every queue's settings", description=LIST).add_argument(
+        "--wide", action="store_true", help="every setting, and the handlers' declared retries")
     ql = qsub.add_parser("limits", help="show or change whether publishing to a new queue name "
                                         "creates it, and the cap on the number of queues",
                          description="Without flags, show both limits; with flags, change "
@@ -97,7 +101,25 @@ async def queue(settings: Settings, args: argparse.Namespace) -> None:
         return
     else:
         rows = await admin_call(settings, "list_queues")
+        if not args.wide:
+            table([narrow(dict(r)) for r in rows])
+            return
     table([dict(r) for r in rows])
+
+
+def narrow(r: dict[str, Any]) -> dict[str, Any]:
+    """The default view of a queue's row: 8 columns, where the full row is 21
+    (~330 characters, as a new user met it); limits off are blank."""
+    def limit(running: Any, rate: Any) -> str:
+        parts = ([f"≤{running}"] if running is not None else []) + (
+            [f"{rate:g}/s"] if rate is not None else [])
+        return " ".join(parts)  # ≤5 2.5/s: at most 5 running, 2.5 starts a second
+
+    return {"name": r["name"], "lease_s": f"{r['lease_s']:g}", "attempts": r["max_attempts"],
+            "timeout_s": "" if r["timeout_s"] is None else f"{r['timeout_s']:g}",
+            "limit": limit(r["max_running"], r["rate_per_s"]),
+            "per_key": limit(r["max_running_per_key"], r["rate_per_s_per_key"]),
+            "key_policy": r["key_policy"], "paused": "paused" if r["paused"] else ""}
 
 
 async def _delete_queue(settings: Settings, args: argparse.Namespace) -> None:

@@ -104,7 +104,7 @@ async def run(settings: Settings, args: argparse.Namespace) -> list[dict[str, An
                 {"slot": "(none missing)", "job": ""}]
         elif args.verb == "delete":
             await admin.delete_schedule(pool, args.name)
-            return []
+            return [{"deleted": args.name}]
         rows = await admin.schedules(pool)
         if args.verb == "set":
             rows = [r for r in rows if r["name"] == args.name]
@@ -125,5 +125,8 @@ async def schedule(settings: Settings, args: argparse.Namespace) -> None:
     rows = await run(settings, args)
     if args.verb == "trigger":  # the id alone, as jobq publish prints it
         print(rows[0]["job"])
+    elif args.verb == "delete":  # one line that says it happened, not an empty table
+        print(f"deleted schedule {rows[0]['deleted']}: no more slots fire (a job it "
+              "enqueued already runs as any job)")
     else:
         table(rows)
