@@ -37,6 +37,7 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, Unpack
@@ -105,6 +106,17 @@ class Hooks:
         for mw in reversed(self.middleware):
             chain = _link(mw, job, chain)
         return await chain()
+
+    async def run(self, job: Job, handler: Callable[[], Awaitable[Any]]) -> Any:
+        """call() then ended(), as a consumer runs a job: jobq.testing's way."""
+        started, outcome, error = time.monotonic(), "ok", None
+        try:
+            return await self.call(job, handler)
+        except BaseException as exc:
+            outcome, error = "error", exc
+            raise
+        finally:
+            await self.ended(RunEnd(job, outcome, time.monotonic() - started, error))
 
     async def ended(self, end: RunEnd) -> None:
         for fn in self.end_hooks:

@@ -178,10 +178,12 @@ async def run_job(app: App, queue_or_job: str | MemoryJob | Task[Any],
         job.payload = handler.payload_model.model_validate(job.payload)
     job.attach_progress(tj.memory)
     job.attach_link(tj.memory)
-    try:
+    async def call() -> Any:  # inside the app's middleware and end hooks, as consumed
         if handler.is_async:
             return await handler.fn(job)
         return await asyncio.to_thread(handler.fn, job)
+    try:
+        return await app.hooks.run(job, call)
     finally:
         tj.attempt += 1
 

@@ -155,3 +155,35 @@ def test_run_all_says_so_when_handlers_keep_publishing(monkeypatch: Any) -> None
 
 def test_the_fixture_gives_a_client(jobq_client: InMemoryClient) -> None:
     assert jobq_client.jobs() == []
+
+
+def test_run_job_goes_through_the_apps_middleware_and_end_hooks() -> None:
+    """Issue #50.2: jobq.testing ran the bare handler, so a handler that needs
+    its middleware's context (a DB session, a tenant) could not be tested."""
+    import contextvars
+    tenant: contextvars.ContextVar[str] = contextvars.ContextVar("tenant")
+    app = jobq.App()
+    ends: list[tuple[str, str | None]] = []
+
+    @app.around
+    async def with_tenant(job: jobq.Job, call_next: Any) -> Any:
+        token = tenant.set(f"t-{job.payload['n']}")
+        try:
+            return await call_next()
+        finally:
+            tenant.reset(token)
+
+    @app.on_end
+    def report(end: jobq.RunEnd) -> None:
+        ends.append((end.outcome, type(end.error).__name__ if end.error else None))
+
+    @app.handler("sync_t")
+    def work(job: jobq.Job) -> str:
+        if job.payload["n"] == 2:
+            raise KeyError("x")
+        return tenant.get()
+
+    assert asyncio.run(run_job(app, "sync_t", {"n": 1})) == "t-1"  # seen in the thread too
+    with pytest.raises(KeyError):
+        asyncio.run(run_job(app, "sync_t", {"n": 2}))
+    assert ends == [("ok", None), ("error", "KeyError")]
