@@ -8,7 +8,7 @@ twice the lease; as root), and with --restarts a RabbitMQ or PostgreSQL
 restart (at most once a minute each), while a producer publishes single
 jobs, batches (half of them bulk, ``relay=True``: the reapers publish their
 ids), delayed jobs, keyed jobs (a per-key cap), jobs of a queue
-with a fleet-wide cap (max_running 2) and dependants (a job published
+with a fleet-wide cap (max_running 2, priority aging 1 s) and dependants (a job published
 ``after`` another), and a schedule fires every second. Two hostile
 producer logins (hostile.py) hold dependency transactions open past the
 lease, storm debounced keys, write unreadable trace records, cancel a
@@ -108,8 +108,9 @@ def producer(settings: Settings, stop: threading.Event, rng: random.Random,
                     elif kind < 0.74:  # a key held while its job is live (issue #51.4)
                         jobs = [NewJob("work", {"sleep": sleep}, idempotency_key=f"u{n % 2}",
                                        idempotency_while_live=True)]
-                    elif kind < 0.78:
-                        jobs = [NewJob("limited", {"sleep": sleep})]
+                    elif kind < 0.78:  # capped, with priority aging (issue #51.6)
+                        jobs = [NewJob("limited", {"sleep": sleep},
+                                       priority=rng.choice((0, 0, 5, 9)))]
                     elif kind < 0.82:  # key policies (issue #51)
                         jobs = [NewJob(rng.choice(("ordered", "newest", "single")),
                                        {"sleep": sleep}, key=f"p{n % 2}")]
@@ -152,7 +153,7 @@ def run(seconds: float, seed: int, consumers: int, reapers: int,
         set_queue(db, "fair", max_running_per_key=2)
         # a per-key tier (#51.5): k0 runs 3 at a time where k1 and k2 run 2
         db.execute("INSERT INTO jobq.key_limit (queue, key, max_running) VALUES ('fair', 'k0', 3)")
-        set_queue(db, "limited", max_running=2)
+        set_queue(db, "limited", max_running=2, priority_aging_s=1)
         set_queue(db, "ordered", key_policy="fifo")
         set_queue(db, "newest", key_policy="latest")
         set_queue(db, "single", key_policy="singleton")

@@ -7,7 +7,10 @@ claim and complete functions on one connection. Per job: the backend's CPU
 (/proc) and the buffers it touched (pg_stat_database of the run's own
 database, nothing else connected), for the publish and for claim +
 complete. ``none`` is the same jobs without keys; ``queue`` is keyed with
-the default policy (no per-key limit): policy off.
+the default policy (no per-key limit): policy off. ``priority`` and
+``aging`` (issue #51.6) are unkeyed with every other job at priority 9, so
+each claim takes the full path with its swap; ``aging`` adds
+``priority_aging_s = 1`` (the claim's second probe, the 64 longest due).
 
     .venv/bin/python bench/policy_cost.py [--keys 100000] [--jobs 4000]
 """
@@ -34,7 +37,8 @@ from claim_cost import cpu_s
 from jobq.db import SESSION_SETTINGS
 from jobq.sql import Q
 
-POLICIES = ("none", "queue", "fifo", "latest", "singleton")
+POLICIES = ("none", "queue", "fifo", "latest", "singleton", "priority", "aging")
+UNKEYED = ("none", "priority", "aging")
 BATCH = 16
 
 
@@ -45,25 +49,29 @@ async def _blocks(conn: asyncpg.Connection) -> int:
                                    "WHERE datname = current_database()"))
 
 
-async def _publish(conn: asyncpg.Connection, queue: str, keys: int, keyed: bool) -> None:
+async def _publish(conn: asyncpg.Connection, queue: str, keys: int, keyed: bool,
+                   mixed: bool) -> None:
     for start in range(0, keys, 1000):  # batches of 1,000, as a bulk publish would
         n = min(1000, keys - start)
         await conn.execute(
             "SELECT count(*) FROM jobq.enqueue_many(array_fill($1::text, ARRAY[$2::int]), "
             "array_fill('{}'::jsonb, ARRAY[$2::int]), keys => CASE WHEN $4 THEN "
             "ARRAY(SELECT 'k' || g FROM generate_series($3::int, $3 + $2 - 1) g) END, "
-            "relay_grace_s => 60)", queue, n, start, keyed)
+            "priorities => CASE WHEN $5 THEN ARRAY(SELECT (g % 2) * 9 FROM "
+            "generate_series(1, $2) g) END, relay_grace_s => 60)", queue, n, start, keyed, mixed)
 
 
 async def trial(url: str, policy: str, keys: int, jobs: int) -> dict[str, Any]:
     conn = await asyncpg.connect(url, server_settings=SESSION_SETTINGS)
     queue = f"p_{policy}"
-    await conn.execute("INSERT INTO jobq.queue (name, lease_s, key_policy) VALUES ($1, 30, $2)",
-                       queue, "queue" if policy == "none" else policy)
+    await conn.execute("INSERT INTO jobq.queue (name, lease_s, key_policy, priority_aging_s) "
+                       "VALUES ($1, 30, $2, $3)", queue,
+                       "queue" if policy in UNKEYED else policy,
+                       1.0 if policy == "aging" else None)
     backend = await conn.fetchval("SELECT pg_backend_pid()")
     b0 = await _blocks(conn)
     c0, t0 = cpu_s(backend), time.perf_counter()
-    await _publish(conn, queue, keys, policy != "none")
+    await _publish(conn, queue, keys, policy not in UNKEYED, policy in ("priority", "aging"))
     c1, t1 = cpu_s(backend), time.perf_counter()
     b1 = await _blocks(conn)
     await conn.execute("ANALYZE jobq.job")
@@ -83,7 +91,7 @@ async def trial(url: str, policy: str, keys: int, jobs: int) -> dict[str, Any]:
     c3, t3 = cpu_s(backend), time.perf_counter()
     b3 = await _blocks(conn)
     await conn.close()
-    return {"policy": policy, "keys": keys if policy != "none" else 0, "claimed": claimed,
+    return {"policy": policy, "keys": keys if policy not in UNKEYED else 0, "claimed": claimed,
             "publish_cpu_us_per_job": round((c1 - c0) / keys * 1e6, 1),
             "publish_blocks_per_job": round((b1 - b0) / keys, 1),
             "publish_wall_us_per_job": round((t1 - t0) / keys * 1e6, 1),

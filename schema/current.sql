@@ -42,6 +42,17 @@ BEGIN
 END $$;
 
 --
+-- Name: aged(integer, timestamp with time zone, double precision); Type: FUNCTION; Schema: jobq; Owner: -
+--
+
+CREATE FUNCTION jobq.aged(priority integer, due timestamp with time zone, aging_s double precision) RETURNS double precision
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+    SELECT priority + CASE WHEN aging_s IS NULL OR due > now() THEN 0
+                           ELSE floor(extract(epoch FROM now() - due) / aging_s) END
+$$;
+
+--
 -- Name: queue; Type: TABLE; Schema: jobq; Owner: -
 --
 
@@ -71,6 +82,7 @@ CREATE TABLE jobq.queue (
     paused_at timestamp with time zone,
     paused_by text,
     key_policy text DEFAULT 'queue'::text NOT NULL,
+    priority_aging_s double precision,
     CONSTRAINT queue_backoff_base_s_check CHECK ((backoff_base_s >= (0)::double precision)),
     CONSTRAINT queue_backoff_base_s_range CHECK (((backoff_base_s >= (0)::double precision) AND (backoff_base_s <= (86400)::double precision))),
     CONSTRAINT queue_backoff_max_s_check CHECK ((backoff_max_s >= (0)::double precision)),
@@ -90,6 +102,7 @@ CREATE TABLE jobq.queue (
     CONSTRAINT queue_max_stalls_check CHECK ((max_stalls >= 0)),
     CONSTRAINT queue_max_stalls_range CHECK ((max_stalls <= 10000)),
     CONSTRAINT queue_name_check CHECK ((name ~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$'::text)),
+    CONSTRAINT queue_priority_aging_s_check CHECK (((priority_aging_s >= (1)::double precision) AND (priority_aging_s <= (604800)::double precision))),
     CONSTRAINT queue_rate_per_s_check CHECK (((rate_per_s > (0)::double precision) AND (rate_per_s <= (100000)::double precision))),
     CONSTRAINT queue_rate_per_s_per_key_check CHECK (((rate_per_s_per_key > (0)::double precision) AND (rate_per_s_per_key <= (100000)::double precision))),
     CONSTRAINT queue_stall_cooldown_s_check CHECK ((stall_cooldown_s >= (0)::double precision)),
@@ -1034,26 +1047,50 @@ WHERE (l.queue, l.key) IN (
 ORDER BY l.queue, l.key
 FOR NO KEY UPDATE OF l) AS _effect;
 RETURN QUERY WITH better AS (  -- waiting jobs of a priority above 0: an empty index when none is used
-    SELECT b.id, b.queue, b.priority,
-           row_number() OVER (PARTITION BY b.queue ORDER BY b.priority DESC, b.id) AS rk
-    FROM jobq.queue q
-    CROSS JOIN LATERAL (
-        SELECT x.id, x.queue, x.priority
-        FROM jobq.job x
-        WHERE x.queue = q.name AND x.status COLLATE "C" = 'queued' AND x.priority > 0
-          AND x.run_at <= now() AND x.relay_after < 'infinity'
-          AND (x.expires_at IS NULL OR x.expires_at > now() OR x.started_at IS NOT NULL)
-          AND x.id <> ALL ($1::uuid[])
-          AND (x.key IS NULL
-               OR (q.max_running_per_key IS NULL AND q.rate_per_s_per_key IS NULL))
-        ORDER BY x.priority DESC, x.id
-        LIMIT cardinality($1::uuid[])
-        FOR UPDATE OF x SKIP LOCKED) b
-    WHERE q.name = ANY($3::text[])
+    SELECT b.id, b.queue, b.level,
+           row_number() OVER (PARTITION BY b.queue ORDER BY b.level DESC, b.id) AS rk
+    FROM (
+        SELECT x.id, x.queue, jobq.aged(x.priority, x.run_at, q.priority_aging_s) AS level
+        FROM jobq.queue q
+        CROSS JOIN LATERAL (
+            SELECT x.id, x.queue, x.priority, x.run_at
+            FROM jobq.job x
+            WHERE x.queue = q.name AND x.status COLLATE "C" = 'queued' AND x.priority > 0
+              AND x.run_at <= now() AND x.relay_after < 'infinity'
+              AND (x.expires_at IS NULL OR x.expires_at > now() OR x.started_at IS NOT NULL)
+              AND x.id <> ALL ($1::uuid[])
+              AND (x.key IS NULL
+                   OR (q.max_running_per_key IS NULL AND q.rate_per_s_per_key IS NULL))
+            ORDER BY x.priority DESC, x.id
+            LIMIT cardinality($1::uuid[])
+            FOR UPDATE OF x SKIP LOCKED) x
+        WHERE q.name = ANY($3::text[])
+        UNION  -- priority aging (schema 0040): the longest waiting, whatever their priority
+        SELECT y.id, y.queue, jobq.aged(y.priority, y.run_at, q.priority_aging_s)
+        FROM jobq.queue q
+        CROSS JOIN LATERAL (
+            SELECT y.id, y.queue, y.priority, y.run_at
+            FROM jobq.job y
+            WHERE y.id = ANY(ARRAY(  -- among the 64 longest due (job_queued_idx): bounded
+                      SELECT o.id FROM jobq.job o
+                      WHERE o.queue = q.name AND o.status = 'queued' AND o.run_at <= now()
+                      ORDER BY o.run_at LIMIT 64))
+              AND y.status COLLATE "C" = 'queued' AND y.run_at <= now()
+              AND y.relay_after < 'infinity' AND y.waiting_on = 0
+              AND (y.expires_at IS NULL OR y.expires_at > now() OR y.started_at IS NOT NULL)
+              AND y.id <> ALL ($1::uuid[])
+              AND (y.key IS NULL
+                   OR (q.max_running_per_key IS NULL AND q.rate_per_s_per_key IS NULL))
+            ORDER BY y.run_at, y.id
+            LIMIT cardinality($1::uuid[])
+            FOR UPDATE OF y SKIP LOCKED) y
+        WHERE q.name = ANY($3::text[]) AND q.priority_aging_s IS NOT NULL) b
 ), delivered AS (  -- as seen now, for the swap only (read only if something is better)
-    SELECT j.id, j.queue, j.priority,
-           row_number() OVER (PARTITION BY j.queue ORDER BY j.priority, j.id) AS rk
-    FROM jobq.job j
+    SELECT j.id, j.queue, jobq.aged(j.priority, j.run_at, q.priority_aging_s) AS level,
+           row_number() OVER (PARTITION BY j.queue
+                              ORDER BY jobq.aged(j.priority, j.run_at, q.priority_aging_s),
+                                       j.id) AS rk
+    FROM jobq.job j JOIN jobq.queue q ON q.name = j.queue
     WHERE j.id = ANY($1::uuid[])
       AND j.status COLLATE "C" = 'queued'
       AND j.run_at <= now()
@@ -1062,9 +1099,11 @@ RETURN QUERY WITH better AS (  -- waiting jobs of a priority above 0: an empty i
 ), swap AS (
     SELECT d.id AS given, b.id AS taken
     FROM delivered d JOIN better b ON b.queue = d.queue AND b.rk = d.rk
-    WHERE b.priority > d.priority
-), candidate AS (  -- the claim re-checks every row under its lock
-    SELECT j.id, j.queue, j.key, j.priority, j.key_policy, j.seq,
+    WHERE b.level > d.level
+), candidate AS (  -- the claim re-checks every row under its lock; its level (0040)
+    SELECT j.id, j.queue, j.key, j.key_policy, j.seq,
+           jobq.aged(j.priority, j.run_at, (SELECT qa.priority_aging_s FROM jobq.queue qa
+                                            WHERE qa.name = j.queue)) AS priority,
            coalesce((SELECT s.given FROM swap s WHERE s.taken = j.id), j.id) AS via
     FROM jobq.job j
     WHERE j.id = ANY (CASE WHEN NOT EXISTS (SELECT 1 FROM swap) THEN $1::uuid[]
@@ -2106,7 +2145,7 @@ CREATE FUNCTION jobq.q_unpark_freed(uuid, uuid, uuid) RETURNS TABLE(id uuid, que
 #variable_conflict use_column
 BEGIN
 RETURN QUERY WITH proof AS (
-    SELECT j.id, j.queue, j.key, j.key_policy = 'fifo' AS fifo,
+    SELECT j.id, j.queue, j.key, j.key_policy = 'fifo' AS fifo, q.priority_aging_s AS aging_s,
            q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL
                OR j.key_policy = 'fifo' AS per_key
     FROM jobq.job j JOIN jobq.queue q ON q.name = j.queue
@@ -2126,10 +2165,24 @@ RETURN QUERY WITH proof AS (
          LIMIT 1
          FOR UPDATE OF x SKIP LOCKED),
         (SELECT x.id FROM jobq.job x
-         WHERE NOT (proof.per_key AND proof.key IS NOT NULL)
+         WHERE NOT (proof.per_key AND proof.key IS NOT NULL) AND proof.aging_s IS NULL
            AND x.queue = proof.queue AND x.status = 'queued'
            AND x.relay_after = 'infinity' AND x.waiting_on = 0 AND x.published_at IS NULL
          ORDER BY x.priority DESC, x.run_at, x.id
+         LIMIT 1
+         FOR UPDATE OF x SKIP LOCKED),
+        (SELECT x.id FROM jobq.job x  -- priority aging (0040): the best level of the heads
+         WHERE x.id = ANY(ARRAY(     -- of each priority (its oldest parked job)
+                   SELECT h.id FROM generate_series(0, 9) AS lv(p) CROSS JOIN LATERAL (
+                       SELECT o.id FROM jobq.job o
+                       WHERE o.queue = proof.queue AND o.status = 'queued'
+                         AND o.relay_after = 'infinity' AND o.waiting_on = 0
+                         AND o.priority = lv.p AND o.published_at IS NULL
+                       ORDER BY o.run_at, o.id LIMIT 1) h))
+           AND NOT (proof.per_key AND proof.key IS NOT NULL) AND proof.aging_s IS NOT NULL
+           AND x.status = 'queued' AND x.relay_after = 'infinity' AND x.waiting_on = 0
+           AND x.published_at IS NULL
+         ORDER BY jobq.aged(x.priority, x.run_at, proof.aging_s) DESC, x.run_at, x.id
          LIMIT 1
          FOR UPDATE OF x SKIP LOCKED)) AS id
     FROM proof
@@ -3609,6 +3662,13 @@ GRANT USAGE ON SCHEMA jobq TO jobq_reader;
 --
 
 REVOKE ALL ON FUNCTION jobq.admit_keyed() FROM PUBLIC;
+
+--
+-- Name: FUNCTION aged(priority integer, due timestamp with time zone, aging_s double precision); Type: ACL; Schema: jobq; Owner: -
+--
+
+REVOKE ALL ON FUNCTION jobq.aged(priority integer, due timestamp with time zone, aging_s double precision) FROM PUBLIC;
+GRANT ALL ON FUNCTION jobq.aged(priority integer, due timestamp with time zone, aging_s double precision) TO jobq_reaper;
 
 --
 -- Name: TABLE queue; Type: ACL; Schema: jobq; Owner: -

@@ -291,7 +291,9 @@ SELECT id, 'published', 'by the reaper relay' FROM marked WHERE history;
 --   2. make the batch's key_lock rows                  (per-key limits only)
 --   3. lock them in (queue, key) order                 (per-key limits only)
 --   4. better     waiting jobs of a priority above 0, best first per queue
---                 (SKIP LOCKED: two claims never take the same one)
+--                 (SKIP LOCKED: two claims never take the same one); in a
+--                 queue with priority aging, the longest waiting too, each
+--                 at its level now (jobq.aged, schema 0040)
 --      delivered  the delivered ids as they are now (read only if `better`)
 --      swap       delivered id -> the better job taken in its place
 --      candidate  the rows to claim (delivered, swapped), locked in id order,
@@ -341,26 +343,50 @@ WHERE (l.queue, l.key) IN (
 ORDER BY l.queue, l.key
 FOR NO KEY UPDATE OF l;
 WITH better AS (  -- waiting jobs of a priority above 0: an empty index when none is used
-    SELECT b.id, b.queue, b.priority,
-           row_number() OVER (PARTITION BY b.queue ORDER BY b.priority DESC, b.id) AS rk
-    FROM jobq.queue q
-    CROSS JOIN LATERAL (
-        SELECT x.id, x.queue, x.priority
-        FROM jobq.job x
-        WHERE x.queue = q.name AND x.status COLLATE "C" = 'queued' AND x.priority > 0
-          AND x.run_at <= now() AND x.relay_after < 'infinity'
-          AND (x.expires_at IS NULL OR x.expires_at > now() OR x.started_at IS NOT NULL)
-          AND x.id <> ALL ($1::uuid[])
-          AND (x.key IS NULL
-               OR (q.max_running_per_key IS NULL AND q.rate_per_s_per_key IS NULL))
-        ORDER BY x.priority DESC, x.id
-        LIMIT cardinality($1::uuid[])
-        FOR UPDATE OF x SKIP LOCKED) b
-    WHERE q.name = ANY($3::text[])
+    SELECT b.id, b.queue, b.level,
+           row_number() OVER (PARTITION BY b.queue ORDER BY b.level DESC, b.id) AS rk
+    FROM (
+        SELECT x.id, x.queue, jobq.aged(x.priority, x.run_at, q.priority_aging_s) AS level
+        FROM jobq.queue q
+        CROSS JOIN LATERAL (
+            SELECT x.id, x.queue, x.priority, x.run_at
+            FROM jobq.job x
+            WHERE x.queue = q.name AND x.status COLLATE "C" = 'queued' AND x.priority > 0
+              AND x.run_at <= now() AND x.relay_after < 'infinity'
+              AND (x.expires_at IS NULL OR x.expires_at > now() OR x.started_at IS NOT NULL)
+              AND x.id <> ALL ($1::uuid[])
+              AND (x.key IS NULL
+                   OR (q.max_running_per_key IS NULL AND q.rate_per_s_per_key IS NULL))
+            ORDER BY x.priority DESC, x.id
+            LIMIT cardinality($1::uuid[])
+            FOR UPDATE OF x SKIP LOCKED) x
+        WHERE q.name = ANY($3::text[])
+        UNION  -- priority aging (schema 0040): the longest waiting, whatever their priority
+        SELECT y.id, y.queue, jobq.aged(y.priority, y.run_at, q.priority_aging_s)
+        FROM jobq.queue q
+        CROSS JOIN LATERAL (
+            SELECT y.id, y.queue, y.priority, y.run_at
+            FROM jobq.job y
+            WHERE y.id = ANY(ARRAY(  -- among the 64 longest due (job_queued_idx): bounded
+                      SELECT o.id FROM jobq.job o
+                      WHERE o.queue = q.name AND o.status = 'queued' AND o.run_at <= now()
+                      ORDER BY o.run_at LIMIT 64))
+              AND y.status COLLATE "C" = 'queued' AND y.run_at <= now()
+              AND y.relay_after < 'infinity' AND y.waiting_on = 0
+              AND (y.expires_at IS NULL OR y.expires_at > now() OR y.started_at IS NOT NULL)
+              AND y.id <> ALL ($1::uuid[])
+              AND (y.key IS NULL
+                   OR (q.max_running_per_key IS NULL AND q.rate_per_s_per_key IS NULL))
+            ORDER BY y.run_at, y.id
+            LIMIT cardinality($1::uuid[])
+            FOR UPDATE OF y SKIP LOCKED) y
+        WHERE q.name = ANY($3::text[]) AND q.priority_aging_s IS NOT NULL) b
 ), delivered AS (  -- as seen now, for the swap only (read only if something is better)
-    SELECT j.id, j.queue, j.priority,
-           row_number() OVER (PARTITION BY j.queue ORDER BY j.priority, j.id) AS rk
-    FROM jobq.job j
+    SELECT j.id, j.queue, jobq.aged(j.priority, j.run_at, q.priority_aging_s) AS level,
+           row_number() OVER (PARTITION BY j.queue
+                              ORDER BY jobq.aged(j.priority, j.run_at, q.priority_aging_s),
+                                       j.id) AS rk
+    FROM jobq.job j JOIN jobq.queue q ON q.name = j.queue
     WHERE j.id = ANY($1::uuid[])
       AND j.status COLLATE "C" = 'queued'
       AND j.run_at <= now()
@@ -369,9 +395,11 @@ WITH better AS (  -- waiting jobs of a priority above 0: an empty index when non
 ), swap AS (
     SELECT d.id AS given, b.id AS taken
     FROM delivered d JOIN better b ON b.queue = d.queue AND b.rk = d.rk
-    WHERE b.priority > d.priority
-), candidate AS (  -- the claim re-checks every row under its lock
-    SELECT j.id, j.queue, j.key, j.priority, j.key_policy, j.seq,
+    WHERE b.level > d.level
+), candidate AS (  -- the claim re-checks every row under its lock; its level (0040)
+    SELECT j.id, j.queue, j.key, j.key_policy, j.seq,
+           jobq.aged(j.priority, j.run_at, (SELECT qa.priority_aging_s FROM jobq.queue qa
+                                            WHERE qa.name = j.queue)) AS priority,
            coalesce((SELECT s.given FROM swap s WHERE s.taken = j.id), j.id) AS via
     FROM jobq.job j
     WHERE j.id = ANY (CASE WHEN NOT EXISTS (SELECT 1 FROM swap) THEN $1::uuid[]
@@ -1395,7 +1423,7 @@ SELECT count(*) FROM lost;
 -- published, so a key's backlog never circles through the broker.
 WITH RECURSIVE lim AS (
     SELECT q.name, q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL
-                   OR q.key_policy = 'fifo' AS per_key,
+                   OR q.key_policy = 'fifo' AS per_key, q.priority_aging_s AS aging_s,
            greatest(0, jobq.allowance(q, (SELECT count(*) FROM jobq.job a  -- 0010, 0013
                                           WHERE a.queue = q.name AND a.status = 'active'))
                        - (SELECT count(*) FROM (
@@ -1463,9 +1491,28 @@ WITH RECURSIVE lim AS (
         SELECT j.id FROM jobq.job j
         WHERE j.queue = lim.name AND j.status = 'queued' AND j.published_at IS NULL
           AND j.relay_after = 'infinity' AND j.waiting_on = 0 AND (NOT lim.per_key OR j.key IS NULL)
+          AND lim.aging_s IS NULL
         ORDER BY j.priority DESC, j.run_at, j.id  -- best first (issue #51: priority 9 went last)
         LIMIT lim.n
         FOR UPDATE SKIP LOCKED) p
+    UNION ALL  -- priority aging (schema 0040): best level now first. Within a priority
+    SELECT p.id  -- the oldest is the highest, so the best n are among each one's n oldest
+    FROM lim CROSS JOIN LATERAL (
+        SELECT j.id FROM jobq.job j
+        WHERE j.id = ANY(ARRAY(
+                  SELECT h.id FROM generate_series(0, 9) AS lv(p) CROSS JOIN LATERAL (
+                      SELECT o.id FROM jobq.job o  -- job_parked_best_idx, one level
+                      WHERE o.queue = lim.name AND o.status = 'queued'
+                        AND o.relay_after = 'infinity' AND o.waiting_on = 0
+                        AND o.priority = lv.p AND o.published_at IS NULL
+                        AND (NOT lim.per_key OR o.key IS NULL)
+                      ORDER BY o.run_at, o.id LIMIT lim.n) h))
+          AND j.status = 'queued' AND j.published_at IS NULL AND j.relay_after = 'infinity'
+          AND j.waiting_on = 0
+        ORDER BY jobq.aged(j.priority, j.run_at, lim.aging_s) DESC, j.run_at, j.id
+        LIMIT lim.n
+        FOR UPDATE SKIP LOCKED) p
+    WHERE lim.aging_s IS NOT NULL
 )
 UPDATE jobq.job j SET relay_after = now()
 FROM picked WHERE j.id = picked.id;
@@ -1486,7 +1533,7 @@ FROM picked WHERE j.id = picked.id;
 -- token the release before chose) is taken and ignored, so a consumer of
 -- that release keeps working through a rolling upgrade.
 WITH proof AS (
-    SELECT j.id, j.queue, j.key, j.key_policy = 'fifo' AS fifo,
+    SELECT j.id, j.queue, j.key, j.key_policy = 'fifo' AS fifo, q.priority_aging_s AS aging_s,
            q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL
                OR j.key_policy = 'fifo' AS per_key
     FROM jobq.job j JOIN jobq.queue q ON q.name = j.queue
@@ -1506,10 +1553,24 @@ WITH proof AS (
          LIMIT 1
          FOR UPDATE OF x SKIP LOCKED),
         (SELECT x.id FROM jobq.job x
-         WHERE NOT (proof.per_key AND proof.key IS NOT NULL)
+         WHERE NOT (proof.per_key AND proof.key IS NOT NULL) AND proof.aging_s IS NULL
            AND x.queue = proof.queue AND x.status = 'queued'
            AND x.relay_after = 'infinity' AND x.waiting_on = 0 AND x.published_at IS NULL
          ORDER BY x.priority DESC, x.run_at, x.id
+         LIMIT 1
+         FOR UPDATE OF x SKIP LOCKED),
+        (SELECT x.id FROM jobq.job x  -- priority aging (0040): the best level of the heads
+         WHERE x.id = ANY(ARRAY(     -- of each priority (its oldest parked job)
+                   SELECT h.id FROM generate_series(0, 9) AS lv(p) CROSS JOIN LATERAL (
+                       SELECT o.id FROM jobq.job o
+                       WHERE o.queue = proof.queue AND o.status = 'queued'
+                         AND o.relay_after = 'infinity' AND o.waiting_on = 0
+                         AND o.priority = lv.p AND o.published_at IS NULL
+                       ORDER BY o.run_at, o.id LIMIT 1) h))
+           AND NOT (proof.per_key AND proof.key IS NOT NULL) AND proof.aging_s IS NOT NULL
+           AND x.status = 'queued' AND x.relay_after = 'infinity' AND x.waiting_on = 0
+           AND x.published_at IS NULL
+         ORDER BY jobq.aged(x.priority, x.run_at, proof.aging_s) DESC, x.run_at, x.id
          LIMIT 1
          FOR UPDATE OF x SKIP LOCKED)) AS id
     FROM proof
@@ -2372,7 +2433,7 @@ INSERT INTO jobq.queue (name) VALUES ($1) ON CONFLICT (name) DO NOTHING;
 SELECT name, lease_s, max_stalls, max_attempts, timeout_s, backoff_base_s,
        backoff_max_s, stall_cooldown_s, max_payload_bytes, vanished_grace_s,
        keep_completed_s, keep_failed_s, history, max_result_bytes, max_running, rate_per_s,
-       max_running_per_key, rate_per_s_per_key, key_policy, paused,
+       max_running_per_key, rate_per_s_per_key, key_policy, priority_aging_s, paused,
        (SELECT jsonb_agg(DISTINCT w.handlers -> q.name) FROM jobq.worker w
         WHERE w.vanished_at IS NULL AND w.handlers ? q.name) AS handlers_declare
 FROM jobq.queue q
@@ -2412,12 +2473,15 @@ SET lease_s = coalesce(($2::jsonb->>'lease_s')::float8, lease_s),
     rate_per_s_per_key = CASE WHEN $2::jsonb ? 'rate_per_s_per_key'
                               THEN nullif(($2::jsonb->>'rate_per_s_per_key')::float8, 0)
                               ELSE rate_per_s_per_key END,
-    key_policy = coalesce($2::jsonb->>'key_policy', key_policy)
+    key_policy = coalesce($2::jsonb->>'key_policy', key_policy),
+    priority_aging_s = CASE WHEN $2::jsonb ? 'priority_aging_s'
+                            THEN nullif(($2::jsonb->>'priority_aging_s')::float8, 0)
+                            ELSE priority_aging_s END
 WHERE name = $1
 RETURNING name, lease_s, max_stalls, max_attempts, timeout_s, backoff_base_s,
           backoff_max_s, stall_cooldown_s, max_payload_bytes, vanished_grace_s,
           keep_completed_s, keep_failed_s, history, max_result_bytes, max_running, rate_per_s,
-          max_running_per_key, rate_per_s_per_key, key_policy;
+          max_running_per_key, rate_per_s_per_key, key_policy, priority_aging_s;
 
 -- name: queue_pause
 -- jobq queue pause: from the next claim on, no job of the queue starts
@@ -2617,7 +2681,8 @@ SELECT q.name AS queue,
        CASE WHEN b.ready > 0 THEN b.oldest_ready_s END AS oldest_wait_s,
        (SELECT count(*) FROM jobq.job j WHERE j.queue = q.name AND j.status = 'cancelled'
           AND j.finished_at > now() - interval '1 hour') AS cancelled_1h,  -- job_finished_idx
-       q.max_running, q.rate_per_s, q.max_running_per_key, q.rate_per_s_per_key, q.paused
+       q.max_running, q.rate_per_s, q.max_running_per_key, q.rate_per_s_per_key, q.paused,
+       q.key_policy, q.priority_aging_s
 FROM jobq.queue q
 LEFT JOIN jobq.backlog b ON b.queue = q.name
 ORDER BY q.name;

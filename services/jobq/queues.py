@@ -115,6 +115,11 @@ SETTINGS: tuple[Setting, ...] = (
             "fifo (one at a time in publish order), latest (a newer job cancels the older), "
             "singleton (a publish while the key has a live job returns that job's id)",
             choices=KEY_POLICIES),
+    Setting("priority_aging_s", "--priority-aging-s", float, 1, 604800, None,
+            "a waiting job gains a priority level every this many seconds it has been due: "
+            "a priority-p job is ordered as a 9 published (9 - p) times this later, so a "
+            "flood of high jobs cannot hold a low one forever (0 = no aging)",
+            zero_is_none=True),
 )
 
 BY_COLUMN = {s.column: s for s in SETTINGS}

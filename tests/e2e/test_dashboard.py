@@ -267,10 +267,15 @@ def test_a_queues_jobs_filtered_and_paged_short_ids_and_the_favicon(
                    "last_error = 'boom' WHERE id = ANY($1)", ids[:5])
     bg(db.execute, "UPDATE jobq.job SET status = 'cancelled', finished_at = now() "
                    "WHERE id = ANY($1)", ids[5:8])
+    bg(db.execute, "UPDATE jobq.queue SET key_policy = 'fifo', priority_aging_s = 30 "
+                   "WHERE name = 'browse'")
     page = browser.new_page()
     page.goto(dashboard + "/")
     row = page.locator("#queues tr[data-queue=browse]")
     assert row.locator("td.cancelled").inner_text().strip() == "3"
+    # its key policy and priority aging, as badges (#51)
+    assert row.locator(".badge.policy").inner_text() == "keys: fifo"
+    assert row.locator(".badge.aging").inner_text() == "aging 30 s"
     row.locator("a", has_text="browse").first.click()
     seen: list[str] = []
     while True:  # every page, newest first, until there is no older one

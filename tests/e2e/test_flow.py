@@ -13,7 +13,9 @@ import threading
 import time
 from typing import Any
 
-from harness.helpers import Procs, SyncDB, lost_and_duplicates, run_cli, set_queue, wait_until
+import pytest
+
+from harness.helpers import Procs, SyncDB, lost_and_duplicates, run_cli, runs, set_queue, wait_until
 from jobq.client.producer import Client
 from jobq.newjob import NewJob
 from jobq.settings import Settings
@@ -183,3 +185,50 @@ def test_pause_stops_every_start_within_a_second_and_resume_drains(
           f"all {len(published)} completed, {lost} lost, {charged} charged")
     assert late == 0 and waiting > 50
     assert lost == 0 and charged == 0
+
+
+@pytest.mark.parametrize("queue,cap", [("prio", None), ("limited", 1)])
+def test_priority_aging_starts_a_low_job_under_a_flood_of_high_ones(
+        db: SyncDB, procs: Procs, settings: Settings, queue: str, cap: int | None) -> None:
+    """Issue #51.6: with --priority-aging-s 1 a priority-0 job gains a level a
+    second, so it starts while priority-9 jobs published before it still
+    wait: by the claim's swap (an unlimited queue), or by the release of
+    parked jobs (max_running 1). Without aging it waited for the flood to
+    end (here: the flood only ends once it started, or after 40 s)."""
+    set_queue(db, queue, lease_s=30, priority_aging_s=1, **(
+        {"max_running": cap} if cap else {}))
+    procs.reaper()
+    procs.consumer("--queue", queue, "--concurrency", "2").worker_id()
+    low: list[Any] = []
+    stop = threading.Event()
+
+    def flood() -> None:  # ~40 priority-9 jobs a second; 2 slots run ~10-20 a second
+        async def go() -> None:
+            async with Client(settings) as client:
+                t0 = time.monotonic()
+                while not stop.is_set() and time.monotonic() - t0 < 40:
+                    await client.publish(queue, {"sleep": 0.1}, priority=9)
+                    if not low and time.monotonic() - t0 > 1:
+                        low.append(await client.publish(queue, {"sleep": 0.1}))
+                    await asyncio.sleep(0.025)
+        asyncio.run(go())
+
+    t = threading.Thread(target=flood)
+    t.start()
+    try:
+        wait_until(lambda: bool(low) and bool(runs(db, low[0])), 45, "the low job starts")
+    finally:
+        stop.set()
+        t.join()
+    row = db.fetchrow(
+        "SELECT extract(epoch FROM min(r.started_at) - j.created_at)::float8 AS waited, "
+        "       min(r.started_at) AS started, j.created_at FROM jobq.job j "
+        "JOIN test_run r ON r.job_id = j.id WHERE j.id = $1 GROUP BY j.id", low[0])
+    overtaken = db.val(  # 9s waiting (for half a second or more) when it started
+        "SELECT count(*) FROM jobq.job j WHERE j.queue = $1 AND j.priority = 9 "
+        "AND j.created_at < $2::timestamptz - interval '0.5 s' AND NOT EXISTS ("
+        "SELECT 1 FROM test_run r WHERE r.job_id = j.id AND r.started_at <= $2)", queue,
+        row["started"])
+    print(f"priority aging 1 s ({queue}, cap {cap}): the low job started after "
+          f"{row['waited']:.2f} s, ahead of {overtaken} waiting priority-9 jobs")
+    assert overtaken > 0, "it started only once no 9 waited: no aging"

@@ -49,7 +49,7 @@ FUNCTION_RIGHTS = {("jobq_producer", "enqueue"), ("jobq_producer", "enqueue_many
                    ("jobq_reaper", "enqueue"), ("jobq_reaper", "rate_tokens"),
                    ("jobq_reaper", "settle_dependants"),
                    ("jobq_reaper", "key_tokens"), ("jobq_reaper", "key_allowance"),
-                   ("jobq_reaper", "key_tier"),
+                   ("jobq_reaper", "key_tier"), ("jobq_reaper", "aged"),
                    ("jobq_reaper", "allowance"),
                    ("jobq_producer", "signal"), ("jobq_reaper", "signal")} | {
     (role, f"q_{name}") for name, roles in GRANTS.items() for role in roles}
