@@ -1149,10 +1149,10 @@ RETURN QUERY WITH better AS (  -- waiting jobs of a priority above 0: an empty i
                SELECT n.id FROM jobq.job n  -- the key's newest job, if newer
                WHERE n.queue = c.queue AND n.key = c.key AND n.seq > c.seq
                ORDER BY n.seq DESC LIMIT 1) END AS newer,
-           c.key_policy = 'fifo' AND EXISTS (  -- an earlier job of the key not ended
-               SELECT 1 FROM jobq.job e
-               WHERE e.queue = c.queue AND e.key = c.key AND e.seq < c.seq
-                 AND e.status IN ('queued', 'active')) AS behind
+           c.key_policy = 'fifo' AND EXISTS (  -- an earlier job of the key not ended:
+               SELECT 1 FROM jobq.job e        -- job_key_live_seq_idx (0041), which holds
+               WHERE e.queue = c.queue AND e.key = c.key AND e.seq < c.seq  -- no ended job
+                 AND e.seq IS NOT NULL AND e.status IN ('queued', 'active')) AS behind
     FROM candidate c
     WHERE c.seq IS NOT NULL
 ), ranked AS (
@@ -2145,7 +2145,8 @@ CREATE FUNCTION jobq.q_unpark_freed(uuid, uuid, uuid) RETURNS TABLE(id uuid, que
 #variable_conflict use_column
 BEGIN
 RETURN QUERY WITH proof AS (
-    SELECT j.id, j.queue, j.key, j.key_policy = 'fifo' AS fifo, q.priority_aging_s AS aging_s,
+    SELECT j.id, j.queue, j.key, coalesce(j.key_policy = 'fifo', false) AS fifo,
+           q.priority_aging_s AS aging_s,
            q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL
                OR j.key_policy = 'fifo' AS per_key
     FROM jobq.job j JOIN jobq.queue q ON q.name = j.queue
@@ -2157,11 +2158,19 @@ RETURN QUERY WITH proof AS (
     FROM proof WHERE j.id = proof.id
 ), picked AS (
     SELECT coalesce(
+        (SELECT x.id FROM jobq.job x  -- a fifo key: its head, if parked; its ended
+         WHERE x.id = (SELECT h.id FROM jobq.job h  -- jobs are never read (0041)
+                       WHERE h.queue = proof.queue AND h.key = proof.key AND h.seq IS NOT NULL
+                         AND h.status IN ('queued', 'active')
+                       ORDER BY h.seq LIMIT 1)
+           AND proof.fifo AND proof.key IS NOT NULL AND x.status = 'queued'
+           AND x.relay_after = 'infinity' AND x.waiting_on = 0 AND x.published_at IS NULL
+         FOR UPDATE OF x SKIP LOCKED),
         (SELECT x.id FROM jobq.job x
-         WHERE proof.per_key AND proof.key IS NOT NULL
+         WHERE proof.per_key AND proof.key IS NOT NULL AND NOT proof.fifo
            AND x.queue = proof.queue AND x.key = proof.key AND x.status = 'queued'
            AND x.relay_after = 'infinity' AND x.waiting_on = 0 AND x.published_at IS NULL
-         ORDER BY CASE WHEN proof.fifo THEN x.seq END, x.priority DESC, x.run_at, x.id
+         ORDER BY x.priority DESC, x.run_at, x.id
          LIMIT 1
          FOR UPDATE OF x SKIP LOCKED),
         (SELECT x.id FROM jobq.job x
@@ -3467,6 +3476,12 @@ CREATE INDEX job_in_line_key_idx ON jobq.job USING btree (queue, key) WHERE ((st
 --
 
 CREATE INDEX job_joining_idx ON jobq.job USING btree (id) WHERE ((joining IS NOT NULL) AND (status = 'queued'::text));
+
+--
+-- Name: job_key_live_seq_idx; Type: INDEX; Schema: jobq; Owner: -
+--
+
+CREATE INDEX job_key_live_seq_idx ON jobq.job USING btree (queue, key, seq) WHERE ((seq IS NOT NULL) AND (status = ANY (ARRAY['queued'::text, 'active'::text])));
 
 --
 -- Name: job_key_seq_idx; Type: INDEX; Schema: jobq; Owner: -

@@ -445,10 +445,10 @@ WITH better AS (  -- waiting jobs of a priority above 0: an empty index when non
                SELECT n.id FROM jobq.job n  -- the key's newest job, if newer
                WHERE n.queue = c.queue AND n.key = c.key AND n.seq > c.seq
                ORDER BY n.seq DESC LIMIT 1) END AS newer,
-           c.key_policy = 'fifo' AND EXISTS (  -- an earlier job of the key not ended
-               SELECT 1 FROM jobq.job e
-               WHERE e.queue = c.queue AND e.key = c.key AND e.seq < c.seq
-                 AND e.status IN ('queued', 'active')) AS behind
+           c.key_policy = 'fifo' AND EXISTS (  -- an earlier job of the key not ended:
+               SELECT 1 FROM jobq.job e        -- job_key_live_seq_idx (0041), which holds
+               WHERE e.queue = c.queue AND e.key = c.key AND e.seq < c.seq  -- no ended job
+                 AND e.seq IS NOT NULL AND e.status IN ('queued', 'active')) AS behind
     FROM candidate c
     WHERE c.seq IS NOT NULL
 ), ranked AS (
@@ -1482,8 +1482,20 @@ WITH RECURSIVE lim AS (
         SELECT j.id FROM jobq.job j
         WHERE j.queue = kr.queue AND j.key = kr.key AND j.status = 'queued'
           AND j.published_at IS NULL AND j.relay_after = 'infinity' AND j.waiting_on = 0
-        ORDER BY CASE WHEN kr.fifo THEN j.seq END, j.priority DESC, j.run_at, j.id
-        LIMIT CASE WHEN kr.fifo THEN least(kr.n, 1) ELSE kr.n END
+          AND NOT kr.fifo
+        ORDER BY j.priority DESC, j.run_at, j.id
+        LIMIT kr.n
+        FOR UPDATE SKIP LOCKED) p
+    UNION ALL
+    SELECT p.id  -- a fifo key: its head, if parked. Found by job_key_live_seq_idx
+    FROM key_room kr CROSS JOIN LATERAL (  -- (0041): its ended jobs are never read
+        SELECT j.id FROM jobq.job j
+        WHERE j.id = (SELECT h.id FROM jobq.job h
+                      WHERE h.queue = kr.queue AND h.key = kr.key AND h.seq IS NOT NULL
+                        AND h.status IN ('queued', 'active')
+                      ORDER BY h.seq LIMIT 1)
+          AND kr.fifo AND kr.n > 0 AND j.status = 'queued' AND j.published_at IS NULL
+          AND j.relay_after = 'infinity' AND j.waiting_on = 0
         FOR UPDATE SKIP LOCKED) p
     UNION ALL
     SELECT p.id
@@ -1533,7 +1545,8 @@ FROM picked WHERE j.id = picked.id;
 -- token the release before chose) is taken and ignored, so a consumer of
 -- that release keeps working through a rolling upgrade.
 WITH proof AS (
-    SELECT j.id, j.queue, j.key, j.key_policy = 'fifo' AS fifo, q.priority_aging_s AS aging_s,
+    SELECT j.id, j.queue, j.key, coalesce(j.key_policy = 'fifo', false) AS fifo,
+           q.priority_aging_s AS aging_s,
            q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL
                OR j.key_policy = 'fifo' AS per_key
     FROM jobq.job j JOIN jobq.queue q ON q.name = j.queue
@@ -1545,11 +1558,19 @@ WITH proof AS (
     FROM proof WHERE j.id = proof.id
 ), picked AS (
     SELECT coalesce(
+        (SELECT x.id FROM jobq.job x  -- a fifo key: its head, if parked; its ended
+         WHERE x.id = (SELECT h.id FROM jobq.job h  -- jobs are never read (0041)
+                       WHERE h.queue = proof.queue AND h.key = proof.key AND h.seq IS NOT NULL
+                         AND h.status IN ('queued', 'active')
+                       ORDER BY h.seq LIMIT 1)
+           AND proof.fifo AND proof.key IS NOT NULL AND x.status = 'queued'
+           AND x.relay_after = 'infinity' AND x.waiting_on = 0 AND x.published_at IS NULL
+         FOR UPDATE OF x SKIP LOCKED),
         (SELECT x.id FROM jobq.job x
-         WHERE proof.per_key AND proof.key IS NOT NULL
+         WHERE proof.per_key AND proof.key IS NOT NULL AND NOT proof.fifo
            AND x.queue = proof.queue AND x.key = proof.key AND x.status = 'queued'
            AND x.relay_after = 'infinity' AND x.waiting_on = 0 AND x.published_at IS NULL
-         ORDER BY CASE WHEN proof.fifo THEN x.seq END, x.priority DESC, x.run_at, x.id
+         ORDER BY x.priority DESC, x.run_at, x.id
          LIMIT 1
          FOR UPDATE OF x SKIP LOCKED),
         (SELECT x.id FROM jobq.job x

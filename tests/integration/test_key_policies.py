@@ -162,3 +162,51 @@ def test_a_bad_key_policy_is_refused_and_debounce_does_not_mix(settings: Setting
             raise AssertionError("debounce was accepted in a fifo queue")
 
     scenario(settings, body, key_policy="fifo")
+
+
+def test_a_fifo_keys_next_job_costs_the_same_whatever_its_finished_history(
+        db_url: str) -> None:
+    """Flat work (#49's rule, #51's fifo): the claim's "an earlier job of the
+    key not ended" and the release of the key's next job walked every job of
+    the key still kept, finished ones included (1,510 buffers a job at
+    10,000 finished, bench/fifo_depth.py). Buffers per job of a key with 20x
+    the finished history must stay within 1.5x (both read the head: ~200)."""
+    async def per_job(conn: asyncpg.Connection, key: str, history: int) -> float:
+        await conn.execute("SELECT count(*) FROM (SELECT jobq.enqueue('deep', '{}', key => $1, "
+                           "relay_grace_s => 60) FROM generate_series(1, $2)) s",
+                           key, history + 30)
+        first = await conn.fetchval("SELECT min(seq) FROM jobq.job WHERE key = $1", key)
+        await conn.execute("UPDATE jobq.job SET status = 'completed', finished_at = now() "
+                           "WHERE key = $1 AND seq < $2", key, first + history)
+        await conn.execute("UPDATE jobq.job SET relay_after = 'infinity', published_at = NULL "
+                           "WHERE key = $1 AND status = 'queued' AND seq > $2", key,
+                           first + history)
+        await conn.execute("VACUUM ANALYZE jobq.job")
+        head = await conn.fetchval("SELECT id FROM jobq.job WHERE key = $1 AND status = "
+                                   "'queued' AND relay_after < 'infinity'", key)
+        blocks = "SELECT blks_hit + blks_read FROM pg_stat_database WHERE datname = " \
+                 "current_database()"
+        await asyncio.sleep(1.2)  # an idle backend's counters are flushed after ~1 s
+        await conn.execute("SELECT pg_stat_clear_snapshot()")
+        before = await conn.fetchval(blocks)
+        for _ in range(20):
+            (row,) = await conn.fetch(Q["claim"], [head], "t", ["deep"], [uuid.uuid4()])
+            assert row["id"] == head and not row["handed"]
+            await conn.fetch(Q["complete"], [head], [row["lock"]], [None])
+            (nxt,) = await conn.fetch(Q["unpark_freed"], head, row["lock"], None)
+            head = nxt["id"]
+        await asyncio.sleep(1.2)
+        await conn.execute("SELECT pg_stat_clear_snapshot()")
+        return float(await conn.fetchval(blocks) - before) / 20
+
+    async def go() -> tuple[float, float]:
+        conn = await asyncpg.connect(db_url)
+        try:
+            await conn.execute("INSERT INTO jobq.queue (name, key_policy) VALUES ('deep', 'fifo')")
+            return await per_job(conn, "short", 200), await per_job(conn, "long", 4000)
+        finally:
+            await conn.close()
+
+    short, long = asyncio.run(go())
+    print(f"fifo: {short:.0f} buffers a job after 200 finished, {long:.0f} after 4,000")
+    assert long < 1.5 * short, (short, long)
