@@ -6,7 +6,7 @@ Then ``--jobs`` of them go the consumer's way: the head's id is claimed,
 completed, and its end releases the next (``unpark_freed``), all through
 the statement functions on one connection. Per job: the backend's CPU
 (/proc) and the buffers touched (pg_stat_database of the run's own
-database). Flat means the same figures at every depth and history.
+database). Flat means the same figures at every depth.
 
     .venv/bin/python bench/fifo_depth.py [--depths 1000,20000] [--jobs 300]
 """
