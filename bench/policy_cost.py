@@ -108,7 +108,7 @@ def main() -> None:
                    f"{', '.join(POLICIES)}; the first is the base of the last column")
     a = p.parse_args()
     rows = []
-    for policy in a.policies.split(","):  # each on a database of its own: no policy sees another's rows
+    for policy in a.policies.split(","):  # each on a database of its own
         with scratch((f"p_{policy}",)) as (url, _amqp, _ns):
             rows.append(asyncio.run(trial(url, policy, a.keys, a.jobs)))
         print(json.dumps(rows[-1]), flush=True)
