@@ -83,6 +83,7 @@ CREATE TABLE jobq.queue (
     paused_by text,
     key_policy text DEFAULT 'queue'::text NOT NULL,
     priority_aging_s double precision,
+    halt_on_failure boolean DEFAULT false NOT NULL,
     CONSTRAINT queue_backoff_base_s_check CHECK ((backoff_base_s >= (0)::double precision)),
     CONSTRAINT queue_backoff_base_s_range CHECK (((backoff_base_s >= (0)::double precision) AND (backoff_base_s <= (86400)::double precision))),
     CONSTRAINT queue_backoff_max_s_check CHECK ((backoff_max_s >= (0)::double precision)),
@@ -1149,10 +1150,13 @@ RETURN QUERY WITH better AS (  -- waiting jobs of a priority above 0: an empty i
                SELECT n.id FROM jobq.job n  -- the key's newest job, if newer
                WHERE n.queue = c.queue AND n.key = c.key AND n.seq > c.seq
                ORDER BY n.seq DESC LIMIT 1) END AS newer,
-           c.key_policy = 'fifo' AND EXISTS (  -- an earlier job of the key not ended:
-               SELECT 1 FROM jobq.job e        -- job_key_live_seq_idx (0041), which holds
-               WHERE e.queue = c.queue AND e.key = c.key AND e.seq < c.seq  -- no ended job
-                 AND e.seq IS NOT NULL AND e.status IN ('queued', 'active')) AS behind
+           c.key_policy = 'fifo' AND EXISTS (  -- an earlier job of the key not ended, or
+               SELECT 1 FROM jobq.job e        -- failed where the queue halts on failure:
+               WHERE e.queue = c.queue AND e.key = c.key AND e.seq < c.seq  -- by
+                 AND e.seq IS NOT NULL             -- job_key_open_seq_idx (0041)
+                 AND e.status IN ('queued', 'active', 'failed')
+                 AND (e.status <> 'failed' OR (SELECT hq.halt_on_failure FROM jobq.queue hq
+                                               WHERE hq.name = c.queue))) AS behind
     FROM candidate c
     WHERE c.seq IS NOT NULL
 ), ranked AS (
@@ -2146,7 +2150,7 @@ CREATE FUNCTION jobq.q_unpark_freed(uuid, uuid, uuid) RETURNS TABLE(id uuid, que
 BEGIN
 RETURN QUERY WITH proof AS (
     SELECT j.id, j.queue, j.key, coalesce(j.key_policy = 'fifo', false) AS fifo,
-           q.priority_aging_s AS aging_s,
+           q.priority_aging_s AS aging_s, q.halt_on_failure AS halt,
            q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL
                OR j.key_policy = 'fifo' AS per_key
     FROM jobq.job j JOIN jobq.queue q ON q.name = j.queue
@@ -2159,9 +2163,10 @@ RETURN QUERY WITH proof AS (
 ), picked AS (
     SELECT coalesce(
         (SELECT x.id FROM jobq.job x  -- a fifo key: its head, if parked; its ended
-         WHERE x.id = (SELECT h.id FROM jobq.job h  -- jobs are never read (0041)
-                       WHERE h.queue = proof.queue AND h.key = proof.key AND h.seq IS NOT NULL
-                         AND h.status IN ('queued', 'active')
+         WHERE x.id = (SELECT h.id FROM jobq.job h  -- jobs are never read (0041); a
+                       WHERE h.queue = proof.queue AND h.key = proof.key  -- failed head
+                         AND h.seq IS NOT NULL AND h.status IN ('queued', 'active', 'failed')
+                         AND (h.status <> 'failed' OR proof.halt)  -- halts a halting key
                        ORDER BY h.seq LIMIT 1)
            AND proof.fifo AND proof.key IS NOT NULL AND x.status = 'queued'
            AND x.relay_after = 'infinity' AND x.waiting_on = 0 AND x.published_at IS NULL
@@ -3478,10 +3483,10 @@ CREATE INDEX job_in_line_key_idx ON jobq.job USING btree (queue, key) WHERE ((st
 CREATE INDEX job_joining_idx ON jobq.job USING btree (id) WHERE ((joining IS NOT NULL) AND (status = 'queued'::text));
 
 --
--- Name: job_key_live_seq_idx; Type: INDEX; Schema: jobq; Owner: -
+-- Name: job_key_open_seq_idx; Type: INDEX; Schema: jobq; Owner: -
 --
 
-CREATE INDEX job_key_live_seq_idx ON jobq.job USING btree (queue, key, seq) WHERE ((seq IS NOT NULL) AND (status = ANY (ARRAY['queued'::text, 'active'::text])));
+CREATE INDEX job_key_open_seq_idx ON jobq.job USING btree (queue, key, seq) WHERE ((seq IS NOT NULL) AND (status = ANY (ARRAY['queued'::text, 'active'::text, 'failed'::text])));
 
 --
 -- Name: job_key_seq_idx; Type: INDEX; Schema: jobq; Owner: -

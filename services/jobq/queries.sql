@@ -445,10 +445,13 @@ WITH better AS (  -- waiting jobs of a priority above 0: an empty index when non
                SELECT n.id FROM jobq.job n  -- the key's newest job, if newer
                WHERE n.queue = c.queue AND n.key = c.key AND n.seq > c.seq
                ORDER BY n.seq DESC LIMIT 1) END AS newer,
-           c.key_policy = 'fifo' AND EXISTS (  -- an earlier job of the key not ended:
-               SELECT 1 FROM jobq.job e        -- job_key_live_seq_idx (0041), which holds
-               WHERE e.queue = c.queue AND e.key = c.key AND e.seq < c.seq  -- no ended job
-                 AND e.seq IS NOT NULL AND e.status IN ('queued', 'active')) AS behind
+           c.key_policy = 'fifo' AND EXISTS (  -- an earlier job of the key not ended, or
+               SELECT 1 FROM jobq.job e        -- failed where the queue halts on failure:
+               WHERE e.queue = c.queue AND e.key = c.key AND e.seq < c.seq  -- by
+                 AND e.seq IS NOT NULL             -- job_key_open_seq_idx (0041)
+                 AND e.status IN ('queued', 'active', 'failed')
+                 AND (e.status <> 'failed' OR (SELECT hq.halt_on_failure FROM jobq.queue hq
+                                               WHERE hq.name = c.queue))) AS behind
     FROM candidate c
     WHERE c.seq IS NOT NULL
 ), ranked AS (
@@ -1455,7 +1458,7 @@ WITH RECURSIVE lim AS (
           AND p.key > pk.key
         ORDER BY p.key LIMIT 1) nx
 ), key_room AS (  -- a fifo key: one at a time, its head (schema 0027)
-    SELECT pk.queue, pk.key, q.key_policy = 'fifo' AS fifo,
+    SELECT pk.queue, pk.key, q.key_policy = 'fifo' AS fifo, q.halt_on_failure AS halt,
            least(l.n, CASE WHEN q.key_policy = 'fifo' AND EXISTS (
                                SELECT 1 FROM jobq.job o
                                WHERE o.queue = pk.queue AND o.key = pk.key
@@ -1487,12 +1490,13 @@ WITH RECURSIVE lim AS (
         LIMIT kr.n
         FOR UPDATE SKIP LOCKED) p
     UNION ALL
-    SELECT p.id  -- a fifo key: its head, if parked. Found by job_key_live_seq_idx
+    SELECT p.id  -- a fifo key: its head, if parked. Found by job_key_open_seq_idx
     FROM key_room kr CROSS JOIN LATERAL (  -- (0041): its ended jobs are never read
         SELECT j.id FROM jobq.job j
-        WHERE j.id = (SELECT h.id FROM jobq.job h
+        WHERE j.id = (SELECT h.id FROM jobq.job h  -- a failed head halts it (0041)
                       WHERE h.queue = kr.queue AND h.key = kr.key AND h.seq IS NOT NULL
-                        AND h.status IN ('queued', 'active')
+                        AND h.status IN ('queued', 'active', 'failed')
+                        AND (h.status <> 'failed' OR kr.halt)
                       ORDER BY h.seq LIMIT 1)
           AND kr.fifo AND kr.n > 0 AND j.status = 'queued' AND j.published_at IS NULL
           AND j.relay_after = 'infinity' AND j.waiting_on = 0
@@ -1546,7 +1550,7 @@ FROM picked WHERE j.id = picked.id;
 -- that release keeps working through a rolling upgrade.
 WITH proof AS (
     SELECT j.id, j.queue, j.key, coalesce(j.key_policy = 'fifo', false) AS fifo,
-           q.priority_aging_s AS aging_s,
+           q.priority_aging_s AS aging_s, q.halt_on_failure AS halt,
            q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL
                OR j.key_policy = 'fifo' AS per_key
     FROM jobq.job j JOIN jobq.queue q ON q.name = j.queue
@@ -1559,9 +1563,10 @@ WITH proof AS (
 ), picked AS (
     SELECT coalesce(
         (SELECT x.id FROM jobq.job x  -- a fifo key: its head, if parked; its ended
-         WHERE x.id = (SELECT h.id FROM jobq.job h  -- jobs are never read (0041)
-                       WHERE h.queue = proof.queue AND h.key = proof.key AND h.seq IS NOT NULL
-                         AND h.status IN ('queued', 'active')
+         WHERE x.id = (SELECT h.id FROM jobq.job h  -- jobs are never read (0041); a
+                       WHERE h.queue = proof.queue AND h.key = proof.key  -- failed head
+                         AND h.seq IS NOT NULL AND h.status IN ('queued', 'active', 'failed')
+                         AND (h.status <> 'failed' OR proof.halt)  -- halts a halting key
                        ORDER BY h.seq LIMIT 1)
            AND proof.fifo AND proof.key IS NOT NULL AND x.status = 'queued'
            AND x.relay_after = 'infinity' AND x.waiting_on = 0 AND x.published_at IS NULL
@@ -2454,7 +2459,8 @@ INSERT INTO jobq.queue (name) VALUES ($1) ON CONFLICT (name) DO NOTHING;
 SELECT name, lease_s, max_stalls, max_attempts, timeout_s, backoff_base_s,
        backoff_max_s, stall_cooldown_s, max_payload_bytes, vanished_grace_s,
        keep_completed_s, keep_failed_s, history, max_result_bytes, max_running, rate_per_s,
-       max_running_per_key, rate_per_s_per_key, key_policy, priority_aging_s, paused,
+       max_running_per_key, rate_per_s_per_key, key_policy, priority_aging_s,
+       halt_on_failure, paused,
        (SELECT jsonb_agg(DISTINCT w.handlers -> q.name) FROM jobq.worker w
         WHERE w.vanished_at IS NULL AND w.handlers ? q.name) AS handlers_declare
 FROM jobq.queue q
@@ -2497,12 +2503,14 @@ SET lease_s = coalesce(($2::jsonb->>'lease_s')::float8, lease_s),
     key_policy = coalesce($2::jsonb->>'key_policy', key_policy),
     priority_aging_s = CASE WHEN $2::jsonb ? 'priority_aging_s'
                             THEN nullif(($2::jsonb->>'priority_aging_s')::float8, 0)
-                            ELSE priority_aging_s END
+                            ELSE priority_aging_s END,
+    halt_on_failure = coalesce(($2::jsonb->>'halt_on_failure')::bool, halt_on_failure)
 WHERE name = $1
 RETURNING name, lease_s, max_stalls, max_attempts, timeout_s, backoff_base_s,
           backoff_max_s, stall_cooldown_s, max_payload_bytes, vanished_grace_s,
           keep_completed_s, keep_failed_s, history, max_result_bytes, max_running, rate_per_s,
-          max_running_per_key, rate_per_s_per_key, key_policy, priority_aging_s;
+          max_running_per_key, rate_per_s_per_key, key_policy, priority_aging_s,
+          halt_on_failure;
 
 -- name: queue_pause
 -- jobq queue pause: from the next claim on, no job of the queue starts
@@ -2703,7 +2711,7 @@ SELECT q.name AS queue,
        (SELECT count(*) FROM jobq.job j WHERE j.queue = q.name AND j.status = 'cancelled'
           AND j.finished_at > now() - interval '1 hour') AS cancelled_1h,  -- job_finished_idx
        q.max_running, q.rate_per_s, q.max_running_per_key, q.rate_per_s_per_key, q.paused,
-       q.key_policy, q.priority_aging_s
+       q.key_policy, q.priority_aging_s, q.halt_on_failure
 FROM jobq.queue q
 LEFT JOIN jobq.backlog b ON b.queue = q.name
 ORDER BY q.name;

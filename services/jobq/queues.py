@@ -120,6 +120,9 @@ SETTINGS: tuple[Setting, ...] = (
             "a priority-p job is ordered as a 9 published (9 - p) times this later, so a "
             "flood of high jobs cannot hold a low one forever (0 = no aging)",
             zero_is_none=True),
+    Setting("halt_on_failure", "--halt-on-failure", bool, 0, 1, False,
+            "on/off, fifo queues: a key whose job failed starts nothing after it until "
+            "`jobq retry` of that job"),
 )
 
 BY_COLUMN = {s.column: s for s in SETTINGS}

@@ -51,6 +51,35 @@ def test_fifo_runs_a_key_in_publish_order_one_at_a_time_a_retrying_head_first(
     scenario(settings, body, max_attempts=3, backoff_base_s=0.4, key_policy="fifo")
 
 
+def test_fifo_halting_on_failure_stops_the_key_until_its_failed_job_is_retried(
+        settings: Settings) -> None:
+    """#51.1's option: with halt_on_failure a key's failed job stops the key
+    (its successors stay parked, other keys go on) until jobq retry of that
+    job, which then runs first and the rest after it, in order. Without it
+    (the test above's queue) the next job starts once the head failed."""
+    from jobq.ops import admin
+
+    async def body(w: World) -> None:
+        jobs = [NewJob("work", {"sleep": 0.05, "fail_times": 1 if i == 0 else 0}, key="k")
+                for i in range(3)]
+        ids = await w.client.publish_many(jobs)
+        (other,) = await w.client.publish_many([NewJob("work", {"sleep": 0.05}, key="o")])
+        await w.wait_status(ids[0], "failed")
+        await w.wait_status(other, "completed")  # another key goes on
+        await asyncio.sleep(1.0)  # what would have started by now (jobs of 0.05 s)
+        assert await _runs(w, ids[1:]) == [], "a successor started after a failed head"
+        assert [r["parked"] for r in await w.pool.fetch(
+            "SELECT relay_after = 'infinity' AS parked FROM jobq.job WHERE id = ANY($1)",
+            ids[1:])] == [True, True]
+        await admin.retry(w.pool, ids[0])  # the reaper's relay publishes it
+        for jid in ids:
+            await w.wait_status(jid, "completed")
+        runs = await _runs(w, ids)
+        assert [r["job_id"] for r in runs] == [ids[0], *ids], runs  # failed, retried, then 1, 2
+
+    scenario(settings, body, max_attempts=1, key_policy="fifo", halt_on_failure=True)
+
+
 def test_latest_cancels_the_pending_and_stops_the_running_job_of_its_key(
         settings: Settings) -> None:
     async def body(w: World) -> None:

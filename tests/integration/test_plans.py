@@ -160,7 +160,7 @@ def test_statements_by_id_use_the_primary_key(db_url: str, stats: str) -> None:
         "claim": {"job_active_idx", "job_active_key_idx", "job_priority_idx", "key_rate_pkey",
                   "key_lock_pkey", "key_hold_live_idx", "job_key_seq_idx",
                   "job_queued_idx",  # aging's 64 longest due (schema 0040), bounded
-                  "job_key_live_seq_idx"},  # a fifo job's live elders (0041)
+                  "job_key_open_seq_idx"},  # a fifo job's live elders (0041)
         # a job of a fifo or latest queue looks for its key's other jobs
         # (schema 0027); every other row is read by its id
         "renew": {"job_key_seq_idx"}, "complete": {"job_key_seq_idx"},
@@ -215,7 +215,7 @@ def test_generic_plans_go_through_the_primary_key_whatever_the_statistics(
         "claim": {"job_active_idx", "job_active_key_idx", "job_priority_idx", "key_rate_pkey",
                   "key_lock_pkey", "key_hold_live_idx", "job_key_seq_idx",
                   "job_queued_idx",  # aging's 64 longest due (schema 0040), bounded
-                  "job_key_live_seq_idx"},  # a fifo job's live elders (0041)
+                  "job_key_open_seq_idx"},  # a fifo job's live elders (0041)
         # a job of a fifo or latest queue looks for its key's other jobs
         # (schema 0027); every other row is read by its id
         "renew": {"job_key_seq_idx"}, "complete": {"job_key_seq_idx"},

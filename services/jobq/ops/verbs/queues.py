@@ -119,7 +119,9 @@ def narrow(r: dict[str, Any]) -> dict[str, Any]:
             "timeout_s": "" if r["timeout_s"] is None else f"{r['timeout_s']:g}",
             "limit": limit(r["max_running"], r["rate_per_s"]),
             "per_key": limit(r["max_running_per_key"], r["rate_per_s_per_key"]),
-            "key_policy": r["key_policy"], "paused": "paused" if r["paused"] else ""}
+            "key_policy": r["key_policy"] + (",halts" if r["key_policy"] == "fifo"
+                                             and r.get("halt_on_failure") else ""),
+            "paused": "paused" if r["paused"] else ""}
 
 
 async def _delete_queue(settings: Settings, args: argparse.Namespace) -> None:
