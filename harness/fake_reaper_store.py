@@ -79,6 +79,10 @@ class FakeReaperStore:
         self._enter("expire_due")
         return 0
 
+    async def supersede_pending(self, limit: int) -> int:
+        self._enter("supersede_pending")
+        return 0
+
     async def settle(self, budget: int, rounds: int) -> Settled:
         self._enter("settle")
         return self.settled

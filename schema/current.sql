@@ -748,6 +748,21 @@ CREATE FUNCTION jobq.key_tokens(q jobq.queue, tokens double precision, at timest
 $$;
 
 --
+-- Name: note_latest_key(); Type: FUNCTION; Schema: jobq; Owner: -
+--
+
+CREATE FUNCTION jobq.note_latest_key() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    INSERT INTO jobq.latest_key (queue, key) VALUES (NEW.queue, NEW.key)
+    ON CONFLICT (queue, key) DO NOTHING;
+    RETURN NULL;
+END;
+$$;
+
+--
 -- Name: notify_delayed(); Type: FUNCTION; Schema: jobq; Owner: -
 --
 
@@ -2996,6 +3011,16 @@ CREATE VIEW jobq.key_stats AS
   GROUP BY job.queue, job.key;
 
 --
+-- Name: latest_key; Type: TABLE; Schema: jobq; Owner: -
+--
+
+CREATE TABLE jobq.latest_key (
+    queue text NOT NULL,
+    key text NOT NULL,
+    at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
 -- Name: reaper; Type: TABLE; Schema: jobq; Owner: -
 --
 
@@ -3341,6 +3366,13 @@ ALTER TABLE ONLY jobq.key_rate
     ADD CONSTRAINT key_rate_pkey PRIMARY KEY (queue, key);
 
 --
+-- Name: latest_key latest_key_pkey; Type: CONSTRAINT; Schema: jobq; Owner: -
+--
+
+ALTER TABLE ONLY jobq.latest_key
+    ADD CONSTRAINT latest_key_pkey PRIMARY KEY (queue, key);
+
+--
 -- Name: queue_limits queue_limits_pkey; Type: CONSTRAINT; Schema: jobq; Owner: -
 --
 
@@ -3585,6 +3617,12 @@ CREATE TRIGGER job_delayed_notify AFTER INSERT OR UPDATE OF run_at ON jobq.job F
 CREATE TRIGGER job_finished_notify AFTER UPDATE OF status ON jobq.job FOR EACH ROW WHEN (((new.status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text])) AND (old.status IS DISTINCT FROM new.status))) EXECUTE FUNCTION jobq.notify_finished();
 
 --
+-- Name: job job_latest_key; Type: TRIGGER; Schema: jobq; Owner: -
+--
+
+CREATE TRIGGER job_latest_key AFTER INSERT ON jobq.job FOR EACH ROW WHEN ((new.key_policy = 'latest'::text)) EXECUTE FUNCTION jobq.note_latest_key();
+
+--
 -- Name: job job_queue_exists; Type: TRIGGER; Schema: jobq; Owner: -
 --
 
@@ -3783,6 +3821,12 @@ GRANT ALL ON FUNCTION jobq.key_tier(q jobq.queue, k text) TO jobq_reaper;
 
 REVOKE ALL ON FUNCTION jobq.key_tokens(q jobq.queue, tokens double precision, at timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION jobq.key_tokens(q jobq.queue, tokens double precision, at timestamp with time zone) TO jobq_reaper;
+
+--
+-- Name: FUNCTION note_latest_key(); Type: ACL; Schema: jobq; Owner: -
+--
+
+REVOKE ALL ON FUNCTION jobq.note_latest_key() FROM PUBLIC;
 
 --
 -- Name: FUNCTION notify_delayed(); Type: ACL; Schema: jobq; Owner: -
@@ -4331,6 +4375,13 @@ GRANT SELECT,DELETE ON TABLE jobq.key_rate TO jobq_reaper;
 --
 
 GRANT SELECT ON TABLE jobq.key_stats TO jobq_reader;
+
+--
+-- Name: TABLE latest_key; Type: ACL; Schema: jobq; Owner: -
+--
+
+GRANT SELECT ON TABLE jobq.latest_key TO jobq_reader;
+GRANT SELECT,DELETE ON TABLE jobq.latest_key TO jobq_reaper;
 
 --
 -- Name: TABLE reaper; Type: ACL; Schema: jobq; Owner: -

@@ -51,8 +51,8 @@
 --       wake_signalled, settle_dependants, schedules_due, schedule_lock, schedule_try_lock,
 --       schedule_fire, schedule_trigger, schedule_backfill, schedule_get, schedule_overlap,
 --       schedule_set, schedule_upsert, schedule_skip, db_now, schedule_list, schedule_delete,
---       expire_due, sweep_probe, audit_claims, audit_completions, audit_now, audit_list,
---       audit_runs
+--       expire_due, supersede_pending, sweep_probe, audit_claims, audit_completions, audit_now,
+--       audit_list, audit_runs
 --   workers: worker_busy, worker_lock, client_check_interval, worker_register, worker_gone,
 --       worker_pool, worker_handlers, workers_vanished, workers_prune, lease_lost_event
 --   operator verbs: cancel, retry_failed, cancel_queue_batch, retry_queue_batch,
@@ -1886,6 +1886,46 @@ WITH doomed AS (
 )
 SELECT count(*) FROM expired;
 
+-- name: supersede_pending
+-- Key policy latest (schema 0042): up to $1 keys that got a new job since
+-- the last look; per key, its queued jobs older than its newest are
+-- cancelled as superseded, as the claim would when one came to start (a
+-- delayed or parked one waited till then). In id order like every multi-row
+-- write; a row another transaction holds is skipped (SKIP LOCKED, I11): a
+-- claim holding it cancels it itself. A running one is its worker's renewal's
+-- to stop. How many.
+WITH keys AS (
+    DELETE FROM jobq.latest_key k
+    WHERE (k.queue, k.key) IN (SELECT l.queue, l.key FROM jobq.latest_key l
+                               ORDER BY l.at LIMIT $1 FOR UPDATE SKIP LOCKED)
+    RETURNING k.queue, k.key
+), newest AS (
+    SELECT k.queue, k.key, n.id, n.seq
+    FROM keys k CROSS JOIN LATERAL (
+        SELECT j.id, j.seq FROM jobq.job j  -- job_key_seq_idx, newest first
+        WHERE j.queue = k.queue AND j.key = k.key AND j.seq IS NOT NULL
+        ORDER BY j.seq DESC LIMIT 1) n
+), doomed AS (
+    SELECT o.id, nw.id AS newer
+    FROM newest nw JOIN jobq.job o  -- job_key_open_seq_idx: the key's open jobs only
+      ON o.queue = nw.queue AND o.key = nw.key AND o.seq < nw.seq
+    WHERE o.seq IS NOT NULL AND o.status IN ('queued', 'active', 'failed')
+      AND o.status = 'queued' AND o.key_policy = 'latest'
+    ORDER BY o.id
+    FOR NO KEY UPDATE OF o SKIP LOCKED
+), superseded AS (
+    UPDATE jobq.job j
+    SET status = 'cancelled', finished_at = now(), lease_expires_at = NULL,
+        last_error = format('superseded by job %s (key policy latest)', d.newer)
+    FROM doomed d, jobq.queue q
+    WHERE j.id = d.id AND q.name = j.queue AND j.status = 'queued'
+    RETURNING j.id, j.attempts, j.last_error, q.history
+), logged AS (
+    INSERT INTO jobq.job_event (job_id, event, attempt, detail)
+    SELECT id, 'superseded', attempts, last_error FROM superseded WHERE history
+)
+SELECT count(*) FROM superseded;
+
 -- name: sweep_probe
 -- Reaper, before each sweep (issue #37): which duties have anything to do,
 -- and the seconds until the earliest lease deadline, relay time or schedule
@@ -1926,6 +1966,7 @@ SELECT EXISTS (SELECT 1 FROM jobq.job WHERE status = 'active') AS active,
            OR EXISTS (SELECT 1 FROM jobq.job
                       WHERE has_dependants
                         AND status IN ('completed', 'failed', 'cancelled')) AS dependants,
+       EXISTS (SELECT 1 FROM jobq.latest_key) AS superseding,  -- schema 0042
        EXISTS (SELECT 1 FROM jobq.job  -- job_expiring_idx (schema 0031)
                WHERE status = 'queued' AND expires_at IS NOT NULL AND started_at IS NULL
                  AND expires_at <= now()) AS expiring,

@@ -198,11 +198,13 @@ class Probe:
     dependants: bool = False  # new edges, or ended jobs with dependants to settle
     signals: bool = False  # signals no wake or read saw yet (issue #52)
     expiring: bool = False  # unstarted jobs past their deadline (schema 0031)
+    superseding: bool = False  # keys of latest queues with a new job (schema 0042)
 
     @property
     def idle(self) -> bool:
         return not (self.active or self.vanished or self.parked or self.relay_due
-                    or self.schedules_due or self.dependants or self.signals)
+                    or self.schedules_due or self.dependants or self.signals
+                    or self.superseding)
 
     def sleep_s(self, max_s: float, slack_s: float, idle_s: float | None = None) -> float:
         """How long the reaper may sleep: until then (plus slack), at most

@@ -109,6 +109,27 @@ def test_latest_cancels_the_pending_and_stops_the_running_job_of_its_key(
     scenario(settings, body, key_policy="latest")
 
 
+def test_a_newer_latest_job_cancels_a_delayed_older_one_within_a_sweep(
+        settings: Settings) -> None:
+    """#51.1: an older job of the key that is delayed (or parked) was
+    cancelled only when it came to start, 60 s later here; the reapers'
+    supersede duty (schema 0042) does it within a sweep. Another key's
+    delayed job is untouched."""
+    async def body(w: World) -> None:
+        old, mine = await w.client.publish_many(
+            [NewJob("work", {"n": 0}, key="k", delay_s=60),
+             NewJob("work", {"n": 0}, key="other", delay_s=60)])
+        (new,) = await w.client.publish_many([NewJob("work", {"n": 1}, key="k")])
+        row = await w.wait_status(old, "cancelled", timeout=5)
+        assert row["last_error"] == f"superseded by job {new} (key policy latest)", dict(row)
+        assert (await w.row(mine))["status"] == "queued"
+        await w.wait_status(new, "completed")
+        assert [r["job_id"] for r in await _runs(w, [old, new])] == [new]
+        assert await w.pool.fetchval("SELECT count(*) FROM jobq.latest_key") == 0
+
+    scenario(settings, body, key_policy="latest")
+
+
 def test_a_latest_completion_landing_after_a_newer_publish_is_refused(
         settings: Settings) -> None:
     async def body(w: World) -> None:

@@ -232,6 +232,7 @@ PROBES: dict[str, tuple[Any, ...]] = {
     "sweep_probe": (),
     "lost_candidates": (0.0,),  # every published row is "a while ago"
     "lost_horizon": ("noop", 0.0, False),
+    "supersede_pending": (1000,),  # no latest key noted: reads no job
 }
 
 

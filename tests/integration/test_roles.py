@@ -44,6 +44,8 @@ TABLE_RIGHTS = {
     ("jobq_reaper", "job_unique", "SELECT"),  # retention forgets ended holds (0032)
     ("jobq_reaper", "job_unique", "DELETE"),
     ("jobq_reaper", "key_limit", "SELECT"),  # its unpark reads key tiers (0036)
+    ("jobq_reaper", "latest_key", "SELECT"),  # its supersede duty (0042)
+    ("jobq_reaper", "latest_key", "DELETE"),
 }
 FUNCTION_RIGHTS = {("jobq_producer", "enqueue"), ("jobq_producer", "enqueue_many"),
                    ("jobq_reaper", "enqueue"), ("jobq_reaper", "rate_tokens"),

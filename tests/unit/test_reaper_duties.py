@@ -60,7 +60,8 @@ def test_each_duty_fails_alone_and_the_sweep_says_which() -> None:
 
 def test_a_sweep_where_every_duty_failed_raises_for_the_loops_backoff() -> None:
     store = FakeReaperStore()
-    for name in ("cut_vanished", "requeue_lapsed", "schedules_due", "expire_due", "unpark",
+    for name in ("cut_vanished", "requeue_lapsed", "schedules_due", "expire_due",
+                 "supersede_pending", "unpark",
                  "wake_signalled", "settle", "relay"):
         store.fail_next(name, DatabaseUnavailable("away"))
     with pytest.raises(DatabaseUnavailable):

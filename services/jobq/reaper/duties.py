@@ -9,6 +9,7 @@ others.
     requeue     lapsed leases requeued, or failed as jobs of death (rescue.py)
     schedules   due schedule slots fired, once per slot (periodic.py)
     expire      unstarted jobs past their deadline cancelled (expired)
+    supersede   a latest key's older queued jobs cancelled (schema 0042)
     unpark      jobs a limit parked, released as slots free
     wake        jobs suspended for a signal that came, made due (issue #52)
     dependants  edges of jobs published after others settled (dependants.py)
@@ -42,6 +43,7 @@ class Sweep:
     unparked: int = 0
     woken: int = 0
     expired: int = 0
+    superseded: int = 0
     released: int = 0
     published: int = 0
     more: bool = False  # a bounded duty stopped with work left: sweep again at once
@@ -110,6 +112,19 @@ class Expire:
             sweep.more = True  # more past their deadline: sweep again at once
 
 
+class Supersede:
+    name = "supersede"
+
+    def due(self, probe: Probe, sweep: Sweep) -> bool:
+        return probe.superseding
+
+    async def run(self, store: ReaperStore, cfg: ReaperSettings, reaper_id: str,
+                  sweep: Sweep) -> None:
+        sweep.superseded += await store.supersede_pending(cfg.batch_size)
+        if sweep.superseded >= cfg.batch_size:
+            sweep.more = True  # more keys noted: sweep again at once
+
+
 class Unpark:
     name = "unpark"
 
@@ -158,5 +173,5 @@ class Relay:
         sweep.published += await store.relay(cfg.batch_size, budget_s=cfg.max_sleep_s)
 
 
-DUTIES: tuple[Duty, ...] = (Cut(), Requeue(), Schedules(), Expire(), Unpark(), Wake(),
-                             Dependants(), Relay())
+DUTIES: tuple[Duty, ...] = (Cut(), Requeue(), Schedules(), Expire(), Supersede(), Unpark(),
+                             Wake(), Dependants(), Relay())

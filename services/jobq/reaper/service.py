@@ -61,7 +61,7 @@ log = logging.getLogger("jobq.reaper")
 IDLE_IN_TX_S = 5.0
 FAILING_AFTER = 3  # sweeps failed in a row before /readyz says not ready
 EVERYTHING = Probe(True, True, True, True, True, None, dependants=True, signals=True,
-                   expiring=True)
+                   expiring=True, superseding=True)
 
 __all__ = ["DUTIES", "IDLE_IN_TX_S", "Reaper", "Sweep"]
 

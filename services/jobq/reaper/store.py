@@ -54,6 +54,9 @@ class ReaperStore(Protocol):
     async def expire_due(self, limit: int) -> int:
         """Cancel unstarted jobs past their deadline (expired); how many."""
 
+    async def supersede_pending(self, limit: int) -> int:
+        """Cancel latest keys' older queued jobs (schema 0042); how many."""
+
     async def settle(self, budget: int, rounds: int) -> Settled: ...
 
     async def relay(self, batch: int, budget_s: float | None) -> int:
@@ -131,6 +134,10 @@ class PgReaperStore:
     async def expire_due(self, limit: int) -> int:
         with translated():
             return int(await fetchval(self.pool, Q["expire_due"], limit))
+
+    async def supersede_pending(self, limit: int) -> int:
+        with translated():
+            return int(await fetchval(self.pool, Q["supersede_pending"], limit))
 
     async def settle(self, budget: int, rounds: int) -> Settled:
         with translated():
