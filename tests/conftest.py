@@ -14,6 +14,7 @@ deleted afterwards. Runs and tests never see each other's jobs.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import itertools
 import os
 import tempfile
@@ -161,6 +162,24 @@ def _record_deadlocks(admin_url: str, name: str) -> None:
     controller = os.getppid() if os.environ.get("PYTEST_XDIST_WORKER") else os.getpid()
     with _deadlock_file(controller).open("a") as f:
         f.write(f"{name} {n}\n")
+
+
+# Tests marked heavy hold some 45 server connections each (a fleet of
+# consumers and reapers: nemesis 48, limits 46, soak 42 at their peak); two
+# of them beside the other workers'
+# tests ran the shared PostgreSQL out of its 100 (CI: "too many clients",
+# and a rate test starved of its consumers). They take turns on a lock file
+# of the run, named after the controlling pytest process as above; the rest
+# of the suite still runs beside them.
+@pytest.fixture(autouse=True)
+def _heavy_tests_take_turns(request: pytest.FixtureRequest) -> Iterator[None]:
+    if request.node.get_closest_marker("heavy") is None:
+        yield
+        return
+    controller = os.getppid() if os.environ.get("PYTEST_XDIST_WORKER") else os.getpid()
+    with (Path(tempfile.gettempdir()) / f"jobq-heavy-{controller}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

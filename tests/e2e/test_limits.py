@@ -9,8 +9,14 @@ import threading
 import time
 from typing import Any
 
+import pytest
+
 from harness.helpers import Procs, SyncDB, publish, set_queue, wait_until
 from jobq.settings import Settings
+
+# ~46 server connections (3 consumers and their samplers): takes turns with
+# the other heavy tests (tests/conftest.py)
+pytestmark = pytest.mark.heavy
 
 
 def _sample_active(url: str, stop: threading.Event, seen: list[int]) -> None:

@@ -24,6 +24,7 @@ pytestmark = pytest.mark.e2e
 SECONDS = 15
 
 
+@pytest.mark.heavy  # ~45 server connections: takes turns with the other heavy tests
 def test_a_random_fault_schedule_loses_nothing() -> None:
     seed = random.randrange(1_000_000)
     print(f"\nnemesis seed {seed} (replay: .venv/bin/python bench/nemesis.py --seconds "

@@ -14,6 +14,7 @@ from harness.soak import soak
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
+@pytest.mark.heavy  # ~45 server connections: takes turns with the other heavy tests
 def test_short_soak_loses_nothing(db_url: str, amqp_url: str, namespace: str, tmp_path: Path,
                                   report: Any) -> None:
     result = soak(db_url, amqp_url, namespace, jobs=600, consumers=3, concurrency=8,
