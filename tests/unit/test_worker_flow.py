@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from pydantic import BaseModel
@@ -27,6 +27,8 @@ from jobq.worker import progress as progress_mod
 from jobq.worker.run import Stop
 from jobq.worker.tally import Tally
 from jobq.worker.units import assemble
+
+T = TypeVar("T")
 
 
 class Channel:
@@ -120,8 +122,8 @@ class World:
         return self.store.rows[job_id].status
 
 
-def run(coro: Coroutine[Any, Any, None]) -> None:
-    asyncio.run(asyncio.wait_for(coro, 10))
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(asyncio.wait_for(coro, 10))
 
 
 async def ok(job: Job) -> str:
@@ -485,53 +487,46 @@ def test_one_renewal_statement_renews_every_lease() -> None:
     run(go())
 
 
-def test_a_renewal_that_matches_no_row_stops_the_handler() -> None:
-    async def go() -> None:
-        cancelled = asyncio.Event()
+async def _stopped_by_the_row(change: Callable[[Any], None]) -> World:
+    """A 60 s handler whose row ``change`` alters under its run: the World
+    once the handler was stopped (cancelled) and everything settled."""
+    cancelled = asyncio.Event()
 
-        async def long(job: Job) -> None:
-            try:
-                await asyncio.sleep(60)
-            except asyncio.CancelledError:
-                cancelled.set()
-                raise
-        async with World(long) as w:
-            jid = w.store.add(lease_s=0.3)
-            w.deliver(jid)
-            await w.until(lambda: w.status(jid) == "active")
-            w.store.rows[jid].lock = uuid.uuid4()  # reaped and claimed by another
-            await w.until(cancelled.is_set)
-            await w.idle()
-            assert w.store.lost == [(jid, "renewal matched no row: lapsed, reaped or cancelled")]
-            assert w.tally.counters["lease_lost"] == 1
-            assert w.store.named("complete") == [] and w.store.named("fail") == []
-    run(go())
+    async def long(job: Job) -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+    async with World(long) as w:
+        jid = w.store.add(lease_s=0.3)
+        w.deliver(jid)
+        await w.until(lambda: w.status(jid) == "active")
+        change(w.store.rows[jid])
+        await w.until(cancelled.is_set)
+        await w.idle()
+        assert w.store.named("complete") == [] and w.store.named("fail") == []
+    return w
+
+
+def test_a_renewal_that_matches_no_row_stops_the_handler() -> None:
+    def reaped(row: Any) -> None:  # reaped and claimed by another
+        row.lock = uuid.uuid4()
+    w = run(_stopped_by_the_row(reaped))
+    (jid,) = w.store.rows
+    assert w.store.lost == [(jid, "renewal matched no row: lapsed, reaped or cancelled")]
+    assert w.tally.counters["lease_lost"] == 1
 
 
 def test_a_job_cancelled_under_its_run_is_stopped_and_not_told_as_a_lost_lease() -> None:
     """Issue #50.10: an operator's cancel of a running job was logged as a
     WARNING "lease lost", counted in jobq_leases_lost_total and recorded as
     a lease_lost event beside the history's cancel."""
-    async def go() -> None:
-        cancelled = asyncio.Event()
-
-        async def long(job: Job) -> None:
-            try:
-                await asyncio.sleep(60)
-            except asyncio.CancelledError:
-                cancelled.set()
-                raise
-        async with World(long) as w:
-            jid = w.store.add(lease_s=0.3)
-            w.deliver(jid)
-            await w.until(lambda: w.status(jid) == "active")
-            w.store.rows[jid].status = "cancelled"  # an operator cancelled it
-            await w.until(cancelled.is_set)
-            await w.idle()
-            assert w.store.lost == [] and w.tally.counters["lease_lost"] == 0
-            assert w.tally.counters["cancelled_running"] == 1
-            assert w.store.named("complete") == [] and w.store.named("fail") == []
-    run(go())
+    def cancelled(row: Any) -> None:  # an operator cancelled it
+        row.status = "cancelled"
+    w = run(_stopped_by_the_row(cancelled))
+    assert w.store.lost == [] and w.tally.counters["lease_lost"] == 0
+    assert w.tally.counters["cancelled_running"] == 1
 
 
 def test_a_worker_that_cannot_renew_fences_itself_before_the_lease_lapses() -> None:
