@@ -14,6 +14,7 @@ CREATE INDEX job_key_open_seq_idx ON jobq.job (queue, key, seq)
 -- failed for good starts nothing after it until that job is retried (jobq
 -- retry ID: it runs first, then the rest in order) or leaves with retention.
 -- Off (the default): the failed job is passed and the next one starts.
-ALTER TABLE jobq.queue ADD COLUMN halt_on_failure boolean NOT NULL DEFAULT false;
+ALTER TABLE jobq.queue ADD COLUMN halt_on_failure boolean NOT NULL DEFAULT false
+    CONSTRAINT queue_halt_on_failure_check CHECK (NOT halt_on_failure OR key_policy = 'fifo');
 COMMENT ON COLUMN jobq.queue.halt_on_failure IS
     'fifo queues: a key whose job failed starts nothing after it until jobq retry (schema 0041)';

@@ -88,6 +88,7 @@ CREATE TABLE jobq.queue (
     CONSTRAINT queue_backoff_base_s_range CHECK (((backoff_base_s >= (0)::double precision) AND (backoff_base_s <= (86400)::double precision))),
     CONSTRAINT queue_backoff_max_s_check CHECK ((backoff_max_s >= (0)::double precision)),
     CONSTRAINT queue_backoff_max_s_range CHECK (((backoff_max_s >= (0)::double precision) AND (backoff_max_s <= (2592000)::double precision))),
+    CONSTRAINT queue_halt_on_failure_check CHECK (((NOT halt_on_failure) OR (key_policy = 'fifo'::text))),
     CONSTRAINT queue_keep_completed_s_range CHECK (((keep_completed_s IS NULL) OR ((keep_completed_s >= (60)::double precision) AND (keep_completed_s <= (315360000)::double precision)))),
     CONSTRAINT queue_keep_failed_s_range CHECK (((keep_failed_s IS NULL) OR ((keep_failed_s >= (60)::double precision) AND (keep_failed_s <= (315360000)::double precision)))),
     CONSTRAINT queue_key_policy_check CHECK ((key_policy = ANY (ARRAY['queue'::text, 'fifo'::text, 'latest'::text, 'singleton'::text]))),

@@ -194,3 +194,16 @@ def test_an_idempotency_key_reused_with_another_payload_is_said(env: dict[str, s
     assert said[0].stdout == said[1].stdout and said[0].stdout.strip(), said
     assert "already names job" not in said[0].stderr, said[0].stderr
     assert "WARNING:  jobq: idempotency key 'k2' already names job" in said[1].stderr, said
+
+
+def test_halt_on_failure_goes_with_fifo_only(env: dict[str, str], db: SyncDB) -> None:
+    """#51's bad input: --halt-on-failure on a queue that is not fifo (or a
+    halting queue moved to another policy) is one line and changes nothing."""
+    one_line_error(run_cli(env, "queue", "set", "hq", "--halt-on-failure", "on"), 1,
+                   "--halt-on-failure on needs --key-policy fifo")
+    ok = run_cli(env, "queue", "set", "hq", "--key-policy", "fifo", "--halt-on-failure", "on")
+    assert ok.returncode == 0, ok.stderr
+    one_line_error(run_cli(env, "queue", "set", "hq", "--key-policy", "latest"), 1,
+                   "turn it off before another policy")
+    row = db.fetchrow("SELECT key_policy, halt_on_failure FROM jobq.queue WHERE name = 'hq'")
+    assert (row["key_policy"], row["halt_on_failure"]) == ("fifo", True)

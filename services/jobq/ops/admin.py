@@ -32,7 +32,13 @@ async def set_queue(pool: asyncpg.Pool, name: str, values: dict[str, Any]) -> An
     """Create the queue if needed and change the given (checked) settings."""
     check_queue_name(name)
     await execute(pool, Q["queue_ensure"], name)
-    (row,) = await fetch(pool, Q["queue_update"], name, changes(values))
+    try:
+        (row,) = await fetch(pool, Q["queue_update"], name, changes(values))
+    except BadInput as exc:  # schema 0041's CHECK, said in the flags' words
+        if "queue_halt_on_failure_check" not in str(exc):
+            raise
+        raise BadInput("--halt-on-failure on needs --key-policy fifo (it halts a fifo key "
+                       "on its failed job); turn it off before another policy") from None
     return row
 
 
