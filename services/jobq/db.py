@@ -58,6 +58,7 @@ __all__ = [
     "session_broken",
     "transaction",
     "translated",
+    "warnings_logged",
 ]
 
 log = logging.getLogger("jobq.db")
@@ -201,6 +202,30 @@ async def connection(pool: asyncpg.Pool) -> AsyncIterator[PooledConnection]:
                         # below is the real cause, not "released back to the pool".
                         pass
                 raise
+
+
+def _server_warning(_conn: object, message: object) -> None:
+    text = str(getattr(message, "message", ""))
+    if text.startswith("jobq: "):
+        logging.getLogger("jobq.client").warning("%s", text.removeprefix("jobq: "))
+
+
+@contextlib.asynccontextmanager
+async def warnings_logged(db: Database) -> AsyncIterator[Database]:
+    """Where a statement whose jobq WARNINGs the caller must see runs (an
+    idempotency key reused with another payload, schema 0039): on a session
+    whose server warnings are logged (logger jobq.client), which asyncpg
+    drops unless someone listens. A pool lends one through the guard above."""
+    if isinstance(db, asyncpg.Pool):
+        async with connection(db) as conn, warnings_logged(conn) as listened:
+            yield listened
+        return
+    db.add_log_listener(_server_warning)
+    try:
+        yield db
+    finally:
+        await asyncio.sleep(0)  # the driver schedules the listener's call: let it run
+        db.remove_log_listener(_server_warning)
 
 
 # A statement runs on a pool (a connection borrowed for it, behind the guard

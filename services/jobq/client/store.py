@@ -10,17 +10,15 @@ its caller's transaction), each on one statement of queries.sql.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import logging
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
 
-from jobq.db import Database, execute, fetch, fetchrow, fetchval
+from jobq.db import Database, execute, fetch, fetchrow, fetchval, warnings_logged
 from jobq.db_errors import pg_message
 from jobq.errors import BadInput, UnknownJob
 from jobq.newjob import COLUMNS, NewJob, arrays
@@ -48,34 +46,6 @@ class JobState:
     last_traceback: str | None = None
 
 
-log = logging.getLogger("jobq.client")
-
-
-def _said(_conn: object, message: object) -> None:
-    text = str(getattr(message, "message", ""))
-    if text.startswith("jobq: "):
-        log.warning("%s", text.removeprefix("jobq: "))
-
-
-@contextlib.asynccontextmanager
-async def _told(db: Database, keyed: bool) -> AsyncIterator[Database]:
-    """Where a publish with an idempotency key runs: a session whose server
-    WARNINGs are logged (jobq.enqueue warns of a key reused with another
-    payload, schema 0039; asyncpg drops them unless someone listens)."""
-    if not keyed:
-        yield db
-    elif isinstance(db, asyncpg.Pool):
-        async with db.acquire() as conn, _told(conn, True) as told:
-            yield told
-    else:
-        db.add_log_listener(_said)
-        try:
-            yield db
-        finally:
-            await asyncio.sleep(0)  # the driver schedules the listener's call
-            db.remove_log_listener(_said)
-
-
 async def insert(db: Database, rows: Sequence[Row], grace_s: float) -> list[uuid.UUID]:
     """Insert a batch (jobq.enqueue_many, one array per option, newjob.COLUMNS),
     storing the trace contexts beside the rows that have one; their ids in
@@ -83,7 +53,8 @@ async def insert(db: Database, rows: Sequence[Row], grace_s: float) -> list[uuid
     to publish (0: the relay's at once, the reapers woken at commit)."""
     args = (*arrays([r.job for r in rows], [r.text for r in rows]), grace_s)
     traces = [r.trace for r in rows]
-    async with _told(db, any(r.job.idempotency_key for r in rows)) as db:
+    keyed = any(r.job.idempotency_key for r in rows)  # a reused key is warned of (0039)
+    async with warnings_logged(db) if keyed else contextlib.nullcontext(db) as db:
         if any(t is not None for t in traces):
             got = await fetch(db, Q["enqueue_many_traced"], *args, traces)
         else:
@@ -95,7 +66,7 @@ async def insert_linked(db: Database, job: NewJob, text: str, after: Sequence[uu
                         grace_s: float, trace: str | None) -> uuid.UUID:
     """One job through jobq.enqueue with every option (it may wait for
     ``after``, or belong to a workflow), in the caller's transaction."""
-    async with _told(db, bool(job.idempotency_key)) as db:
+    async with warnings_logged(db) if job.idempotency_key else contextlib.nullcontext(db) as db:
         job_id: uuid.UUID = await fetchval(
             db, Q["enqueue_linked"], *(get(job, text) for _, get in COLUMNS), grace_s,
             list(after) or None, job.workflow_id, trace, job.expires_in_s,
