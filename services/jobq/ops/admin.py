@@ -35,7 +35,7 @@ async def set_queue(pool: asyncpg.Pool, name: str, values: dict[str, Any]) -> An
     try:
         (row,) = await fetch(pool, Q["queue_update"], name, changes(values))
     except BadInput as exc:  # schema 0041's CHECK, said in the flags' words
-        if "queue_halt_on_failure_check" not in str(exc):
+        if getattr(exc.__cause__, "constraint_name", None) != "queue_halt_on_failure_check":
             raise
         raise BadInput("--halt-on-failure on needs --key-policy fifo (it halts a fifo key "
                        "on its failed job); turn it off before another policy") from None

@@ -36,8 +36,9 @@ JOBS_SUSPENDED = Counter("jobq_jobs_suspended_total", "Runs ended by job.sleep o
                          registry=REGISTRY)
 JOBS_RELEASED = Counter("jobq_jobs_released_total", "Leases released on shutdown.", ["queue"],
                         registry=REGISTRY)
-LEASES_LOST = Counter("jobq_leases_lost_total", "Leases a consumer lost (lapsed, reaped, "
-                      "cancelled, or self-fenced).", ["queue"], registry=REGISTRY)
+LEASES_LOST = Counter("jobq_leases_lost_total", "Leases a consumer lost (lapsed, reaped or "
+                      "self-fenced); a job cancelled while it ran is not counted.", ["queue"],
+                      registry=REGISTRY)
 BAD_MESSAGES = Counter("jobq_messages_dropped_total", "Deliveries not run: malformed, unknown "
                        "job, duplicate, not due, foreign queue.", ["reason"], registry=REGISTRY)
 HANDLER_SECONDS = Histogram("jobq_handler_duration_seconds", "Handler run time.",

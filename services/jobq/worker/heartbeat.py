@@ -88,7 +88,7 @@ class Heartbeat:
         with the faults and recorded as one beside the history's cancel."""
         if run.lease.lost is not None:
             return
-        run.lease.lost = why
+        run.lease.lost = "cancelled while it ran" if cancelled else why
         run.stop(Stop.LOST)
         job = run.job
         if cancelled:
@@ -174,10 +174,9 @@ class Heartbeat:
                     r.lease.extend(sent_at)
                     if r.ours and not r.lease.finishing:
                         self._arm(r)
-                elif r.ours and not r.lease.finishing and r.job.id in held.cancelled:
-                    self.lose(r, "cancelled while it ran", cancelled=True)
                 elif r.ours and not r.lease.finishing:
-                    self.lose(r, "renewal matched no row: lapsed, reaped or cancelled")
+                    self.lose(r, "renewal matched no row: lapsed, reaped or cancelled",
+                              cancelled=r.job.id in held.cancelled)
                 else:
                     r.lease.renewed_at = sent_at  # finishing: its own write will tell
 
