@@ -1907,10 +1907,9 @@ WITH keys AS (
         ORDER BY j.seq DESC LIMIT 1) n
 ), doomed AS (
     SELECT o.id, nw.id AS newer
-    FROM newest nw JOIN jobq.job o  -- job_key_open_seq_idx: the key's open jobs only
+    FROM newest nw JOIN jobq.job o  -- a partial index of queued rows: never its ended ones
       ON o.queue = nw.queue AND o.key = nw.key AND o.seq < nw.seq
-    WHERE o.seq IS NOT NULL AND o.status IN ('queued', 'active', 'failed')
-      AND o.status = 'queued' AND o.key_policy = 'latest'
+    WHERE o.status = 'queued' AND o.key_policy = 'latest'
     ORDER BY o.id
     FOR NO KEY UPDATE OF o SKIP LOCKED
 ), superseded AS (

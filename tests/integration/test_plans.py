@@ -232,7 +232,6 @@ PROBES: dict[str, tuple[Any, ...]] = {
     "sweep_probe": (),
     "lost_candidates": (0.0,),  # every published row is "a while ago"
     "lost_horizon": ("noop", 0.0, False),
-    "supersede_pending": (1000,),  # no latest key noted: reads no job
 }
 
 
@@ -296,3 +295,46 @@ def test_the_reapers_probes_read_what_runs_not_the_backlog(db_url: str, stats: s
 
     read = asyncio.run(go())
     assert max(read.values()) <= 2 * ACTIVE + 10, f"rows of jobq.job read per probe: {read}"
+
+
+@pytest.mark.parametrize("stats", ["empty", "fresh"])
+def test_the_supersede_duty_reads_a_keys_queued_jobs_not_its_history(
+        db_url: str, stats: str) -> None:
+    """The reapers' supersede duty (schema 0042) for a latest key with 10,000
+    ended jobs kept, 3 queued: it reads the key's newest job and its queued
+    ones, never the ended history (a walk of job_key_seq_idx would)."""
+    async def go() -> tuple[int, int]:
+        conn = await asyncpg.connect(db_url, server_settings=SESSION_SETTINGS)
+        try:
+            await conn.execute("INSERT INTO jobq.queue (name, key_policy) VALUES ('lt', 'latest')")
+            if stats == "empty":
+                await conn.execute("VACUUM ANALYZE jobq.job")
+            await conn.execute("SELECT count(*) FROM (SELECT jobq.enqueue('lt', '{}', key => 'k', "
+                               "relay_grace_s => 60) FROM generate_series(1, 10003)) s")
+            await conn.execute("UPDATE jobq.job SET status = 'completed', finished_at = now() "
+                               "WHERE seq < (SELECT max(seq) - 2 FROM jobq.job)")
+            if stats == "fresh":
+                await conn.execute("ANALYZE jobq.job")
+            raw = await conn.fetchval(
+                f"EXPLAIN (ANALYZE, FORMAT JSON) {Q['supersede_pending']}", 1000)
+            left = await conn.fetchval("SELECT count(*) FROM jobq.job WHERE status = 'queued'")
+            return _rows_touched(json.loads(raw) if isinstance(raw, str) else raw), left
+        finally:
+            await conn.close()
+
+    read, left = asyncio.run(go())
+    assert left == 1, "the two older queued jobs were not superseded"
+    assert read <= 10, f"rows of jobq.job read by the supersede duty: {read}"
+
+
+def _rows_touched(plan: Any) -> int:
+    """As _rows_read, with the rows its scans of jobq.job read and filtered out."""
+    total = 0
+    if isinstance(plan, dict):
+        if plan.get("Relation Name") == "job":
+            total += (int(plan.get("Actual Rows", 0)) + int(plan.get("Rows Removed by Filter", 0))
+                      ) * int(plan.get("Actual Loops", 1))
+        total += sum(_rows_touched(v) for v in plan.values())
+    elif isinstance(plan, list):
+        total += sum(_rows_touched(p) for p in plan)
+    return total
