@@ -194,7 +194,11 @@ def test_priority_aging_starts_a_low_job_under_a_flood_of_high_ones(
     second, so it starts while priority-9 jobs published before it still
     wait: by the claim's swap (an unlimited queue), or by the release of
     parked jobs (max_running 1). Without aging it waited for the flood to
-    end (here: the flood only ends once it started, or after 40 s)."""
+    end (here: the flood only ends once all 3 low jobs started, or after
+    40 s). Every low job must overtake; the figure is the longest wait. Under
+    a flood several times what the slots run, a low job is ordered as a 9
+    published 9 s later, and that 9 waits behind the growing backlog too (a
+    first version, 4x over, started one low job in 9.7 s and three not in 45)."""
     set_queue(db, queue, lease_s=30, priority_aging_s=1, **(
         {"max_running": cap} if cap else {}))
     procs.reaper()
@@ -202,33 +206,44 @@ def test_priority_aging_starts_a_low_job_under_a_flood_of_high_ones(
     low: list[Any] = []
     stop = threading.Event()
 
-    def flood() -> None:  # ~40 priority-9 jobs a second; 2 slots run ~10-20 a second
+    # 1.5 times what the slots run (2 x 0.1 s jobs: 20 a second; capped at 1:
+    # 10): the 9s' backlog grows all along, so without aging no low job starts
+    rate = 1.5 * (cap or 2) / 0.1
+
+    def flood() -> None:
         async def go() -> None:
             async with Client(settings) as client:
-                t0 = time.monotonic()
+                t0, n = time.monotonic(), 0
                 while not stop.is_set() and time.monotonic() - t0 < 40:
                     await client.publish(queue, {"sleep": 0.1}, priority=9)
-                    if not low and time.monotonic() - t0 > 1:
+                    if len(low) < 3 and time.monotonic() - t0 > 1 + len(low):  # at 1, 2, 3 s
                         low.append(await client.publish(queue, {"sleep": 0.1}))
-                    await asyncio.sleep(0.025)
+                    n += 1
+                    await asyncio.sleep(max(0.0, t0 + n / rate - time.monotonic()))
         asyncio.run(go())
 
     t = threading.Thread(target=flood)
     t.start()
     try:
-        wait_until(lambda: bool(low) and bool(runs(db, low[0])), 45, "the low job starts")
+        wait_until(lambda: len(low) == 3 and all(runs(db, j) for j in low), 45,
+                   "every low job starts")
     finally:
         stop.set()
         t.join()
-    row = db.fetchrow(
-        "SELECT extract(epoch FROM min(r.started_at) - j.created_at)::float8 AS waited, "
-        "       min(r.started_at) AS started, j.created_at FROM jobq.job j "
-        "JOIN test_run r ON r.job_id = j.id WHERE j.id = $1 GROUP BY j.id", low[0])
-    overtaken = db.val(  # 9s waiting (for half a second or more) when it started
-        "SELECT count(*) FROM jobq.job j WHERE j.queue = $1 AND j.priority = 9 "
-        "AND j.created_at < $2::timestamptz - interval '0.5 s' AND NOT EXISTS ("
-        "SELECT 1 FROM test_run r WHERE r.job_id = j.id AND r.started_at <= $2)", queue,
-        row["started"])
-    print(f"priority aging 1 s ({queue}, cap {cap}): the low job started after "
-          f"{row['waited']:.2f} s, ahead of {overtaken} waiting priority-9 jobs")
-    assert overtaken > 0, "it started only once no 9 waited: no aging"
+    waits, overtaken = [], []
+    for jid in low:
+        row = db.fetchrow(
+            "SELECT extract(epoch FROM min(r.started_at) - j.created_at)::float8 AS waited, "
+            "       min(r.started_at) AS started FROM jobq.job j "
+            "JOIN test_run r ON r.job_id = j.id WHERE j.id = $1 GROUP BY j.id", jid)
+        waits.append(row["waited"])
+        overtaken.append(db.val(  # 9s waiting (for half a second or more) when it started
+            "SELECT count(*) FROM jobq.job j WHERE j.queue = $1 AND j.priority = 9 "
+            "AND j.created_at < $2::timestamptz - interval '0.5 s' AND NOT EXISTS ("
+            "SELECT 1 FROM test_run r WHERE r.job_id = j.id AND r.started_at <= $2)", queue,
+            row["started"]))
+    print(f"priority aging 1 s ({queue}, cap {cap}, {rate:g} priority-9 jobs a second): "
+          f"3 low jobs started after "
+          f"{', '.join(f'{w:.2f}' for w in waits)} s (max {max(waits):.2f}), ahead of "
+          f"{overtaken} waiting priority-9 jobs")
+    assert min(overtaken) > 0, "a low job started only once no 9 waited: no aging"
