@@ -16,7 +16,9 @@ CREATE TABLE jobq.latest_key (
 COMMENT ON TABLE jobq.latest_key IS
     'Keys of latest queues that got a new job since the reapers last looked (schema 0042)';
 GRANT SELECT ON jobq.latest_key TO jobq_reader;
-GRANT SELECT, DELETE ON jobq.latest_key TO jobq_reaper;
+-- UPDATE: the duty locks the rows it takes (FOR UPDATE SKIP LOCKED), which
+-- needs it; it never updates one.
+GRANT SELECT, UPDATE, DELETE ON jobq.latest_key TO jobq_reaper;
 
 -- Runs as whoever inserts the job: the enqueue functions (their owner).
 CREATE FUNCTION jobq.note_latest_key() RETURNS trigger

@@ -4382,7 +4382,7 @@ GRANT SELECT ON TABLE jobq.key_stats TO jobq_reader;
 --
 
 GRANT SELECT ON TABLE jobq.latest_key TO jobq_reader;
-GRANT SELECT,DELETE ON TABLE jobq.latest_key TO jobq_reaper;
+GRANT SELECT,DELETE,UPDATE ON TABLE jobq.latest_key TO jobq_reaper;
 
 --
 -- Name: TABLE reaper; Type: ACL; Schema: jobq; Owner: -

@@ -44,7 +44,8 @@ TABLE_RIGHTS = {
     ("jobq_reaper", "job_unique", "SELECT"),  # retention forgets ended holds (0032)
     ("jobq_reaper", "job_unique", "DELETE"),
     ("jobq_reaper", "key_limit", "SELECT"),  # its unpark reads key tiers (0036)
-    ("jobq_reaper", "latest_key", "SELECT"),  # its supersede duty (0042)
+    ("jobq_reaper", "latest_key", "SELECT"),  # its supersede duty (0042): takes rows
+    ("jobq_reaper", "latest_key", "UPDATE"),  # FOR UPDATE SKIP LOCKED, deletes them
     ("jobq_reaper", "latest_key", "DELETE"),
 }
 FUNCTION_RIGHTS = {("jobq_producer", "enqueue"), ("jobq_producer", "enqueue_many"),
@@ -355,3 +356,30 @@ def test_migrate_says_when_the_default_roles_reach_other_databases(
     out = run_cli(env, "migrate")
     assert out.returncode == 0, out.stderr
     assert "JOBQ_ROLE_PREFIX" in out.stderr and "reaches those too" in out.stderr
+
+
+def test_every_sweep_duty_runs_as_the_reaper_login(settings: Any, db: SyncDB,
+                                                    logins: Any) -> None:
+    """Each duty's statement, run by the real reaper as a jobq_reaper login
+    (the grants above are a list; this is whether they suffice). The
+    supersede duty's first version locked jobq.latest_key rows without the
+    UPDATE right FOR UPDATE needs: 'permission denied' every sweep, seen
+    only here (its tests ran the reaper as the admin login)."""
+    from jobq.reaper.service import Reaper
+
+    set_queue(db, "lt", key_policy="latest")
+    older = db.val("SELECT jobq.enqueue('lt', '{}', key => 'k', delay_s => 60)")
+    db.val("SELECT jobq.enqueue('lt', '{}', key => 'k')")
+    as_reaper = settings.model_copy(update={"database_url": logins.url("reaper", db.url)})
+
+    async def go() -> Any:
+        reaper = Reaper(as_reaper)
+        await reaper.connect(wait=False)
+        try:
+            return await reaper.run_once(None)  # every duty, whatever the probe says
+        finally:
+            await reaper.close()
+
+    sweep = asyncio.run(go())
+    assert sweep.errors == {}, sweep.errors
+    assert db.val("SELECT status FROM jobq.job WHERE id = $1", older) == "cancelled"
