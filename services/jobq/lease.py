@@ -125,18 +125,18 @@ async def claim_misses(pool: asyncpg.Pool, ids: Sequence[uuid.UUID]) -> dict[uui
 
 
 async def renew(conn: Database, leases: Sequence[Lease], worker_id: str) -> Renewal:
-    """One statement for all leases, on the registry session (not pooled).
-    It never waits for a row lock (queries.sql: renew). Only when one is left
-    out (lost), one more read says if it was cancelled under us (an operator,
-    a newer job of a latest key): that is no fault, and is not told as one."""
+    """One statement for all leases, on the registry session (not pooled);
+    it never waits for a row lock (queries.sql: renew). A lease left out is
+    lost; one read says which were cancelled under us (no fault, not told as
+    one). It never fails the renewal, committed by then: unread, lost."""
     if not leases:
         return Renewal(frozenset())
     with translated():
         leases = in_lock_order(leases)
         rows = await fetch(conn, Q["renew"], [le.job_id for le in leases],
                            [le.lock for le in leases], [le.lease_s for le in leases], worker_id)
-        seen = {r["id"] for r in rows}
-        gone = [le for le in leases if le.job_id not in seen]
+    gone, again = [le for le in leases if le.job_id not in {r["id"] for r in rows}], []
+    with contextlib.suppress(Exception):
         again = await fetch(conn, Q["finished_by"], [le.job_id for le in gone],
                             [le.lock for le in gone]) if gone else []
     return Renewal(frozenset(r["id"] for r in rows if r["renewed"]),
