@@ -290,10 +290,11 @@ SELECT id, 'published', 'by the reaper relay' FROM marked WHERE history;
 --   1. lock the limited queues' rows (queue order)     -> a fresh snapshot
 --   2. make the batch's key_lock rows                  (per-key limits only)
 --   3. lock them in (queue, key) order                 (per-key limits only)
---   4. better     waiting jobs of a priority above 0, best first per queue
---                 (SKIP LOCKED: two claims never take the same one); in a
---                 queue with priority aging, the longest waiting too, each
---                 at its level now (jobq.aged, schema 0040)
+--   4. aging      the batch's queues with priority aging (schema 0040)
+--      by_priority waiting jobs of a priority above 0, best first per queue
+--                 (SKIP LOCKED: two claims never take the same one)
+--      by_age     in an aging queue, the longest waiting too
+--      better     both, per queue, by level now (jobq.aged)
 --      delivered  the delivered ids as they are now (read only if `better`)
 --      swap       delivered id -> the better job taken in its place
 --      candidate  the rows to claim (delivered, swapped), locked in id order,
@@ -342,51 +343,56 @@ WHERE (l.queue, l.key) IN (
                          OR pq.rate_per_s_per_key IS NOT NULL)))
 ORDER BY l.queue, l.key
 FOR NO KEY UPDATE OF l;
-WITH better AS (  -- waiting jobs of a priority above 0: an empty index when none is used
+WITH aging AS MATERIALIZED (  -- the batch's queues with priority aging (0040): mostly none
+    SELECT q.name, q.priority_aging_s AS s,
+           q.max_running_per_key IS NOT NULL OR q.rate_per_s_per_key IS NOT NULL AS per_key
+    FROM jobq.queue q
+    WHERE q.name = ANY($3::text[]) AND q.priority_aging_s IS NOT NULL
+), by_priority AS (  -- waiting jobs of a priority above 0: an empty index when none is used
+    SELECT x.id, x.queue, jobq.aged(x.priority, x.run_at, a.s) AS level
+    FROM jobq.queue q
+    CROSS JOIN LATERAL (
+        SELECT x.id, x.queue, x.priority, x.run_at
+        FROM jobq.job x
+        WHERE x.queue = q.name AND x.status COLLATE "C" = 'queued' AND x.priority > 0
+          AND x.run_at <= now() AND x.relay_after < 'infinity'
+          AND (x.expires_at IS NULL OR x.expires_at > now() OR x.started_at IS NOT NULL)
+          AND x.id <> ALL ($1::uuid[])
+          AND (x.key IS NULL
+               OR (q.max_running_per_key IS NULL AND q.rate_per_s_per_key IS NULL))
+        ORDER BY x.priority DESC, x.id
+        LIMIT cardinality($1::uuid[])
+        FOR UPDATE OF x SKIP LOCKED) x
+    LEFT JOIN aging a ON a.name = q.name
+    WHERE q.name = ANY($3::text[])
+), by_age AS (  -- priority aging (schema 0040): the longest waiting, whatever their priority
+    SELECT y.id, y.queue, jobq.aged(y.priority, y.run_at, a.s) AS level
+    FROM aging a
+    CROSS JOIN LATERAL (
+        SELECT y.id, y.queue, y.priority, y.run_at
+        FROM jobq.job y
+        WHERE y.id = ANY(ARRAY(  -- among the 64 longest due (job_queued_idx): bounded
+                  SELECT o.id FROM jobq.job o
+                  WHERE o.queue = a.name AND o.status = 'queued' AND o.run_at <= now()
+                  ORDER BY o.run_at LIMIT 64))
+          AND y.status COLLATE "C" = 'queued' AND y.run_at <= now()
+          AND y.relay_after < 'infinity' AND y.waiting_on = 0
+          AND (y.expires_at IS NULL OR y.expires_at > now() OR y.started_at IS NOT NULL)
+          AND y.id <> ALL ($1::uuid[])
+          AND y.id NOT IN (SELECT p.id FROM by_priority p)  -- once each, without a UNION's
+          AND (y.key IS NULL OR NOT a.per_key)              -- sort when nothing ages
+        ORDER BY y.run_at, y.id
+        LIMIT cardinality($1::uuid[])
+        FOR UPDATE OF y SKIP LOCKED) y
+), better AS (  -- per queue, best level first
     SELECT b.id, b.queue, b.level,
            row_number() OVER (PARTITION BY b.queue ORDER BY b.level DESC, b.id) AS rk
-    FROM (
-        SELECT x.id, x.queue, jobq.aged(x.priority, x.run_at, q.priority_aging_s) AS level
-        FROM jobq.queue q
-        CROSS JOIN LATERAL (
-            SELECT x.id, x.queue, x.priority, x.run_at
-            FROM jobq.job x
-            WHERE x.queue = q.name AND x.status COLLATE "C" = 'queued' AND x.priority > 0
-              AND x.run_at <= now() AND x.relay_after < 'infinity'
-              AND (x.expires_at IS NULL OR x.expires_at > now() OR x.started_at IS NOT NULL)
-              AND x.id <> ALL ($1::uuid[])
-              AND (x.key IS NULL
-                   OR (q.max_running_per_key IS NULL AND q.rate_per_s_per_key IS NULL))
-            ORDER BY x.priority DESC, x.id
-            LIMIT cardinality($1::uuid[])
-            FOR UPDATE OF x SKIP LOCKED) x
-        WHERE q.name = ANY($3::text[])
-        UNION  -- priority aging (schema 0040): the longest waiting, whatever their priority
-        SELECT y.id, y.queue, jobq.aged(y.priority, y.run_at, q.priority_aging_s)
-        FROM jobq.queue q
-        CROSS JOIN LATERAL (
-            SELECT y.id, y.queue, y.priority, y.run_at
-            FROM jobq.job y
-            WHERE y.id = ANY(ARRAY(  -- among the 64 longest due (job_queued_idx): bounded
-                      SELECT o.id FROM jobq.job o
-                      WHERE o.queue = q.name AND o.status = 'queued' AND o.run_at <= now()
-                      ORDER BY o.run_at LIMIT 64))
-              AND y.status COLLATE "C" = 'queued' AND y.run_at <= now()
-              AND y.relay_after < 'infinity' AND y.waiting_on = 0
-              AND (y.expires_at IS NULL OR y.expires_at > now() OR y.started_at IS NOT NULL)
-              AND y.id <> ALL ($1::uuid[])
-              AND (y.key IS NULL
-                   OR (q.max_running_per_key IS NULL AND q.rate_per_s_per_key IS NULL))
-            ORDER BY y.run_at, y.id
-            LIMIT cardinality($1::uuid[])
-            FOR UPDATE OF y SKIP LOCKED) y
-        WHERE q.name = ANY($3::text[]) AND q.priority_aging_s IS NOT NULL) b
+    FROM (SELECT * FROM by_priority UNION ALL SELECT * FROM by_age) b
 ), delivered AS (  -- as seen now, for the swap only (read only if something is better)
-    SELECT j.id, j.queue, jobq.aged(j.priority, j.run_at, q.priority_aging_s) AS level,
+    SELECT j.id, j.queue, jobq.aged(j.priority, j.run_at, a.s) AS level,
            row_number() OVER (PARTITION BY j.queue
-                              ORDER BY jobq.aged(j.priority, j.run_at, q.priority_aging_s),
-                                       j.id) AS rk
-    FROM jobq.job j JOIN jobq.queue q ON q.name = j.queue
+                              ORDER BY jobq.aged(j.priority, j.run_at, a.s), j.id) AS rk
+    FROM jobq.job j LEFT JOIN aging a ON a.name = j.queue
     WHERE j.id = ANY($1::uuid[])
       AND j.status COLLATE "C" = 'queued'
       AND j.run_at <= now()
@@ -398,8 +404,8 @@ WITH better AS (  -- waiting jobs of a priority above 0: an empty index when non
     WHERE b.level > d.level
 ), candidate AS (  -- the claim re-checks every row under its lock; its level (0040)
     SELECT j.id, j.queue, j.key, j.key_policy, j.seq,
-           jobq.aged(j.priority, j.run_at, (SELECT qa.priority_aging_s FROM jobq.queue qa
-                                            WHERE qa.name = j.queue)) AS priority,
+           jobq.aged(j.priority, j.run_at, (SELECT a.s FROM aging a WHERE a.name = j.queue))
+               AS priority,
            coalesce((SELECT s.given FROM swap s WHERE s.taken = j.id), j.id) AS via
     FROM jobq.job j
     WHERE j.id = ANY (CASE WHEN NOT EXISTS (SELECT 1 FROM swap) THEN $1::uuid[]
