@@ -3,7 +3,7 @@
 -- (Oban, River and BullMQ return the existing job too; on_duplicate =>
 -- 'refuse' refuses); when the payload it brought differs from the holder's,
 -- it now raises a WARNING naming the job, which psql prints and the Python
--- client logs (logger jobq.db), so a key reused by mistake is seen the first
+-- client logs (logger jobq.client), so a key reused by mistake is seen the first
 -- time. Only a duplicate pays for the check: one read of the holder by id.
 -- jobq.enqueue is restated from 0032 with the two duplicate paths calling it
 -- (plpgsql names its parameters by the function's name: it cannot be

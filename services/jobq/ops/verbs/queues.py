@@ -12,7 +12,8 @@ from jobq.queues import SETTINGS
 from jobq.settings import Settings
 
 LIST = ("Every queue with the settings a team looks at first (lease, attempts, timeout, "
-        "limits, key policy, paused), a row of under 100 characters; --wide shows every "
+        "limits, key policy, paused): about 70 characters a row besides the name; --wide "
+        "shows every "
         "column of jobq.queue and what the live consumers' handlers declare over it. See "
         "`jobq queue set --help` for what each means.")
 
