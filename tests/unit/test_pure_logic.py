@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from jobq.amqp.bodies import PACK_MAX, pack, unpack
 from jobq.errors import BadInput
 from jobq.job import Job
 from jobq.lease import Lease
@@ -20,7 +21,7 @@ from jobq.rows import Claim
 from jobq.runtime.backoff import Backoff
 from jobq.runtime.batch import Coalescer
 from jobq.settings import ConsumerSettings
-from jobq.worker.acks import Acks
+from jobq.worker.acks import Acks, Envelope
 from jobq.worker.heartbeat import Heartbeat
 from jobq.worker.run import Run
 from jobq.worker.tally import Tally
@@ -99,8 +100,11 @@ def test_a_failed_batch_fails_each_of_its_callers() -> None:
 
 
 class _Msg:
-    def __init__(self, channel: object, tag: int) -> None:
+    def __init__(self, channel: object, tag: int, ids: int = 1, junk: bytes = b"") -> None:
         self.channel, self.delivery_tag = channel, tag
+        self.routing_key = "q"
+        self.body = b"\n".join([str(uuid.uuid4()).encode() for _ in range(ids)] +
+                               ([junk] if junk else []))
         self.settled: list[tuple[str, bool]] = []
 
     async def _done(self) -> None:
@@ -114,13 +118,28 @@ class _Msg:
         self.settled.append(("nack", multiple))
         return self._done()
 
+    def reject(self, requeue: bool = False) -> Any:
+        self.settled.append(("reject", False))
+        return self._done()
+
+
+def _taken(acks: Acks, *msgs: _Msg) -> list[Envelope]:
+    """Every id of these messages taken into a batch, one entry per id."""
+    parts = []
+    for m in msgs:
+        env = Envelope(m)
+        env.taken = len(env.ids)
+        parts += [env] * len(env.ids)
+    acks.taken(parts)
+    return parts
+
 
 def test_a_batch_is_acked_with_one_multiple_frame_per_channel() -> None:
     async def go() -> list[_Msg]:
         acks = Acks(collections.deque())
         a, b = object(), object()
         msgs = [_Msg(a, 1), _Msg(a, 2), _Msg(a, 3), _Msg(b, 7)]
-        await acks.settle(msgs, ack=True)  # type: ignore[arg-type]
+        await acks.settle(_taken(acks, *msgs), ack=True)
         return msgs
 
     m = asyncio.run(go())
@@ -132,13 +151,65 @@ def test_no_multiple_ack_over_a_lower_tag_still_unsettled() -> None:
         acks = Acks(collections.deque())
         ch = object()
         pending = _Msg(ch, 1)  # in a batch whose claim is being retried
-        acks.taken([pending])  # type: ignore[list-item]
+        _taken(acks, pending)
         msgs = [_Msg(ch, 2), _Msg(ch, 3)]
-        await acks.settle(msgs, ack=True)  # type: ignore[arg-type]
+        await acks.settle(_taken(acks, *msgs), ack=True)
         return [pending, *msgs]
 
     m = asyncio.run(go())
     assert [x.settled for x in m] == [[], [("ack", False)], [("ack", False)]]
+
+
+def test_a_message_of_several_ids_is_settled_once_when_its_last_id_is() -> None:
+    async def go() -> tuple[_Msg, list[list[tuple[str, bool]]]]:
+        acks = Acks(collections.deque())
+        msg = _Msg(object(), 1, ids=3)
+        parts = _taken(acks, msg)
+        seen = []
+        for part in parts:  # each id's claim settles on its own
+            seen.append(list(msg.settled))
+            await acks.settle([part], ack=True)
+        return msg, seen
+
+    msg, seen = asyncio.run(go())
+    assert seen == [[], [], []] and msg.settled == [("ack", False)]
+
+
+def test_one_id_given_back_requeues_its_whole_message() -> None:
+    async def go() -> _Msg:
+        acks = Acks(collections.deque())
+        msg = _Msg(object(), 1, ids=2)
+        first, second = _taken(acks, msg)
+        await acks.settle([first], ack=False)  # its claim could not be made
+        await acks.settle([second], ack=True)  # claimed: dropped when redelivered
+        return msg
+
+    assert asyncio.run(go()).settled == [("nack", False)]
+
+
+def test_a_body_with_lines_that_are_not_ids_runs_the_ids_then_dead_letters() -> None:
+    async def go() -> tuple[list[Envelope], _Msg]:
+        acks = Acks(collections.deque())
+        msg = _Msg(object(), 1, ids=2, junk=b"not an id")
+        parts = _taken(acks, msg)
+        await acks.settle(parts, ack=True)
+        return parts, msg
+
+    parts, msg = asyncio.run(go())
+    assert len(parts) == 2 and parts[0].bad == 1 and msg.settled == [("reject", False)]
+
+
+def test_bodies_pack_in_order_and_read_back_as_any_client_would() -> None:
+    ids = [uuid.uuid4() for _ in range(PACK_MAX + 5)]
+    messages = list(pack(ids))
+    assert [len(c) for c, _ in messages] == [PACK_MAX, 5]
+    assert [i for c, _ in messages for i in c] == ids
+    lines = [line for _, body in messages for line in body.decode().split("\n")]
+    assert lines == [str(i) for i in ids]
+    assert unpack(messages[1][1]) == (ids[PACK_MAX:], 0)
+    assert unpack(str(ids[0]).encode() + b"\n") == ([ids[0]], 0)  # one id, as ever
+    assert unpack(b"") == ([], 1) and unpack(b"\xff\xfe") == ([], 1)
+    assert unpack(b"x" * 400_000) == ([], 1)  # not even decoded
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("90s", 90), ("15m", 900), ("12h", 43200),

@@ -22,6 +22,7 @@ from jobq.job import Job
 from jobq.settings import ConsumerSettings
 from jobq.telemetry import tracing as tracing_mod
 from jobq.worker import executor as executor_mod
+from jobq.worker import handback as handback_mod
 from jobq.worker import intake as intake_mod
 from jobq.worker import progress as progress_mod
 from jobq.worker.run import Stop
@@ -42,6 +43,7 @@ class Channel:
 class Message:
     def __init__(self, channel: Channel, tag: int, body: bytes) -> None:
         self.channel, self.delivery_tag, self.body = channel, tag, body
+        self.routing_key = "q"
         self.settled: str | None = None
         channel.msgs.append(self)
 
@@ -73,8 +75,10 @@ class World:
         self.cfg = ConsumerSettings(**cfg)
         self.tally = Tally()
         self.stop = asyncio.Event()
+        self.handed: list[tuple[list[uuid.UUID], str]] = []  # ids published back, singly
         units = assemble(self.app, self.cfg, self.store, worker_id="w", queues=["q"],
-                         concurrency=concurrency, tally=self.tally, stop=self.stop)
+                         concurrency=concurrency, tally=self.tally, stop=self.stop,
+                         hand_back=self._hand_back)
         self.hb, self.completer = units.heartbeat, units.completer
         self.executor, self.intake = units.executor, units.intake
         self.runs = self.executor.runs
@@ -96,6 +100,10 @@ class World:
         for t in list(self.executor.tasks):
             t.cancel()
         self.executor.close()
+
+    async def _hand_back(self, ids: list[uuid.UUID], queue: str) -> set[uuid.UUID]:
+        self.handed.append((ids, queue))
+        return set(ids)
 
     def deliver(self, *bodies: uuid.UUID | bytes) -> list[Message]:
         out = []
@@ -182,6 +190,68 @@ def test_a_batch_is_claimed_in_one_statement_and_acked_with_one_frame() -> None:
             assert w.store.named("claim") == [ids]
             assert [m.settled for m in msgs] == ["ack"] * 5
             assert w.channel.frames == [("ack", msgs[-1].delivery_tag, True)]
+    run(go())
+
+
+def test_a_message_of_several_ids_runs_them_all_and_is_acked_after_the_last() -> None:
+    async def go() -> None:
+        gate = asyncio.Event()
+
+        async def held(job: Job) -> None:
+            await gate.wait()
+        async with World(held, concurrency=2) as w:
+            ids = [w.store.add() for _ in range(5)]
+            (msg,) = w.deliver("\n".join(map(str, ids)).encode())
+            await w.until(lambda: len(w.runs) == 2)
+            assert msg.settled is None  # three ids still wait for a slot
+            gate.set()
+            await w.until(lambda: all(w.status(i) == "completed" for i in ids))
+            assert msg.settled == "ack" and w.channel.frames == [("ack", 1, False)]
+            assert [i for c in w.store.named("claim") for i in c] == ids  # in order
+            assert w.handed == []  # slots kept freeing: nothing handed back
+    run(go())
+
+
+def test_ids_held_while_no_slot_frees_go_back_one_message_each(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(handback_mod, "HOLD_S", 0.05)
+
+    async def go() -> None:
+        async with World(forever, concurrency=1) as w:
+            ids = [w.store.add() for _ in range(4)]
+            (msg,) = w.deliver("\n".join(map(str, ids)).encode())
+            await w.until(lambda: msg.settled is not None)
+            assert w.handed == [(ids[1:], "q")] and msg.settled == "ack"
+            assert list(w.runs) == [ids[0]] and w.tally.counters["handed_back"] == 3
+            assert [w.status(i) for i in ids[1:]] == ["queued"] * 3
+    run(go())
+
+
+def test_ids_of_an_old_message_go_back_even_while_slots_free(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(handback_mod, "AGE_S", 0.1)
+
+    async def go() -> None:
+        async def brief(job: Job) -> None:
+            await asyncio.sleep(0.03)  # a slot frees every 30 ms: never HOLD_S
+        async with World(brief, concurrency=1) as w:
+            ids = [w.store.add() for _ in range(20)]
+            (msg,) = w.deliver("\n".join(map(str, ids)).encode())
+            await w.until(lambda: msg.settled is not None)
+            ((back, _),) = w.handed
+            ran = [i for c in w.store.named("claim") for i in c]
+            assert ran + back == ids and 1 < len(ran) < 10, (len(ran), len(back))
+    run(go())
+
+
+def test_a_body_with_one_line_not_an_id_runs_the_rest_and_is_dead_lettered() -> None:
+    async def go() -> None:
+        async with World(ok) as w:
+            ids = [w.store.add() for _ in range(2)]
+            (msg,) = w.deliver(f"{ids[0]}\nnonsense\n{ids[1]}".encode())
+            await w.until(lambda: msg.settled is not None)
+            await w.until(lambda: all(w.status(i) == "completed" for i in ids))
+            assert msg.settled == "reject" and w.tally.counters["malformed"] == 1
     run(go())
 
 

@@ -7,7 +7,8 @@ Knows nothing of leases or job rows. The wire format is the contract:
   queue name as routing key; quorum queues (classic durable queues where the
   broker has no quorum support);
 - rejected (malformed) messages dead-letter to ``<namespace>.dead``;
-- body = the job id as text, persistent delivery, publisher confirms,
+- body = the job id as text, or several ids one per line (bodies.py: a
+  batch published together), persistent delivery, publisher confirms,
   ``mandatory`` so an unroutable id is an error, not a silent drop.
 """
 
@@ -27,6 +28,8 @@ from aio_pika.abc import (
     AbstractRobustConnection,
 )
 
+from jobq.amqp.bodies import one_each
+from jobq.amqp.bodies import pack as pack_ids
 from jobq.amqp.connect import QUEUE_REFUSED, TRANSIENT, open_connection
 from jobq.amqp.deliveries import Delivery, consume
 from jobq.endpoints import redact, split_amqp, with_heartbeat
@@ -162,12 +165,15 @@ class Broker:
 
     # ── publish ──
 
-    async def publish(self, items: Iterable[tuple[uuid.UUID, str]]) -> set[uuid.UUID]:
+    async def publish(self, items: Iterable[tuple[uuid.UUID, str]],
+                      pack: bool = True) -> set[uuid.UUID]:
         """Publish ids; return the ids the broker confirmed.
 
-        Ids that failed are left out (and logged); their rows stay unpublished
-        and the reaper's relay publishes them later. Never raises for a single
-        failed id; raises BrokerUnavailable if nothing could be sent.
+        Ids of one queue go out packed, up to bodies.PACK_MAX in a message
+        in the order given (``pack=False``: one message each). Ids that
+        failed are left out (and logged); their rows stay unpublished and
+        the reaper's relay publishes them later. Never raises for a single
+        failed message; raises BrokerUnavailable if nothing could be sent.
         """
         items = list(items)
         if not items:
@@ -179,21 +185,27 @@ class Broker:
         if not items:
             return set()
         channel = await self._underlay()
-        sends = [self._send(channel, exchange, i, q) for i, q in items]
-        # One id (a single publish, the common call) is awaited in this task:
-        # gather would start a task for it.
+        by_queue: dict[str, list[uuid.UUID]] = {}
+        for job_id, queue in items:
+            by_queue.setdefault(queue, []).append(job_id)
+        messages = [(chunk, body, queue) for queue, ids in by_queue.items()
+                    for chunk, body in (pack_ids(ids) if pack else one_each(ids))]
+        sends = [self._send(channel, exchange, body, queue) for _, body, queue in messages]
+        # One message (a single publish, the common call) is awaited in this
+        # task: gather would start a task for it.
         results = ([await _outcome(sends[0])] if len(sends) == 1 else
                    await asyncio.gather(*sends, return_exceptions=True))
-        confirmed = set()
+        confirmed: set[uuid.UUID] = set()
         errors = []
-        for (job_id, _), res in zip(items, results):
+        for (chunk, _, _), res in zip(messages, results):
             if isinstance(res, BaseException):
                 errors.append(res)
             else:
-                confirmed.add(job_id)
+                confirmed.update(chunk)
         if errors:
-            log.warning("%d of %d ids not confirmed by the broker (%r); the reaper will "
-                        "republish them", len(errors), len(items), errors[0])
+            log.warning("%d of %d messages (%d ids) not confirmed by the broker (%r); the "
+                        "reaper will republish them", len(errors), len(messages),
+                        len(items) - len(confirmed), errors[0])
         if not confirmed and errors:
             raise BrokerUnavailable(f"publish failed: {errors[0]!r}") from errors[0]
         return confirmed
@@ -237,7 +249,7 @@ class Broker:
         except TRANSIENT as exc:  # TimeoutError among them
             raise BrokerUnavailable(f"publish failed: {exc!r}") from exc
 
-    async def _send(self, channel: aiormq.Channel, exchange: str, job_id: uuid.UUID,
+    async def _send(self, channel: aiormq.Channel, exchange: str, body: bytes,
                     queue: str) -> None:
         """aiormq's own publish, as aio-pika's Exchange.publish makes it
         (persistent, mandatory, confirmed, timed out), but wait=False: the
@@ -245,12 +257,12 @@ class Broker:
         writer task has sent them. Publishes of one batch no longer take turns
         per write; each still awaits its confirm (bench/publish_path.py
         measures both ways raw: broker_limit)."""
-        text = str(job_id)
         try:
             await channel.basic_publish(
-                text.encode(), exchange=exchange, routing_key=queue,
+                body, exchange=exchange, routing_key=queue,
                 properties=aiormq.spec.Basic.Properties(
-                    content_type="text/plain", delivery_mode=2, message_id=text),
+                    content_type="text/plain", delivery_mode=2,
+                    message_id=body[:36].decode()),  # the (first) id
                 mandatory=True, timeout=PUBLISH_TIMEOUT_S, wait=False)
         except aiormq.exceptions.PublishError:
             # Unroutable: the queue vanished (deleted, or lost by the

@@ -40,6 +40,9 @@ class Settleable(Protocol):
     def delivery_tag(self) -> int | None: ...
 
     @property
+    def routing_key(self) -> str | None: ...
+
+    @property
     def channel(self) -> Any: ...
 
     def ack(self, multiple: bool = False) -> Awaitable[Any]: ...
@@ -54,7 +57,7 @@ class Delivery:
     on; ``channel`` raises once that channel is closed, as aio-pika's does
     (RabbitMQ has requeued its unsettled deliveries then)."""
 
-    __slots__ = ("_channel", "body", "delivery_tag")
+    __slots__ = ("_channel", "body", "delivery_tag", "routing_key")
 
     def __init__(self, msg: DeliveredMessage) -> None:
         tag = msg.delivery_tag
@@ -62,6 +65,7 @@ class Delivery:
             raise ValueError("not a delivery: no delivery tag")
         self.body: bytes = msg.body
         self.delivery_tag: int = tag
+        self.routing_key: str | None = msg.routing_key  # jobq's: the job queue's name
         self._channel: aiormq.abc.AbstractChannel = msg.channel
 
     @property

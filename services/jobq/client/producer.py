@@ -25,7 +25,7 @@ from typing_extensions import Unpack
 from jobq.amqp.broker import Broker
 from jobq.client import store
 from jobq.client.publish import publish_and_mark
-from jobq.client.publisher import Marks, Rows, publish
+from jobq.client.publisher import Marks, Rows, Sends, publish
 from jobq.client.workflow import Workflow, enqueue_linked, enqueue_one
 from jobq.db import open_pool, translated
 from jobq.errors import InvalidPayload
@@ -54,6 +54,7 @@ class Client:
         self.pool: asyncpg.Pool | None = None
         self._rows: Rows | None = None
         self._marks: Marks | None = None
+        self._sends: Sends | None = None
         self._direct: asyncpg.Pool | None = None  # result waits behind PgBouncer
         self._listener: Listener | None = None  # client.stream's one LISTEN session
         self._limits: dict[str, tuple[int, float]] = {}  # queue -> (max_payload_bytes, read at)
@@ -73,6 +74,7 @@ class Client:
         # grace after which the relay publishes an unmarked row itself.
         grace = self.settings.producer.relay_grace_s
         self._marks = Marks(self.pool, delay_s=min(MARK_DELAY_S, grace / 4))
+        self._sends = Sends(self.broker)
 
     async def close(self) -> None:
         if self._marks is not None:
@@ -133,7 +135,8 @@ class Client:
                 held = await store.held_back(self.pool, ids)
             except Exception as exc:  # committed: publish all, the claim decides
                 log.debug("held_back: %r", exc)
-        await publish(self.broker, self._marks,
+        assert self._sends is not None
+        await publish(self._sends, self._marks,
                       [(i, j.queue) for i, j in zip(ids, jobs) if not j.waits and i not in held])
         return ids
 

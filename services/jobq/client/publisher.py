@@ -9,6 +9,10 @@ broker's confirm of its id. Everything else is shared or moved off the path:
   at once). One transaction and one WAL flush for many jobs. A batch refused
   for one caller's bad input is retried caller by caller, so the error
   reaches that caller only and the others' jobs are unaffected.
+- **Ids, group-published.** The ids of concurrent publishes go to the
+  broker together (:class:`Sends`, the same coalescing), packed per queue
+  up to a hundred ids a message (``amqp/bodies.py``): one confirm, one
+  queue entry, one delivery for them all (#49).
 - **Marks, deferred.** After the confirm, the ids are handed to
   :class:`Marks`, which writes ``published_at`` a quarter second later (at most a
   quarter of the relay's grace) in
@@ -133,8 +137,26 @@ class Marks:
             await asyncio.shield(self._task)
 
 
-async def publish(broker: Broker, marks: Marks,
-                  items: Sequence[tuple[uuid.UUID, str]]) -> None:
+class Sends:
+    """Group publish of the ids of concurrent publishes: while one batch
+    awaits its confirms, the next fills up; alone, a publish goes at once."""
+
+    def __init__(self, broker: Broker, max_batch: int = 500) -> None:
+        self._broker = broker
+        self._coalescer: Coalescer[list[tuple[uuid.UUID, str]], set[uuid.UUID]] = Coalescer(
+            self._send_all, max_batch=max_batch)
+
+    async def send(self, items: list[tuple[uuid.UUID, str]]) -> set[uuid.UUID]:
+        """The ids of ``items`` the broker confirmed. Never raises."""
+        return await self._coalescer.submit(items) if items else set()
+
+    async def _send_all(self, calls: list[list[tuple[uuid.UUID, str]]]
+                        ) -> list[set[uuid.UUID] | BaseException]:
+        confirmed = await publish_ids(self._broker, [it for call in calls for it in call])
+        return [{i for i, _ in call if i in confirmed} for call in calls]
+
+
+async def publish(sends: Sends, marks: Marks, items: list[tuple[uuid.UUID, str]]) -> None:
     """Publish committed rows' ids and defer their marks; never raises (what
     the broker did not confirm stays unmarked, for the relay)."""
-    marks.add([(i, None) for i in await publish_ids(broker, items)])
+    marks.add([(i, None) for i in await sends.send(items)])

@@ -162,11 +162,16 @@ class Consumer:
         units = assemble(self.app, self.cfg, store, worker_id=self.worker_id,
                          queues=self.queues, concurrency=self.concurrency, tally=self.tally,
                          stop=self._stop, processes=self.processes,
-                         on_claimed=lambda: self._claimed(store))
+                         on_claimed=lambda: self._claimed(store),
+                         hand_back=self._hand_back)
         self._heartbeat, self._completer = units.heartbeat, units.completer
         self.executor, self.intake = units.executor, units.intake
         self.registry.start()
         await self.registry.wait_registered()
+
+    async def _hand_back(self, ids: list[uuid.UUID], queue: str) -> set[uuid.UUID]:
+        """Held ids back to the broker, one message each (worker/handback.py)."""
+        return await self.broker.publish([(i, queue) for i in ids], pack=False)
 
     def _claimed(self, store: PgStore) -> None:
         """Jobs were claimed: if none ran here, this process just went from

@@ -1,6 +1,11 @@
 """Intake: deliveries → batched claims → acks, the consumer's ack policy.
 
 - body not a job id             → reject, no requeue (dead-letters to <ns>.dead)
+- body of several ids           → one slot each; the message is settled when
+                                  the last is (acks.py); a line that is not
+                                  an id: the others run, the message is then
+                                  dead-lettered; ids held while no slot frees
+                                  go back to the fleet (handback.py)
 - claim committed               → ack, then the executor runs the job (a
                                   higher-priority job may run in the
                                   delivered one's place: the delivered one
@@ -49,8 +54,9 @@ from jobq.rows import Claim
 from jobq.runtime import crash
 from jobq.runtime.backoff import Backoff
 from jobq.telemetry.logs import fields
-from jobq.worker.acks import Acks, settle_one
-from jobq.worker.misses import explain_misses
+from jobq.worker import handback
+from jobq.worker.acks import Acks, Envelope, settle_one
+from jobq.worker.misses import explain_misses, tell_malformed
 from jobq.worker.store import WorkerStore
 from jobq.worker.tally import Tally
 
@@ -59,14 +65,15 @@ log = logging.getLogger("jobq.consumer")
 CLAIM_BATCH_MAX = 256  # deliveries claimed by one statement at most
 CLAIM_TRIES = 6  # a failed batch is tried again this often (50 ms .. 1.6 s apart)
 
-Batch = list[tuple[uuid.UUID, Settleable]]
+Batch = list[tuple[uuid.UUID, Envelope]]
 
 
 class Intake:
     def __init__(self, store: WorkerStore, queues: list[str], slots: asyncio.Semaphore,
                  stop: asyncio.Event, tally: Tally,
                  start_job: Callable[[Claim, float], None],
-                 on_claimed: Callable[[], None] | None = None) -> None:
+                 on_claimed: Callable[[], None] | None = None,
+                 hand_back: handback.Publish | None = None) -> None:
         self.store = store
         self.queues = queues
         self._slots = slots
@@ -74,7 +81,8 @@ class Intake:
         self.tally = tally
         self._start_job = start_job  # the executor's: runs a claimed row
         self._on_claimed = on_claimed  # before a batch with a claim starts (consumer.py)
-        self._inbox: collections.deque[Settleable] = collections.deque()
+        self._hand_back = hand_back  # publishes held ids one message each
+        self._inbox: collections.deque[Envelope] = collections.deque()
         self._ready = asyncio.Event()
         self._acks = Acks(self._inbox)
         self.retries: set[asyncio.Task[None]] = set()  # batches whose claim is retried
@@ -82,7 +90,10 @@ class Intake:
 
     def on_message(self, msg: Settleable) -> None:
         # A plain function: called in aiormq's delivery task (deliveries.py).
-        self._inbox.append(msg)
+        env = Envelope(msg)
+        if env.bad:
+            tell_malformed(self.tally, env)
+        self._inbox.append(env)
         self._ready.set()
 
     def wake(self) -> None:
@@ -96,57 +107,64 @@ class Intake:
             if not self._inbox and not self._stop.is_set() and self.fatal is None:
                 self._ready.clear()
                 await self._ready.wait()
-            if self.fatal is not None:
-                msgs = list(self._inbox)
+            if self.fatal is not None or self._stop.is_set():
+                envs = list(self._inbox)
                 self._inbox.clear()
-                await self._acks.settle(msgs, ack=False)
-                raise self.fatal
-            if self._stop.is_set():
-                msgs = list(self._inbox)
-                self._inbox.clear()
-                await self._acks.settle(msgs, ack=False)
+                for env in envs:
+                    await self._acks.finish(env, requeue=True)
+                if self.fatal is not None:
+                    raise self.fatal
                 return
             batch = await self._take_batch()
             if batch:
                 await self._claim_and_start(batch)
 
     async def _take_batch(self) -> Batch:
-        """Deliveries from the front of the inbox, one free slot each."""
+        """Ids from the front of the inbox, one free slot each."""
         batch: Batch = []
         inbox = self._inbox
         while inbox and len(batch) < CLAIM_BATCH_MAX:
-            msg = inbox[0]
-            body = msg.body
-            try:
-                if len(body) > 64:  # an id is 36 characters: do not even decode junk
-                    raise ValueError("too long")
-                job_id = uuid.UUID(body.decode("ascii").strip())
-            except (UnicodeDecodeError, ValueError):
+            env = inbox[0]
+            if not env.ids:  # malformed (logged at delivery)
                 inbox.popleft()
-                self.tally.drop("malformed")
-                if self.tally.counters["malformed"] <= 10 or \
-                        self.tally.counters["malformed"] % 1000 == 0:  # rate-limited
-                    log.warning("malformed message: body is not a job id; dead-lettered "
-                                "(%d so far)", self.tally.counters["malformed"],
-                                extra=fields(event="malformed", body=repr(body[:80])))
-                await settle_one(msg.reject(requeue=False))
+                await settle_one(env.msg.reject(requeue=False))
                 continue
             if self._slots.locked():
-                if batch or not await self._wait_for_slot():
+                if batch:
+                    break
+                got = await self._wait_for_slot()
+                if got is None:  # no slot freed for a while: hand back what is held
+                    await self._give_held_back()
+                    continue
+                if not got:
                     break
             else:
                 await self._slots.acquire()  # free: returns at once
-            inbox.popleft()
-            batch.append((job_id, msg))
-        self._acks.taken(m for _, m in batch)
+            batch.append((env.ids[env.taken], env))
+            env.taken += 1
+            if not env.waiting:
+                inbox.popleft()
+        self._acks.taken(e for _, e in batch)
         return batch
 
-    async def _wait_for_slot(self) -> bool:
-        """Block for a slot, unless intake stops first (then False)."""
+    async def _give_held_back(self) -> None:
+        assert self._hand_back is not None  # _wait_for_slot times out only with it
+        try:
+            await handback.hand_back(self._inbox, self._acks, self._hand_back, self.queues,
+                                     self.tally)
+        except Exception as exc:  # kept and tried again at the next timeout
+            log.warning("could not hand back held ids: %r", exc)
+
+    async def _wait_for_slot(self) -> bool | None:
+        """Block for a slot, unless intake stops first (then False); None
+        once handback.py's patience runs out while ids could be handed back."""
         acquire = asyncio.ensure_future(self._slots.acquire())
         stopped = asyncio.ensure_future(self._stop.wait())
+        timeout = None if self._hand_back is None else handback.patience(
+            self._inbox, self.queues)
         try:
-            await asyncio.wait({acquire, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({acquire, stopped}, timeout=timeout,
+                               return_when=asyncio.FIRST_COMPLETED)
         finally:
             stopped.cancel()
             if not acquire.done():
@@ -155,7 +173,8 @@ class Intake:
             if not self._stop.is_set():
                 return True
             self._slots.release()
-        return False
+            return False
+        return None if not self._stop.is_set() and timeout is not None else False
 
     async def _claim_and_start(self, batch: Batch) -> None:
         crash.point("consumer.before_claim")
@@ -173,7 +192,7 @@ class Intake:
 
     async def _started(self, batch: Batch, rows: list[Claim | None], sent_at: float) -> None:
         crash.point("consumer.after_claim")
-        await self._acks.settle([m for _, m in batch], ack=True)
+        await self._acks.settle([e for _, e in batch], ack=True)
         if self._on_claimed is not None and any(r is not None for r in rows):
             self._on_claimed()
         for row in rows:
@@ -221,7 +240,7 @@ class Intake:
     async def _give_back(self, batch: Batch) -> None:
         for _ in batch:
             self._slots.release()
-        await self._acks.settle([m for _, m in batch], ack=False)
+        await self._acks.settle([e for _, e in batch], ack=False)
 
     def _fail_intake(self, exc: Exception) -> None:
         """A claim error nothing here can heal: stop intake with it (the
@@ -234,13 +253,13 @@ class Intake:
     async def _claim_one_by_one(self, batch: Batch, locks: list[uuid.UUID],
                                 first_sent_at: float) -> None:
         """A claim failed on data, not on the database: find who, fail only it."""
-        for (job_id, msg), lock in zip(batch, locks):
+        for (job_id, env), lock in zip(batch, locks):
             try:
                 rows = await self._claim([job_id], [lock], retried=True)
             except Exception as exc:
                 self._slots.release()
                 if not is_data_error(exc):
-                    await self._acks.settle([msg], ack=False)
+                    await self._acks.settle([env], ack=False)
                     if not is_transient(exc):
                         self._fail_intake(exc)
                     continue
@@ -248,18 +267,18 @@ class Intake:
                     failed = await self.store.quarantine(job_id, lock)
                 except Exception as again:
                     log.warning("could not fail unclaimable job %s: %s", job_id, again)
-                    await self._acks.settle([msg], ack=False)
+                    await self._acks.settle([env], ack=False)
                     continue
                 if not failed:  # the database found it claimable after all: again
-                    await self._acks.settle([msg], ack=False)
+                    await self._acks.settle([env], ack=False)
                     continue
                 self.tally.drop("unclaimable")
                 log.error("job %s cannot be claimed: %s; failed (check the queue's settings; "
                           "then jobq retry)", job_id, exc,
                           extra=fields(event="failed", job=job_id, quarantined=failed))
-                await self._acks.settle([msg], ack=True)
+                await self._acks.settle([env], ack=True)
                 continue
-            await self._started([(job_id, msg)], rows, first_sent_at)
+            await self._started([(job_id, env)], rows, first_sent_at)
 
     async def _claim(self, ids: list[uuid.UUID], locks: list[uuid.UUID],
                      retried: bool = False) -> list[Claim | None]:

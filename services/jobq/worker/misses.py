@@ -2,7 +2,8 @@
 an unknown job, one of a queue this worker does not handle, one held back
 by a limit (parked), one not due yet, one past its deadline (expired), or a
 duplicate delivery. The intake
-acks and drops each: the row, not the message, is the truth."""
+acks and drops each: the row, not the message, is the truth. And a body
+whose lines are not all job ids (malformed), said when it is delivered."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from jobq.telemetry.logs import fields
 from jobq.worker.tally import Tally
 
 if TYPE_CHECKING:
+    from jobq.worker.acks import Envelope
     from jobq.worker.store import WorkerStore
 
 log = logging.getLogger("jobq.consumer")
@@ -53,3 +55,14 @@ async def explain_misses(store: WorkerStore, tally: Tally, queues: list[str],
             tally.drop("duplicate")
             log.info("duplicate delivery: job is %s; dropped", row.status,
                      extra=fields(event="duplicate", job=i, status=row.status))
+
+
+def tell_malformed(tally: Tally, env: Envelope) -> None:
+    """Count a body's lines that are not ids; say so, rate-limited."""
+    tally.drop("malformed", env.bad)
+    n = tally.counters["malformed"]
+    if n <= 10 or n % 1000 < env.bad:
+        what = "body is not a job id" if not env.ids else \
+            f"{env.bad} line(s) of the body are not job ids (its {len(env.ids)} ids run)"
+        log.warning("malformed message: %s; dead-lettered (%d so far)", what, n,
+                    extra=fields(event="malformed", body=repr(env.msg.body[:80])))

@@ -18,6 +18,7 @@ from jobq.handlers import Handlers
 from jobq.settings import ConsumerSettings
 from jobq.worker.completer import Completer
 from jobq.worker.executor import Executor
+from jobq.worker.handback import Publish
 from jobq.worker.heartbeat import Heartbeat
 from jobq.worker.intake import Intake
 from jobq.worker.processes import ProcessPool
@@ -36,11 +37,12 @@ class Units:
 def assemble(app: Handlers, cfg: ConsumerSettings, store: WorkerStore, *, worker_id: str,
              queues: list[str], concurrency: int, tally: Tally, stop: asyncio.Event,
              processes: ProcessPool | None = None,
-             on_claimed: Callable[[], None] | None = None) -> Units:
+             on_claimed: Callable[[], None] | None = None,
+             hand_back: Publish | None = None) -> Units:
     slots = asyncio.Semaphore(concurrency)  # a delivery waits for one before its claim
     heartbeat = Heartbeat(cfg, worker_id, tally, store)
     completer = Completer(store, heartbeat, tally, worker_id)
     executor = Executor(app, cfg, concurrency, worker_id, store, heartbeat, completer, tally,
                         slots, processes)
-    intake = Intake(store, queues, slots, stop, tally, executor.start, on_claimed)
+    intake = Intake(store, queues, slots, stop, tally, executor.start, on_claimed, hand_back)
     return Units(heartbeat, completer, executor, intake)

@@ -1,0 +1,55 @@
+"""What a message body is: one job id as text, or several, one per line.
+
+A batch published together (``publish_many``, concurrent publishes of one
+client, the relay's sweep) goes to the broker as few messages as it takes,
+up to :data:`PACK_MAX` ids each, in the order given. One message for many
+jobs is one publish, one confirm, one queue entry RabbitMQ writes and
+replicates, one delivery and one ack: the broker's work per job, and the
+consumer's AMQP frames, shrink by the batch's size (bench/README.md, #49).
+
+Any AMQP client still reads it: split the body on newlines, each line an id.
+A single id is the body it always was (no newline), so a producer in another
+language that publishes one id per message needs no change.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Sequence
+
+PACK_MAX = 100  # ids per message a publisher packs at most
+UNPACK_MAX = 10_000  # lines a consumer reads from one body; longer: malformed
+_LINE = 36  # an id's text
+
+
+def pack(ids: Sequence[uuid.UUID]) -> Iterator[tuple[list[uuid.UUID], bytes]]:
+    """The messages for ``ids``: (their ids, body), order kept."""
+    for k in range(0, len(ids), PACK_MAX):
+        chunk = list(ids[k:k + PACK_MAX])
+        yield chunk, "\n".join(map(str, chunk)).encode()
+
+
+def one_each(ids: Sequence[uuid.UUID]) -> Iterator[tuple[list[uuid.UUID], bytes]]:
+    """The messages for ``ids``, one id each."""
+    for i in ids:
+        yield [i], str(i).encode()
+
+
+def unpack(body: bytes) -> tuple[list[uuid.UUID], int]:
+    """The ids a body carries, in order, and how many of its lines are not
+    ids (blank lines and a trailing newline are not counted)."""
+    if len(body) > UNPACK_MAX * (_LINE + 2):  # do not even decode junk
+        return [], 1
+    ids: list[uuid.UUID] = []
+    bad = 0
+    for line in body.split(b"\n"):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            ids.append(uuid.UUID(line.decode("ascii")))
+        except (UnicodeDecodeError, ValueError):
+            bad += 1
+    if not ids and not bad:
+        bad = 1  # an empty body is not an id either
+    return ids, bad

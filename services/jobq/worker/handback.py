@@ -1,0 +1,64 @@
+"""Ids a busy consumer holds are handed back, one message each.
+
+A message may carry up to a hundred ids (amqp/bodies.py), and a consumer
+takes one slot per id. While its jobs end quickly, the ids it holds start
+within milliseconds and packing costs nothing. When no slot has freed for
+:data:`HOLD_S` (long jobs), or a message waiting for a slot arrived more
+than :data:`AGE_S` ago (a burst of jobs of a second or so, which one
+consumer would run a slotful at a time while others idle), the ids still
+waiting in its inbox are published again as one message per id: the fleet
+then shares them as it shares single publishes, each consumer holding at
+most its prefetch. Their message is acked once every id it carries is
+claimed or republished.
+
+Crash-safe as every other path: the republish is confirmed before the ack,
+so dying between them redelivers the message, and each id then claimed
+twice is claimed once (the row is the truth; the duplicate is dropped).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+from jobq.worker.acks import Acks, Envelope
+from jobq.worker.tally import Tally
+
+log = logging.getLogger("jobq.consumer")
+
+HOLD_S = 0.5  # no slot freed this long: the held ids go back to the fleet
+AGE_S = 2.0  # or the oldest waiting message arrived this long ago
+
+Publish = Callable[[list[uuid.UUID], str], Awaitable[set[uuid.UUID]]]
+
+
+def patience(inbox: collections.deque[Envelope], queues: list[str]) -> float | None:
+    """How long to wait for a slot before handing back; None: nothing to
+    hand back (no message in the inbox holds more than one waiting id of a
+    queue this consumer knows by name)."""
+    if not any(e.waiting > 1 and e.msg.routing_key in queues for e in inbox):
+        return None
+    return max(0.0, min(HOLD_S, inbox[0].arrived + AGE_S - time.monotonic()))
+
+
+async def hand_back(inbox: collections.deque[Envelope], acks: Acks, publish: Publish,
+                    queues: list[str], tally: Tally) -> None:
+    """Publish the waiting ids of the inbox's packed messages one message
+    each; what the broker confirmed leaves the inbox."""
+    for env in [e for e in inbox if e.waiting > 1 and e.msg.routing_key in queues]:
+        rest = env.ids[env.taken:]
+        queue = env.msg.routing_key
+        assert queue is not None  # checked above
+        confirmed = await publish(rest, queue)
+        if not confirmed:
+            return  # the broker is away: keep holding them, try again later
+        tally.note("handed_back", len(confirmed))
+        left = [i for i in rest if i not in confirmed]
+        env.ids[env.taken:] = left
+        if not left:
+            inbox.remove(env)
+            await acks.finish(env, requeue=False)
+    log.debug("handed back the ids a busy consumer held")
