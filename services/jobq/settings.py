@@ -47,7 +47,9 @@ class ConsumerSettings(BaseModel):
     # Jobs one consumer process runs at once (also --concurrency).
     concurrency: int = Field(default=4, ge=1, le=10_000)
     # Unacked messages the broker may push ahead of free slots. A message waits
-    # unacked (so it is redelivered if we die) until a slot frees up.
+    # unacked (so it is redelivered if we die) until a slot frees up; one that
+    # carries several ids takes a slot per id, and ids a busy consumer cannot
+    # start soon go back to the fleet.
     prefetch: int | None = Field(default=None, ge=1, le=65_535)
     # Renew every lease every lease_s * renew_fraction seconds.
     renew_fraction: float = Field(default=1 / 3, gt=0, lt=0.5)

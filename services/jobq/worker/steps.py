@@ -49,7 +49,8 @@ class JobLink:
         self.lock = lock
         self.max_result_bytes = max_result_bytes
         self.loop = asyncio.get_running_loop()
-        self._emitting = asyncio.Lock()  # one emit of this run at a time (output.py)
+        self._emitting: asyncio.Lock | None = None  # one emit at a time (output.py); made
+        # at the first emit: most runs never emit, and a lock a job was measurable
         self._names: dict[str, str] | None = None  # recorded steps' names (_recorded)
 
     async def parents(self) -> dict[uuid.UUID, Any]:
@@ -70,6 +71,8 @@ class JobLink:
         return await suspension.join(self, ids)
 
     async def emit(self, chunk: Any) -> int:
+        if self._emitting is None:
+            self._emitting = asyncio.Lock()
         return await output.emit(self, chunk, self._emitting)
 
     def emit_sync(self, chunk: Any) -> int:
