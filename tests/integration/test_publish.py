@@ -64,6 +64,19 @@ def test_publish_commits_the_row_then_publishes_the_id(settings: Settings) -> No
     asyncio.run(go())
 
 
+def test_concurrent_publishes_of_one_client_share_their_messages(settings: Settings) -> None:
+    async def go() -> tuple[list[str], list[str]]:
+        async with Client(settings) as client:
+            ids = await asyncio.gather(*(client.publish("mail", {"n": i}) for i in range(20)))
+        return [str(i) for i in ids], await broker_bodies(settings, "mail")
+
+    ids, bodies = asyncio.run(go())
+    lines = [line for body in bodies for line in body.split("\n")]
+    assert sorted(lines) == sorted(ids)  # every id once
+    # The first goes alone; the rest wait for its commit and go out together.
+    assert len(bodies) <= 3, f"{len(bodies)} messages for 20 concurrent publishes"
+
+
 def test_idempotency_key_yields_one_job(settings: Settings) -> None:
     async def go() -> None:
         async with Client(settings) as client:

@@ -10,7 +10,8 @@ broker's confirm of its id. Everything else is shared or moved off the path:
   for one caller's bad input is retried caller by caller, so the error
   reaches that caller only and the others' jobs are unaffected.
 - **Ids, group-published.** The ids of concurrent publishes go to the
-  broker together (:class:`Sends`, the same coalescing), packed per queue
+  broker together (:class:`Sends`: those of one pass of the event loop, with
+  no wait for an earlier batch's confirms), packed per queue
   up to a hundred ids a message (``amqp/bodies.py``): one confirm, one
   queue entry, one delivery for them all (#49).
 - **Marks, deferred.** After the confirm, the ids are handed to
@@ -138,22 +139,43 @@ class Marks:
 
 
 class Sends:
-    """Group publish of the ids of concurrent publishes: while one batch
-    awaits its confirms, the next fills up; alone, a publish goes at once."""
+    """The ids of publishes that reach the broker in one pass of the event
+    loop go out together (a group commit's callers resume in one pass).
+    Nothing waits for an earlier batch's confirms: batches overlap on the
+    wire, so a publish never waits longer than its own confirm."""
 
-    def __init__(self, broker: Broker, max_batch: int = 500) -> None:
+    def __init__(self, broker: Broker) -> None:
         self._broker = broker
-        self._coalescer: Coalescer[list[tuple[uuid.UUID, str]], set[uuid.UUID]] = Coalescer(
-            self._send_all, max_batch=max_batch)
+        self._pending: list[tuple[list[tuple[uuid.UUID, str]], asyncio.Future[set[uuid.UUID]]]] = []
+        self._flights: set[asyncio.Task[None]] = set()
 
     async def send(self, items: list[tuple[uuid.UUID, str]]) -> set[uuid.UUID]:
         """The ids of ``items`` the broker confirmed. Never raises."""
-        return await self._coalescer.submit(items) if items else set()
+        if not items:
+            return set()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[set[uuid.UUID]] = loop.create_future()
+        self._pending.append((items, fut))
+        if len(self._pending) == 1:  # the first of this pass: send after the others
+            loop.call_soon(self._flush)
+        return await fut
 
-    async def _send_all(self, calls: list[list[tuple[uuid.UUID, str]]]
-                        ) -> list[set[uuid.UUID] | BaseException]:
-        confirmed = await publish_ids(self._broker, [it for call in calls for it in call])
-        return [{i for i, _ in call if i in confirmed} for call in calls]
+    def _flush(self) -> None:
+        batch, self._pending = self._pending, []
+        task = asyncio.create_task(self._send_all(batch))
+        self._flights.add(task)
+        task.add_done_callback(self._flights.discard)
+
+    async def _send_all(self, batch: list[tuple[list[tuple[uuid.UUID, str]],
+                                                asyncio.Future[set[uuid.UUID]]]]) -> None:
+        confirmed: set[uuid.UUID] = set()
+        try:
+            confirmed = await publish_ids(self._broker, [it for items, _ in batch
+                                                         for it in items])
+        finally:  # cancelled (the loop closing): none confirmed, the relay's
+            for items, fut in batch:
+                if not fut.done():
+                    fut.set_result({i for i, _ in items if i in confirmed})
 
 
 async def publish(sends: Sends, marks: Marks, items: list[tuple[uuid.UUID, str]]) -> None:
