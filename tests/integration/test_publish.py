@@ -151,6 +151,30 @@ def test_sql_only_enqueue_is_relayed(settings: Settings) -> None:
     asyncio.run(go())
 
 
+def test_the_relay_spreads_a_handful_and_packs_a_backlog(settings: Settings) -> None:
+    """A lapsed consumer's jobs come back through the relay together: one
+    message each, so the whole fleet starts them at once; a backlog packed."""
+    async def go() -> tuple[list[str], list[str]]:
+        conn = await asyncpg.connect(settings.database_url)
+        reaper = Reaper(settings)
+        await reaper.connect(wait=False)
+        try:
+            for queue, n in (("few", 8), ("many", 480)):
+                await conn.execute(
+                    "SELECT jobq.enqueue_many(array_fill($1::text, ARRAY[$2::int]), "
+                    "array_fill('{}'::jsonb, ARRAY[$2::int]), array_fill(0::float8, "
+                    "ARRAY[$2::int]), array_fill(NULL::text, ARRAY[$2::int]), 0)", queue, n)
+                assert (await reaper.run_once()).published == n
+            return await broker_bodies(settings, "few"), await broker_bodies(settings, "many")
+        finally:
+            await reaper.close()
+            await conn.close()
+
+    few, many = asyncio.run(go())
+    assert len(few) == 8  # one id each
+    assert len(many) == 16 and all(len(b.split("\n")) == 30 for b in many)
+
+
 @pytest.mark.parametrize("queue,payload,error", [
     ("bad queue", {}, InvalidQueue),
     ("", {}, InvalidQueue),

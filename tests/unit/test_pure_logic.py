@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from jobq.amqp.bodies import PACK_MAX, pack, unpack
+from jobq.amqp.bodies import PACK_MAX, pack, spread, unpack
 from jobq.errors import BadInput
 from jobq.job import Job
 from jobq.lease import Lease
@@ -210,6 +210,7 @@ def test_bodies_pack_in_order_and_read_back_as_any_client_would() -> None:
     assert unpack(str(ids[0]).encode() + b"\n") == ([ids[0]], 0)  # one id, as ever
     assert unpack(b"") == ([], 1) and unpack(b"\xff\xfe") == ([], 1)
     assert unpack(b"x" * 400_000) == ([], 1)  # not even decoded
+    assert [spread(n) for n in (1, 16, 17, 32, 500, 5000)] == [1, 1, 2, 2, 32, 100]
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("90s", 90), ("15m", 900), ("12h", 43200),

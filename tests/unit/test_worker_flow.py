@@ -76,6 +76,7 @@ class World:
         self.tally = Tally()
         self.stop = asyncio.Event()
         self.handed: list[tuple[list[uuid.UUID], str]] = []  # ids published back, singly
+        self.broker_away = False  # then no hand back is confirmed
         units = assemble(self.app, self.cfg, self.store, worker_id="w", queues=["q"],
                          concurrency=concurrency, tally=self.tally, stop=self.stop,
                          hand_back=self._hand_back)
@@ -103,7 +104,7 @@ class World:
 
     async def _hand_back(self, ids: list[uuid.UUID], queue: str) -> set[uuid.UUID]:
         self.handed.append((ids, queue))
-        return set(ids)
+        return set() if self.broker_away else set(ids)
 
     def deliver(self, *bodies: uuid.UUID | bytes) -> list[Message]:
         out = []
@@ -241,6 +242,29 @@ def test_ids_of_an_old_message_go_back_even_while_slots_free(
             ((back, _),) = w.handed
             ran = [i for c in w.store.named("claim") for i in c]
             assert ran + back == ids and 1 < len(ran) < 10, (len(ran), len(back))
+    run(go())
+
+
+def test_a_hand_back_the_broker_refuses_is_tried_once_each_hold_not_in_a_spin(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(handback_mod, "HOLD_S", 0.05)
+    monkeypatch.setattr(handback_mod, "AGE_S", 0.0)  # the message is "old" at once
+
+    async def go() -> None:
+        async with World(forever, concurrency=1) as w:
+            w.broker_away = True
+            ids = [w.store.add() for _ in range(3)]
+            (msg,) = w.deliver("\n".join(map(str, ids)).encode())
+            await w.until(lambda: len(w.handed) >= 2)
+            t0 = asyncio.get_running_loop().time()
+            n0 = len(w.handed)
+            await w.until(lambda: len(w.handed) >= n0 + 3)
+            took = asyncio.get_running_loop().time() - t0
+            # three tries took at least two holds (a spin makes thousands a second)
+            assert took >= 2 * 0.05 * 0.9, f"{len(w.handed) - n0} tries in {took:.3f}s"
+            assert msg.settled is None and list(w.runs) == [ids[0]]  # still held, not lost
+            w.broker_away = False
+            await w.until(lambda: msg.settled == "ack")
     run(go())
 
 

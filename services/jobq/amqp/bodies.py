@@ -18,21 +18,27 @@ import uuid
 from collections.abc import Iterator, Sequence
 
 PACK_MAX = 100  # ids per message a publisher packs at most
+SPREAD = 16  # a relayed batch goes out as at least this many messages where it can
 UNPACK_MAX = 10_000  # lines a consumer reads from one body; longer: malformed
 _LINE = 36  # an id's text
 
 
-def pack(ids: Sequence[uuid.UUID]) -> Iterator[tuple[list[uuid.UUID], bytes]]:
-    """The messages for ``ids``: (their ids, body), order kept."""
-    for k in range(0, len(ids), PACK_MAX):
-        chunk = list(ids[k:k + PACK_MAX])
+def pack(ids: Sequence[uuid.UUID], per: int = PACK_MAX
+         ) -> Iterator[tuple[list[uuid.UUID], bytes]]:
+    """The messages for ``ids``, ``per`` ids each at most: (their ids, body),
+    order kept."""
+    for k in range(0, len(ids), per):
+        chunk = list(ids[k:k + per])
         yield chunk, "\n".join(map(str, chunk)).encode()
 
 
-def one_each(ids: Sequence[uuid.UUID]) -> Iterator[tuple[list[uuid.UUID], bytes]]:
-    """The messages for ``ids``, one id each."""
-    for i in ids:
-        yield [i], str(i).encode()
+def spread(n: int) -> int:
+    """Ids per message for a batch of ``n`` the reapers relay: a lapsed
+    consumer's jobs are requeued and relayed together, and should start on
+    the whole fleet at once, not queue on the one consumer a single message
+    reaches. So at least :data:`SPREAD` messages where ``n`` allows (up to 16
+    ids: one each); a bulk backlog is still packed, ``n / 16`` to a message."""
+    return max(1, min(PACK_MAX, -(-n // SPREAD)))
 
 
 def unpack(body: bytes) -> tuple[list[uuid.UUID], int]:

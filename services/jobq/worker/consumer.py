@@ -171,7 +171,7 @@ class Consumer:
 
     async def _hand_back(self, ids: list[uuid.UUID], queue: str) -> set[uuid.UUID]:
         """Held ids back to the broker, one message each (worker/handback.py)."""
-        return await self.broker.publish([(i, queue) for i in ids], pack=False)
+        return await self.broker.publish([(i, queue) for i in ids], per_message=1)
 
     def _claimed(self, store: PgStore) -> None:
         """Jobs were claimed: if none ran here, this process just went from

@@ -35,13 +35,30 @@ AGE_S = 2.0  # or the oldest waiting message arrived this long ago
 Publish = Callable[[list[uuid.UUID], str], Awaitable[set[uuid.UUID]]]
 
 
-def patience(inbox: collections.deque[Envelope], queues: list[str]) -> float | None:
-    """How long to wait for a slot before handing back; None: nothing to
-    hand back (no message in the inbox holds more than one waiting id of a
-    queue this consumer knows by name)."""
-    if not any(e.waiting > 1 and e.msg.routing_key in queues for e in inbox):
-        return None
-    return max(0.0, min(HOLD_S, inbox[0].arrived + AGE_S - time.monotonic()))
+class HandBack:
+    """When the intake, waiting for a slot, gives up on it and hands back."""
+
+    def __init__(self, publish: Publish, queues: list[str], tally: Tally) -> None:
+        self._publish, self._queues, self._tally = publish, queues, tally
+        self._next = 0.0  # monotonic: no try before (one each HOLD_S at most)
+
+    def patience(self, inbox: collections.deque[Envelope]) -> float | None:
+        """How long to wait for a slot before handing back; None: nothing to
+        hand back (no message in the inbox holds more than one waiting id of
+        a queue this consumer knows by name)."""
+        if not any(e.waiting > 1 and e.msg.routing_key in self._queues for e in inbox):
+            return None
+        now = time.monotonic()
+        return max(0.0, min(HOLD_S, inbox[0].arrived + AGE_S - now), self._next - now)
+
+    async def give(self, inbox: collections.deque[Envelope], acks: Acks) -> None:
+        # Whatever comes of it, the next try is HOLD_S away: a broker that
+        # confirms nothing must not turn the wait for a slot into a spin.
+        self._next = time.monotonic() + HOLD_S
+        try:
+            await hand_back(inbox, acks, self._publish, self._queues, self._tally)
+        except Exception as exc:  # kept, and tried again
+            log.warning("could not hand back held ids: %r", exc)
 
 
 async def hand_back(inbox: collections.deque[Envelope], acks: Acks, publish: Publish,
@@ -61,4 +78,3 @@ async def hand_back(inbox: collections.deque[Envelope], acks: Acks, publish: Pub
         if not left:
             inbox.remove(env)
             await acks.finish(env, requeue=False)
-    log.debug("handed back the ids a busy consumer held")

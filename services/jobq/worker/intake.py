@@ -81,7 +81,8 @@ class Intake:
         self.tally = tally
         self._start_job = start_job  # the executor's: runs a claimed row
         self._on_claimed = on_claimed  # before a batch with a claim starts (consumer.py)
-        self._hand_back = hand_back  # publishes held ids one message each
+        self._handback = None if hand_back is None else handback.HandBack(
+            hand_back, queues, tally)  # held ids back to the fleet, one message each
         self._inbox: collections.deque[Envelope] = collections.deque()
         self._ready = asyncio.Event()
         self._acks = Acks(self._inbox)
@@ -134,7 +135,8 @@ class Intake:
                     break
                 got = await self._wait_for_slot()
                 if got is None:  # no slot freed for a while: hand back what is held
-                    await self._give_held_back()
+                    assert self._handback is not None  # only it makes the wait time out
+                    await self._handback.give(inbox, self._acks)
                     continue
                 if not got:
                     break
@@ -147,21 +149,12 @@ class Intake:
         self._acks.taken(e for _, e in batch)
         return batch
 
-    async def _give_held_back(self) -> None:
-        assert self._hand_back is not None  # _wait_for_slot times out only with it
-        try:
-            await handback.hand_back(self._inbox, self._acks, self._hand_back, self.queues,
-                                     self.tally)
-        except Exception as exc:  # kept and tried again at the next timeout
-            log.warning("could not hand back held ids: %r", exc)
-
     async def _wait_for_slot(self) -> bool | None:
         """Block for a slot, unless intake stops first (then False); None
         once handback.py's patience runs out while ids could be handed back."""
         acquire = asyncio.ensure_future(self._slots.acquire())
         stopped = asyncio.ensure_future(self._stop.wait())
-        timeout = None if self._hand_back is None else handback.patience(
-            self._inbox, self.queues)
+        timeout = None if self._handback is None else self._handback.patience(self._inbox)
         try:
             await asyncio.wait({acquire, stopped}, timeout=timeout,
                                return_when=asyncio.FIRST_COMPLETED)
