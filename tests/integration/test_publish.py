@@ -175,6 +175,21 @@ def test_the_relay_spreads_a_handful_and_packs_a_backlog(settings: Settings) -> 
     assert len(many) == 16 and all(len(b.split("\n")) == 30 for b in many)
 
 
+def test_ids_put_back_in_line_are_spread_a_producers_batch_packed(settings: Settings) -> None:
+    """A consumer's releases (publish_and_mark, as a drain or an unpark
+    calls it) reach the fleet one message each; a publish_many batch of the
+    same size is one message."""
+    async def go() -> tuple[list[str], list[str]]:
+        async with Client(settings) as client:
+            ids = await client.publish_many([NewJob("made", {}) for _ in range(8)])
+            made = await broker_bodies(settings, "made")
+            await client.republish([(i, "made", None) for i in ids])
+            return made, await broker_bodies(settings, "made")
+
+    made, back = asyncio.run(go())
+    assert len(made) == 1 and len(back) == 8
+
+
 @pytest.mark.parametrize("queue,payload,error", [
     ("bad queue", {}, InvalidQueue),
     ("", {}, InvalidQueue),

@@ -1,8 +1,9 @@
 """What a message body is: one job id as text, or several, one per line.
 
-A batch published together (``publish_many``, concurrent publishes of one
-client, the relay's sweep) goes to the broker as few messages as it takes,
-up to :data:`PACK_MAX` ids each, in the order given. One message for many
+A batch a producer publishes (``publish_many``, concurrent publishes of one
+client) goes to the broker as few messages as it takes, up to
+:data:`PACK_MAX` ids each, in the order given; ids going back in line (a
+relay sweep, a consumer's releases) are spread (:func:`spread`). One message for many
 jobs is one publish, one confirm, one queue entry RabbitMQ writes and
 replicates, one delivery and one ack: the broker's work per job, and the
 consumer's AMQP frames, shrink by the batch's size (bench/README.md, #49).
@@ -33,11 +34,12 @@ def pack(ids: Sequence[uuid.UUID], per: int = PACK_MAX
 
 
 def spread(n: int) -> int:
-    """Ids per message for a batch of ``n`` the reapers relay: a lapsed
-    consumer's jobs are requeued and relayed together, and should start on
-    the whole fleet at once, not queue on the one consumer a single message
-    reaches. So at least :data:`SPREAD` messages where ``n`` allows (up to 16
-    ids: one each); a bulk backlog is still packed, ``n / 16`` to a message."""
+    """Ids per message for a batch of ``n`` going back in line: a lapsed
+    consumer's jobs (requeued and relayed together), a draining consumer's
+    releases should start on the whole fleet at once, not queue on the one
+    consumer a single message reaches. So at least :data:`SPREAD` messages
+    where ``n`` allows (up to 16 ids: one each); a bulk backlog relayed is
+    still packed, ``n / 16`` to a message."""
     return max(1, min(PACK_MAX, -(-n // SPREAD)))
 
 

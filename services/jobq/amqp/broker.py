@@ -28,8 +28,8 @@ from aio_pika.abc import (
     AbstractRobustConnection,
 )
 
-from jobq.amqp.bodies import PACK_MAX
 from jobq.amqp.bodies import pack as pack_ids
+from jobq.amqp.bodies import spread
 from jobq.amqp.connect import QUEUE_REFUSED, TRANSIENT, open_connection
 from jobq.amqp.deliveries import Delivery, consume
 from jobq.endpoints import redact, split_amqp, with_heartbeat
@@ -166,11 +166,13 @@ class Broker:
     # ── publish ──
 
     async def publish(self, items: Iterable[tuple[uuid.UUID, str]],
-                      per_message: int = PACK_MAX) -> set[uuid.UUID]:
+                      per_message: int | None = None) -> set[uuid.UUID]:
         """Publish ids; return the ids the broker confirmed.
 
-        Ids of one queue go out packed, up to ``per_message`` in a message
-        in the order given (amqp/bodies.py; 1: one message each). Ids that
+        Ids of one queue go out packed, up to ``per_message`` in a message,
+        in order (amqp/bodies.py). By default spread: ids going back in line
+        (a relay sweep, a drain's releases) should reach the whole fleet;
+        a producer's batch is packed full (client/publisher.py). Ids that
         failed are left out (and logged); their rows stay unpublished and
         the reaper's relay publishes them later. Never raises for a single
         failed message; raises BrokerUnavailable if nothing could be sent.
@@ -189,7 +191,7 @@ class Broker:
         for job_id, queue in items:
             by_queue.setdefault(queue, []).append(job_id)
         messages = [(chunk, body, queue) for queue, ids in by_queue.items()
-                    for chunk, body in pack_ids(ids, per_message)]
+                    for chunk, body in pack_ids(ids, per_message or spread(len(items)))]
         sends = [self._send(channel, exchange, body, queue) for _, body, queue in messages]
         # One message (a single publish, the common call) is awaited in this
         # task: gather would start a task for it.

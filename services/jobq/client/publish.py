@@ -37,12 +37,14 @@ async def publish_and_mark(broker: Broker, pool: asyncpg.Pool,
     return len(confirmed)
 
 
-async def publish_ids(broker: Broker, items: Sequence[tuple[uuid.UUID, str]]) -> set[uuid.UUID]:
-    """The ids the broker confirmed; none (logged) if it is away. Never raises."""
+async def publish_ids(broker: Broker, items: Sequence[tuple[uuid.UUID, str]],
+                      per_message: int | None = None) -> set[uuid.UUID]:
+    """The ids the broker confirmed; none (logged) if it is away. Never raises.
+    ``per_message``: as ``Broker.publish`` (spread by default)."""
     if not items:
         return set()
     try:
-        return await broker.publish(items)
+        return await broker.publish(items, per_message)
     except Exception as exc:
         log.warning("could not publish %d id(s) now (%s); the reaper will publish them",
                     len(items), exc)

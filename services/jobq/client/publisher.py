@@ -35,6 +35,7 @@ from collections.abc import Sequence
 
 import asyncpg
 
+from jobq.amqp.bodies import PACK_MAX
 from jobq.amqp.broker import Broker
 from jobq.client import store
 from jobq.client.publish import mark, publish_ids
@@ -170,8 +171,8 @@ class Sends:
                                                 asyncio.Future[set[uuid.UUID]]]]) -> None:
         confirmed: set[uuid.UUID] = set()
         try:
-            confirmed = await publish_ids(self._broker, [it for items, _ in batch
-                                                         for it in items])
+            confirmed = await publish_ids(  # a batch the producer made: packed full
+                self._broker, [it for items, _ in batch for it in items], PACK_MAX)
         finally:  # cancelled (the loop closing): none confirmed, the relay's
             for items, fut in batch:
                 if not fut.done():

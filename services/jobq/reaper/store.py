@@ -19,7 +19,6 @@ from typing import Protocol
 import asyncpg
 
 from jobq import lease
-from jobq.amqp.bodies import spread
 from jobq.amqp.broker import Broker
 from jobq.db import Database, execute, fetch, fetchrow, fetchval, transaction, translated
 from jobq.rows import Backlog, DueSlot, Lapsed, Overdue, Probe, Settled, Vanished, of
@@ -163,8 +162,7 @@ class PgReaperStore:
                     return total
                 # Raises if nothing could be sent at all (the broker is away):
                 # the transaction rolls back and the next sweep tries again.
-                confirmed = await self.broker.publish([(r["id"], r["queue"]) for r in rows],
-                                                      per_message=spread(len(rows)))
+                confirmed = await self.broker.publish([(r["id"], r["queue"]) for r in rows])
                 crash.point("reaper.mid_relay")
                 await execute(conn, Q["relay_mark"], list(confirmed))
                 missed = [r["id"] for r in rows if r["id"] not in confirmed]
