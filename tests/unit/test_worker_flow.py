@@ -230,18 +230,19 @@ def test_ids_held_while_no_slot_frees_go_back_one_message_each(
 
 def test_ids_of_an_old_message_go_back_even_while_slots_free(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(handback_mod, "AGE_S", 0.1)
+    monkeypatch.setattr(handback_mod, "AGE_S", 0.2)
 
     async def go() -> None:
         async def brief(job: Job) -> None:
-            await asyncio.sleep(0.03)  # a slot frees every 30 ms: never HOLD_S
+            await asyncio.sleep(0.02)  # a slot frees every 20 ms: never HOLD_S
         async with World(brief, concurrency=1) as w:
             ids = [w.store.add() for _ in range(20)]
             (msg,) = w.deliver("\n".join(map(str, ids)).encode())
             await w.until(lambda: msg.settled is not None)
             ((back, _),) = w.handed
             ran = [i for c in w.store.named("claim") for i in c]
-            assert ran + back == ids and 1 < len(ran) < 10, (len(ran), len(back))
+            # some ran one after another (slots kept freeing), the rest went back
+            assert ran + back == ids and 1 < len(ran) < 20, (len(ran), len(back))
     run(go())
 
 

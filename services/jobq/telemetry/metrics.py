@@ -39,8 +39,9 @@ JOBS_RELEASED = Counter("jobq_jobs_released_total", "Leases released on shutdown
 LEASES_LOST = Counter("jobq_leases_lost_total", "Leases a consumer lost (lapsed, reaped or "
                       "self-fenced); a job cancelled while it ran is not counted.", ["queue"],
                       registry=REGISTRY)
-BAD_MESSAGES = Counter("jobq_messages_dropped_total", "Deliveries not run: malformed, unknown "
-                       "job, duplicate, not due, foreign queue.", ["reason"], registry=REGISTRY)
+BAD_MESSAGES = Counter("jobq_messages_dropped_total", "Delivered ids not run (malformed: each "
+                       "line of a body that is not an id): malformed, unknown job, duplicate, "
+                       "not due, foreign queue.", ["reason"], registry=REGISTRY)
 HANDLER_SECONDS = Histogram("jobq_handler_duration_seconds", "Handler run time.",
                             ["queue", "outcome"], registry=REGISTRY)
 RENEW_SECONDS = Histogram("jobq_lease_renewal_duration_seconds",

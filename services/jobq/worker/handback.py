@@ -52,29 +52,23 @@ class HandBack:
         return max(0.0, min(HOLD_S, inbox[0].arrived + AGE_S - now), self._next - now)
 
     async def give(self, inbox: collections.deque[Envelope], acks: Acks) -> None:
-        # Whatever comes of it, the next try is HOLD_S away: a broker that
-        # confirms nothing must not turn the wait for a slot into a spin.
+        """Publish the waiting ids of the inbox's packed messages one message
+        each; what the broker confirmed leaves the inbox. Whatever comes of
+        it, the next try is HOLD_S away: a broker that confirms nothing must
+        not turn the wait for a slot into a spin."""
         self._next = time.monotonic() + HOLD_S
-        try:
-            await hand_back(inbox, acks, self._publish, self._queues, self._tally)
-        except Exception as exc:  # kept, and tried again
-            log.warning("could not hand back held ids: %r", exc)
-
-
-async def hand_back(inbox: collections.deque[Envelope], acks: Acks, publish: Publish,
-                    queues: list[str], tally: Tally) -> None:
-    """Publish the waiting ids of the inbox's packed messages one message
-    each; what the broker confirmed leaves the inbox."""
-    for env in [e for e in inbox if e.waiting > 1 and e.msg.routing_key in queues]:
-        rest = env.ids[env.taken:]
-        queue = env.msg.routing_key
-        assert queue is not None  # checked above
-        confirmed = await publish(rest, queue)
-        if not confirmed:
-            return  # the broker is away: keep holding them, try again later
-        tally.note("handed_back", len(confirmed))
-        left = [i for i in rest if i not in confirmed]
-        env.ids[env.taken:] = left
-        if not left:
-            inbox.remove(env)
-            await acks.finish(env, requeue=False)
+        for env in [e for e in inbox if e.waiting > 1 and e.msg.routing_key in self._queues]:
+            rest = env.ids[env.taken:]
+            try:
+                confirmed = await self._publish(rest, str(env.msg.routing_key))
+            except Exception as exc:  # kept, and tried again
+                log.warning("could not hand back held ids: %r", exc)
+                return
+            if not confirmed:
+                return  # kept, and tried again
+            self._tally.note("handed_back", len(confirmed))
+            left = [i for i in rest if i not in confirmed]
+            env.ids[env.taken:] = left
+            if not left:
+                inbox.remove(env)
+                await acks.finish(env, requeue=False)

@@ -62,7 +62,7 @@ from jobq.worker.tally import Tally
 
 log = logging.getLogger("jobq.consumer")
 
-CLAIM_BATCH_MAX = 256  # deliveries claimed by one statement at most
+CLAIM_BATCH_MAX = 256  # ids claimed by one statement at most
 CLAIM_TRIES = 6  # a failed batch is tried again this often (50 ms .. 1.6 s apart)
 
 Batch = list[tuple[uuid.UUID, Envelope]]
