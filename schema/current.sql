@@ -787,9 +787,10 @@ CREATE FUNCTION jobq.notify_finished() RETURNS trigger
     SET plan_cache_mode TO 'force_custom_plan'
     AS $$
 BEGIN
-    IF EXISTS (SELECT 1 FROM jobq.job_watch w WHERE w.job_id = NEW.id) THEN
-        PERFORM pg_notify('jobq_finished', NEW.id::text);
-    END IF;
+    PERFORM pg_notify('jobq_finished', f.id::text)
+    FROM finished f
+    WHERE f.status IN ('completed', 'failed', 'cancelled')
+      AND EXISTS (SELECT 1 FROM jobq.job_watch w WHERE w.job_id = f.id);
     RETURN NULL;
 END $$;
 
@@ -3620,7 +3621,7 @@ CREATE TRIGGER job_delayed_notify AFTER INSERT OR UPDATE OF run_at ON jobq.job F
 -- Name: job job_finished_notify; Type: TRIGGER; Schema: jobq; Owner: -
 --
 
-CREATE TRIGGER job_finished_notify AFTER UPDATE OF status ON jobq.job FOR EACH ROW WHEN (((new.status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text])) AND (old.status IS DISTINCT FROM new.status))) EXECUTE FUNCTION jobq.notify_finished();
+CREATE TRIGGER job_finished_notify AFTER UPDATE ON jobq.job REFERENCING NEW TABLE AS finished FOR EACH STATEMENT EXECUTE FUNCTION jobq.notify_finished();
 
 --
 -- Name: job job_latest_key; Type: TRIGGER; Schema: jobq; Owner: -
