@@ -1003,7 +1003,7 @@ IF (SELECT NOT EXISTS (
        AND NOT EXISTS (  -- a live RateLimited hold (schema 0026): one index probe
            SELECT 1 FROM jobq.key_hold h
            WHERE h.queue = ANY($3::text[]) AND h.until > now())) THEN
-RETURN QUERY WITH candidate AS (
+RETURN QUERY WITH candidate AS MATERIALIZED (
     SELECT j.id
     FROM jobq.job j
     WHERE j.id = ANY($1::uuid[])
@@ -1024,8 +1024,8 @@ RETURN QUERY WITH candidate AS (
         lease_expires_at = now() + make_interval(secs => q.lease_s),
         started_at = now(),
         isolated = false
-    FROM candidate c, jobq.queue q
-    WHERE j.id = ANY($1::uuid[]) AND j.id = c.id AND q.name = j.queue
+    FROM jobq.queue q
+    WHERE j.id = ANY(ARRAY(SELECT c.id FROM candidate c)) AND q.name = j.queue
     RETURNING j.id, j.queue, j.payload, j.attempts, j.errors, j.stalls, j.lock, j.created_at,
               j.suspect, j.handoffs, q.lease_s, q.timeout_s, q.max_attempts,
               q.vanished_grace_s, q.history, q.max_result_bytes, false AS limited,
@@ -1348,18 +1348,17 @@ RETURN QUERY WITH locked AS MATERIALIZED (  -- id order whatever the plan (see l
                      CASE WHEN EXISTS (SELECT 1 FROM jobq.job n
                                        WHERE n.queue = j.queue AND n.key = j.key
                                          AND n.seq > j.seq)
-                          THEN NULL ELSE t.result END
-                     ELSE t.result END,
+                          THEN NULL ELSE ($3::jsonb[])[array_position($1::uuid[], j.id)] END
+                     ELSE ($3::jsonb[])[array_position($1::uuid[], j.id)] END,
         last_error = CASE WHEN j.key_policy = 'latest' THEN
                          coalesce((SELECT format('superseded by job %s (key policy latest)', n.id)
                                    FROM jobq.job n
                                    WHERE n.queue = j.queue AND n.key = j.key AND n.seq > j.seq
                                    ORDER BY n.seq DESC LIMIT 1), j.last_error)
                          ELSE j.last_error END
-    FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) AS t(id, lock, result), locked l
     WHERE j.id = ANY($1::uuid[])  -- an index lookup whatever the statistics (issue #49)
-      AND j.id = t.id AND j.id = l.id
-      AND j.lock = t.lock
+      AND (SELECT count(*) FROM locked) > 0  -- once, before the first row is written
+      AND j.lock = ($2::uuid[])[array_position($1::uuid[], j.id)]
       AND j.status COLLATE "C" = 'active'
       AND j.lease_expires_at > now()
     RETURNING j.id, j.status, j.queue, j.worker_id, j.attempts, j.last_error

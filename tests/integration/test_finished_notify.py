@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from typing import Any
 
 import asyncpg
 
@@ -36,7 +37,7 @@ async def _heard(db_url: str, pool: asyncpg.Pool, write: object) -> list[str]:
     got: list[str] = []
     done = asyncio.Event()
 
-    def on(_c: object, _pid: int, _ch: str, payload: str) -> None:
+    def on(_c: Any, _pid: int, _ch: str, payload: Any) -> None:
         got.append(payload)
         if payload == SENTINEL:
             done.set()

@@ -1,0 +1,102 @@
+"""The consumer's batch statements do work in proportion to the batch, not to
+its square (issue #49).
+
+Found by EXPLAIN ANALYZE of the completion's generic plan: joined to the
+batch as ``unnest($1, $2, $3)``, the update rescanned the batch once per row
+(a nested loop, 4,032 rows filtered away for 64 jobs), and the same with the
+locked rows in place of unnest(). Each statement is run here as its function
+runs it (its generic plan, with its settings) for 16 and for 64 jobs; the
+rows its plan nodes produce and filter away must grow about 4 times, not 16.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from typing import Any
+
+import asyncpg
+
+from jobq.db import SESSION_SETTINGS
+from jobq.ops.routines import GENERIC_SETTING, definition
+from jobq.sql import BODY, FAST, Q, statements
+
+
+def _work(plan: Any) -> int:
+    """Rows every node produced or filtered away, over all its loops."""
+    total = 0
+    if isinstance(plan, dict):
+        loops = int(plan.get("Actual Loops", 1))
+        total += loops * sum(int(plan.get(k, 0)) for k in (
+            "Actual Rows", "Rows Removed by Filter", "Rows Removed by Join Filter",
+            "Rows Removed by Index Recheck"))
+        total += sum(_work(v) for v in plan.values())
+    elif isinstance(plan, list):
+        total += sum(_work(p) for p in plan)
+    return total
+
+
+def _literal(value: Any) -> str:
+    """SQL text for an argument (EXPLAIN EXECUTE takes no parameters)."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, list):
+        return "ARRAY[" + ", ".join(_literal(v) for v in value) + "]"
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+async def _generic(conn: asyncpg.Connection, name: str, stmt: str,
+                   args: tuple[Any, ...]) -> Any:
+    """EXPLAIN ANALYZE of ``stmt`` as function ``name`` plans it; rolled back."""
+    types, _ = await definition(conn, name)
+    tx = conn.transaction()
+    await tx.start()
+    try:
+        for setting in GENERIC_SETTING.split("SET ")[1:]:
+            await conn.execute(f"SET LOCAL {setting}")
+        await conn.execute(f"PREPARE batch_work ({types}) AS {stmt}")
+        params = ", ".join(f"{_literal(a)}::{t}" for a, t in zip(args, types.split(", ")))
+        raw = await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE batch_work ({params})")
+        return json.loads(raw) if isinstance(raw, str) else raw
+    finally:
+        await tx.rollback()
+        await conn.execute("DEALLOCATE batch_work")  # a PREPARE outlives its transaction
+
+
+async def _queued(conn: asyncpg.Connection, n: int) -> list[uuid.UUID]:
+    ids = [r[0] for r in await conn.fetch(
+        "SELECT id FROM jobq.enqueue_many(array_fill('noop'::text, ARRAY[$1::int]), "
+        "array_fill('{}'::jsonb, ARRAY[$1::int]), array_fill(0::float8, ARRAY[$1::int]), "
+        "array_fill(NULL::text, ARRAY[$1::int]), 60)", n)]
+    return sorted(ids)
+
+
+async def _work_of(conn: asyncpg.Connection, n: int) -> dict[str, int]:
+    ids = await _queued(conn, n)
+    tokens = [uuid.uuid4() for _ in ids]
+    claim = statements(BODY[FAST["claim"]])[-1]  # what an unlimited queue's claim runs
+    out = {"claim": _work(await _generic(conn, "claim", claim, (ids, "w", ["noop"], tokens)))}
+    rows = await conn.fetch(Q["claim"], ids, "w", ["noop"], tokens)
+    assert len(rows) == n
+    rows = sorted(rows, key=lambda r: r["id"])
+    done = (([r["id"] for r in rows], [r["lock"] for r in rows], [None] * n))
+    out["complete"] = _work(await _generic(conn, "complete", BODY["complete"], done))
+    return out
+
+
+def test_claim_and_completion_work_grows_with_the_batch_not_its_square(db_url: str) -> None:
+    async def go() -> tuple[dict[str, int], dict[str, int]]:
+        conn = await asyncpg.connect(db_url, server_settings=SESSION_SETTINGS)
+        try:
+            await conn.execute("INSERT INTO jobq.queue (name) VALUES ('noop')")
+            await conn.execute("ANALYZE jobq.job")  # empty: the statistics of a new install
+            return await _work_of(conn, 16), await _work_of(conn, 64)
+        finally:
+            await conn.close()
+
+    small, large = asyncio.run(go())
+    growth = {name: round(large[name] / small[name], 1) for name in small}
+    assert all(g < 6 for g in growth.values()), (
+        f"rows produced and filtered for 64 jobs over those for 16 (4 is linear, 16 is "
+        f"the batch squared): {growth}; 16 jobs {small}, 64 jobs {large}")
