@@ -656,17 +656,18 @@ WHERE id = ANY($1::uuid[]);
 -- renewed but cancelled here, by its own worker's statement, so that the
 -- producer of the newer job never writes, nor waits on, this row (I11): its
 -- id is left out (the worker stops the handler as for a lost lease) and any
--- later write of the run is refused.
+-- later write of the run is refused. Each lease's token and length are
+-- read from the arrays by its id's position: joined as unnest(), the batch
+-- was rescanned once per lease (#49, test_batch_work.py).
 WITH mine AS (
-    SELECT j.id, t.lease_s,
+    SELECT j.id, ($3::float8[])[array_position($1::uuid[], j.id)] AS lease_s,
            CASE WHEN j.key_policy = 'latest' THEN (
                SELECT n.id FROM jobq.job n
                WHERE n.queue = j.queue AND n.key = j.key AND n.seq > j.seq
                ORDER BY n.seq DESC LIMIT 1) END AS newer
     FROM jobq.job j
-    JOIN unnest($1::uuid[], $2::uuid[], $3::float8[]) AS t(id, lock, lease_s) ON j.id = t.id
     WHERE j.id = ANY($1::uuid[])
-      AND j.lock = t.lock
+      AND j.lock = ($2::uuid[])[array_position($1::uuid[], j.id)]
       AND j.status COLLATE "C" = 'active'
       AND j.lease_expires_at > now()
     FOR NO KEY UPDATE OF j SKIP LOCKED
@@ -695,12 +696,11 @@ SELECT r.id, true AS renewed FROM renewed r WHERE r.renewed
 UNION ALL
 SELECT j.id, false AS renewed
 FROM jobq.job j
-JOIN unnest($1::uuid[], $2::uuid[]) AS t(id, lock) ON j.id = t.id
 WHERE j.id = ANY($1::uuid[])
-  AND j.lock = t.lock
+  AND j.lock = ($2::uuid[])[array_position($1::uuid[], j.id)]
   AND j.status COLLATE "C" = 'active'
   AND j.lease_expires_at > now()
-  AND NOT EXISTS (SELECT 1 FROM mine m WHERE m.id = j.id);
+  AND j.id <> ALL (ARRAY(SELECT m.id FROM mine m));  -- once, not a rescan per row
 
 -- ───────────────────────────── run and finish ─────────────────────────────
 
@@ -907,18 +907,16 @@ WHERE j.id = $1;
 WITH locked AS MATERIALIZED (  -- id order whatever the plan (see lock_order below)
     SELECT j.id FROM jobq.job j WHERE j.id = ANY($1::uuid[]) ORDER BY j.id
     FOR NO KEY UPDATE OF j
-), failing AS (
-    SELECT j.id, t.lock, t.error, t.tb,
-           t.retry AND j.errors + 1 < coalesce(t.max_attempts, q.max_attempts) AS again,
-           now() + make_interval(secs => coalesce(t.delay_s, least(
-               coalesce(t.backoff_max_s, q.backoff_max_s),
-               coalesce(t.backoff_base_s, q.backoff_base_s) * power(2, j.errors)))) AS retry_at
+), failing AS (  -- each job's own values, read from the arrays by its id's position
+    SELECT j.id, ($2::uuid[])[p.i] AS lock, ($3::text[])[p.i] AS error, ($6::text[])[p.i] AS tb,
+           ($4::bool[])[p.i] AND j.errors + 1 < coalesce(($7::int[])[p.i], q.max_attempts)
+               AS again,
+           now() + make_interval(secs => coalesce(($5::float8[])[p.i], least(
+               coalesce(($9::float8[])[p.i], q.backoff_max_s),
+               coalesce(($8::float8[])[p.i], q.backoff_base_s) * power(2, j.errors))))
+               AS retry_at
     FROM jobq.job j
-    JOIN unnest($1::uuid[], $2::uuid[], $3::text[], $4::bool[], $5::float8[],
-                coalesce($6::text[], '{}'), coalesce($7::int[], '{}'),
-                coalesce($8::float8[], '{}'), coalesce($9::float8[], '{}'))
-         AS t(id, lock, error, retry, delay_s, tb, max_attempts, backoff_base_s, backoff_max_s)
-         ON j.id = t.id
+    CROSS JOIN LATERAL (SELECT array_position($1::uuid[], j.id) AS i) p
     JOIN jobq.queue q ON q.name = j.queue
     WHERE j.id = ANY($1::uuid[])
 ), failed AS (
@@ -933,9 +931,10 @@ WITH locked AS MATERIALIZED (  -- id order whatever the plan (see lock_order bel
         published_at = NULL,
         suspect = false,  -- it ran and returned an error: it does not crash workers
         finished_at = CASE WHEN f.again THEN NULL ELSE now() END
-    FROM failing f, jobq.queue q, locked l
+    FROM failing f, jobq.queue q
     WHERE j.id = ANY($1::uuid[])
-      AND j.id = f.id AND j.id = l.id
+      AND (SELECT count(*) FROM locked) > 0  -- once, before the first row is written
+      AND j.id = f.id
       AND j.lock = f.lock
       AND j.status COLLATE "C" = 'active'
       AND j.lease_expires_at > now()
@@ -1121,7 +1120,8 @@ RETURNING s.payload::text;
 -- plan: generic
 -- Graceful shutdown (or a suspect handed on by a busy worker): give the job
 -- back at once, without counting a stall or an error. The releasing worker publishes the id itself; the relay is the
--- fallback (relay_after = now()). Rows locked in id order first, as complete's.
+-- fallback (relay_after = now()). Rows locked in id order first, and the
+-- tokens read by position, as complete's.
 WITH locked AS MATERIALIZED (  -- id order whatever the plan (see lock_order below)
     SELECT j.id FROM jobq.job j WHERE j.id = ANY($1::uuid[]) ORDER BY j.id
     FOR NO KEY UPDATE OF j
@@ -1134,10 +1134,10 @@ WITH locked AS MATERIALIZED (  -- id order whatever the plan (see lock_order bel
         published_at = NULL,
         isolated = false,
         handoffs = j.handoffs + CASE WHEN $4 THEN 1 ELSE 0 END
-    FROM unnest($1::uuid[], $2::uuid[]) AS t(id, lock), jobq.queue q, locked l
+    FROM jobq.queue q
     WHERE j.id = ANY($1::uuid[])
-      AND j.id = t.id AND j.id = l.id
-      AND j.lock = t.lock
+      AND (SELECT count(*) FROM locked) > 0  -- once, before the first row is written
+      AND j.lock = ($2::uuid[])[array_position($1::uuid[], j.id)]
       AND j.status COLLATE "C" = 'active'
       AND j.lease_expires_at > now()
       AND q.name = j.queue

@@ -1,12 +1,13 @@
-"""The consumer's batch statements do work in proportion to the batch, not to
-its square (issue #49).
+"""The consumer's batch statements (claim, complete, renew, fail, release) do
+work in proportion to the batch, not to its square (issue #49).
 
 Found by EXPLAIN ANALYZE of the completion's generic plan: joined to the
 batch as ``unnest($1, $2, $3)``, the update rescanned the batch once per row
 (a nested loop, 4,032 rows filtered away for 64 jobs), and the same with the
 locked rows in place of unnest(). Each statement is run here as its function
-runs it (its generic plan, with its settings) for 16 and for 64 jobs; the
-rows its plan nodes produce and filter away must grow about 4 times, not 16.
+runs it (its generic plan, with its settings) for 16 and for 128 jobs; the
+rows its plan nodes produce and filter away must grow about 8 times (a
+plan for more rows may add a node or two: under 16 is accepted), not 64.
 """
 
 from __future__ import annotations
@@ -82,21 +83,29 @@ async def _work_of(conn: asyncpg.Connection, n: int) -> dict[str, int]:
     rows = sorted(rows, key=lambda r: r["id"])
     done = (([r["id"] for r in rows], [r["lock"] for r in rows], [None] * n))
     out["complete"] = _work(await _generic(conn, "complete", BODY["complete"], done))
+    ids, locks = done[0], done[1]
+    out["renew"] = _work(await _generic(conn, "renew", BODY["renew"],
+                                        (ids, locks, [30.0] * n, "w")))
+    out["fail"] = _work(await _generic(conn, "fail", BODY["fail"], (
+        ids, locks, ["e"] * n, [True] * n, [None] * n, ["tb"] * n, [None] * n, [None] * n,
+        [None] * n)))
+    out["release"] = _work(await _generic(conn, "release", BODY["release"],
+                                          (ids, locks, "why", False)))
     return out
 
 
-def test_claim_and_completion_work_grows_with_the_batch_not_its_square(db_url: str) -> None:
+def test_a_workers_batch_statements_work_grows_with_the_batch_not_its_square(db_url: str) -> None:
     async def go() -> tuple[dict[str, int], dict[str, int]]:
         conn = await asyncpg.connect(db_url, server_settings=SESSION_SETTINGS)
         try:
             await conn.execute("INSERT INTO jobq.queue (name) VALUES ('noop')")
             await conn.execute("ANALYZE jobq.job")  # empty: the statistics of a new install
-            return await _work_of(conn, 16), await _work_of(conn, 64)
+            return await _work_of(conn, 16), await _work_of(conn, 128)
         finally:
             await conn.close()
 
     small, large = asyncio.run(go())
     growth = {name: round(large[name] / small[name], 1) for name in small}
-    assert all(g < 6 for g in growth.values()), (
-        f"rows produced and filtered for 64 jobs over those for 16 (4 is linear, 16 is "
-        f"the batch squared): {growth}; 16 jobs {small}, 64 jobs {large}")
+    assert all(g < 16 for g in growth.values()), (
+        f"rows produced and filtered for 128 jobs over those for 16 (8 is linear, 64 is "
+        f"the batch squared): {growth}; 16 jobs {small}, 128 jobs {large}")
