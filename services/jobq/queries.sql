@@ -164,11 +164,13 @@ SELECT name, max_payload_bytes FROM jobq.queue WHERE name = ANY($1::text[]);
 -- mark and costs no write. SKIP LOCKED: a row someone holds is being claimed
 -- (then it needs no mark) or relayed (the relay marks it); never waiting here means never
 -- deadlocking with batched claims. No history row: published_at says it
--- (the relay's publishes, the unusual ones, do write one).
+-- (the relay's publishes, the unusual ones, do write one). Each id's token
+-- is read from $2 by the id's position: joined as unnest(), a deferred
+-- mark of some hundred ids rescanned them once per row (#49).
 WITH target AS (
     SELECT j.id
     FROM jobq.job j
-    JOIN unnest($1::uuid[], $2::uuid[]) AS t(id, lock) ON j.id = t.id
+    CROSS JOIN LATERAL (SELECT ($2::uuid[])[array_position($1::uuid[], j.id)] AS lock) t
     WHERE j.id = ANY($1::uuid[])
       AND j.lock IS NOT DISTINCT FROM t.lock
       AND j.status COLLATE "C" = 'queued'
@@ -187,8 +189,7 @@ WITH target AS (
 )
 UPDATE jobq.job j
 SET published_at = now()
-FROM target
-WHERE j.id = ANY($1::uuid[]) AND j.id = target.id;
+WHERE j.id = ANY(ARRAY(SELECT target.id FROM target));  -- once, not a join
 
 -- name: mark_republished
 -- grant: jobq_consumer
@@ -200,9 +201,8 @@ WHERE j.id = ANY($1::uuid[]) AND j.id = target.id;
 WITH target AS (
     SELECT j.id
     FROM jobq.job j
-    JOIN unnest($1::uuid[], $2::uuid[]) AS t(id, lock) ON j.id = t.id
     WHERE j.id = ANY($1::uuid[])
-      AND j.lock = t.lock
+      AND j.lock = ($2::uuid[])[array_position($1::uuid[], j.id)]
       AND j.status COLLATE "C" = 'queued'
       AND j.published_at IS NULL
       AND j.run_at <= now()
@@ -210,8 +210,7 @@ WITH target AS (
 )
 UPDATE jobq.job j
 SET published_at = now()
-FROM target
-WHERE j.id = ANY($1::uuid[]) AND j.id = target.id;
+WHERE j.id = ANY(ARRAY(SELECT target.id FROM target));  -- once, not a join
 
 -- name: relay_take
 -- Reaper relay, inside a transaction that stays open until the broker
@@ -907,35 +906,34 @@ WHERE j.id = $1;
 WITH locked AS MATERIALIZED (  -- id order whatever the plan (see lock_order below)
     SELECT j.id FROM jobq.job j WHERE j.id = ANY($1::uuid[]) ORDER BY j.id
     FOR NO KEY UPDATE OF j
-), failing AS (  -- each job's own values, read from the arrays by its id's position
-    SELECT j.id, ($2::uuid[])[p.i] AS lock, ($3::text[])[p.i] AS error, ($6::text[])[p.i] AS tb,
-           ($4::bool[])[p.i] AND j.errors + 1 < coalesce(($7::int[])[p.i], q.max_attempts)
-               AS again,
-           now() + make_interval(secs => coalesce(($5::float8[])[p.i], least(
-               coalesce(($9::float8[])[p.i], q.backoff_max_s),
-               coalesce(($8::float8[])[p.i], q.backoff_base_s) * power(2, j.errors))))
-               AS retry_at
-    FROM jobq.job j
-    CROSS JOIN LATERAL (SELECT array_position($1::uuid[], j.id) AS i) p
-    JOIN jobq.queue q ON q.name = j.queue
-    WHERE j.id = ANY($1::uuid[])
 ), failed AS (
     UPDATE jobq.job j
     SET errors = j.errors + 1,
-        status = CASE WHEN f.again THEN 'queued' ELSE 'failed' END,
-        last_error = f.error,
-        last_traceback = f.tb,
+        -- each job's own values, read from the arrays by its id's position
+        -- in a subquery of the row (no join: joined, the batch was rescanned
+        -- once per row, #49)
+        (status, run_at, relay_after, finished_at) = (
+            SELECT CASE WHEN f.again THEN 'queued' ELSE 'failed' END,
+                   CASE WHEN f.again THEN f.retry_at ELSE j.run_at END,
+                   CASE WHEN f.again THEN f.retry_at ELSE j.relay_after END,
+                   CASE WHEN f.again THEN NULL ELSE now() END
+            FROM (SELECT ($4::bool[])[p.i]
+                             AND j.errors + 1 < coalesce(($7::int[])[p.i], q.max_attempts)
+                             AS again,
+                         now() + make_interval(secs => coalesce(($5::float8[])[p.i], least(
+                             coalesce(($9::float8[])[p.i], q.backoff_max_s),
+                             coalesce(($8::float8[])[p.i], q.backoff_base_s)
+                                 * power(2, j.errors)))) AS retry_at
+                  FROM (SELECT array_position($1::uuid[], j.id) AS i) p) f),
+        last_error = ($3::text[])[array_position($1::uuid[], j.id)],
+        last_traceback = ($6::text[])[array_position($1::uuid[], j.id)],
         lease_expires_at = NULL,
-        run_at = CASE WHEN f.again THEN f.retry_at ELSE j.run_at END,
-        relay_after = CASE WHEN f.again THEN f.retry_at ELSE j.relay_after END,
         published_at = NULL,
-        suspect = false,  -- it ran and returned an error: it does not crash workers
-        finished_at = CASE WHEN f.again THEN NULL ELSE now() END
-    FROM failing f, jobq.queue q
+        suspect = false  -- it ran and returned an error: it does not crash workers
+    FROM jobq.queue q
     WHERE j.id = ANY($1::uuid[])
       AND (SELECT count(*) FROM locked) > 0  -- once, before the first row is written
-      AND j.id = f.id
-      AND j.lock = f.lock
+      AND j.lock = ($2::uuid[])[array_position($1::uuid[], j.id)]
       AND j.status COLLATE "C" = 'active'
       AND j.lease_expires_at > now()
       AND q.name = j.queue
