@@ -20,6 +20,7 @@ from jobq.app import App
 from jobq.errors import ConfigError, DatabaseUnavailable, Fail, Retry
 from jobq.job import Job
 from jobq.settings import ConsumerSettings
+from jobq.telemetry import metrics
 from jobq.telemetry import tracing as tracing_mod
 from jobq.worker import executor as executor_mod
 from jobq.worker import handback as handback_mod
@@ -213,9 +214,14 @@ def test_a_message_of_several_ids_runs_them_all_and_is_acked_after_the_last() ->
     run(go())
 
 
+def handed_back_metric() -> float:
+    return metrics.REGISTRY.get_sample_value("jobq_ids_handed_back_total", {"queue": "q"}) or 0.0
+
+
 def test_ids_held_while_no_slot_frees_go_back_one_message_each(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(handback_mod, "HOLD_S", 0.05)
+    before = handed_back_metric()
 
     async def go() -> None:
         async with World(forever, concurrency=1) as w:
@@ -224,6 +230,7 @@ def test_ids_held_while_no_slot_frees_go_back_one_message_each(
             await w.until(lambda: msg.settled is not None)
             assert w.handed == [(ids[1:], "q")] and msg.settled == "ack"
             assert list(w.runs) == [ids[0]] and w.tally.counters["handed_back"] == 3
+            assert handed_back_metric() == before + 3  # what /metrics shows
             assert [w.status(i) for i in ids[1:]] == ["queued"] * 3
     run(go())
 

@@ -42,6 +42,10 @@ LEASES_LOST = Counter("jobq_leases_lost_total", "Leases a consumer lost (lapsed,
 BAD_MESSAGES = Counter("jobq_messages_dropped_total", "Delivered ids not run (malformed: each "
                        "line of a body that is not an id): malformed, unknown job, duplicate, "
                        "not due, foreign queue.", ["reason"], registry=REGISTRY)
+IDS_HANDED_BACK = Counter("jobq_ids_handed_back_total", "Ids of a packed message that a "
+                          "busy consumer published back to the broker, one message each, "
+                          "for the rest of the fleet (worker/handback.py).", ["queue"],
+                          registry=REGISTRY)
 HANDLER_SECONDS = Histogram("jobq_handler_duration_seconds", "Handler run time.",
                             ["queue", "outcome"], registry=REGISTRY)
 RENEW_SECONDS = Histogram("jobq_lease_renewal_duration_seconds",

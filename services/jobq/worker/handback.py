@@ -24,6 +24,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 
+from jobq.telemetry.logs import fields
 from jobq.worker.acks import Acks, Envelope
 from jobq.worker.tally import Tally
 
@@ -66,7 +67,10 @@ class HandBack:
                 return
             if not confirmed:
                 return  # kept, and tried again
-            self._tally.note("handed_back", len(confirmed))
+            queue = str(env.msg.routing_key)
+            self._tally.handed_back(queue, len(confirmed))
+            log.info("handed %d held ids back to the fleet (no slot here)", len(confirmed),
+                     extra=fields(event="handed_back", queue=queue, ids=len(confirmed)))
             left = [i for i in rest if i not in confirmed]
             env.ids[env.taken:] = left
             if not left:

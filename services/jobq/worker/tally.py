@@ -34,6 +34,11 @@ class Tally:
         self.counters[reason] += n
         metrics.BAD_MESSAGES.labels(reason).inc(n)
 
+    def handed_back(self, queue: str, n: int) -> None:
+        """Held ids of a packed message published back to the fleet."""
+        self.counters["handed_back"] += n
+        metrics.IDS_HANDED_BACK.labels(queue).inc(n)
+
     def note(self, what: str, n: int = 1) -> None:
         """A plain counter with no metric (claim retries and the like)."""
         self.counters[what] += n
