@@ -153,7 +153,10 @@ def test_sql_only_enqueue_is_relayed(settings: Settings) -> None:
 
 def test_the_relay_spreads_a_handful_and_packs_a_backlog(settings: Settings) -> None:
     """A lapsed consumer's jobs come back through the relay together: one
-    message each, so the whole fleet starts them at once; a backlog packed."""
+    message each, so the whole fleet starts them at once; a backlog packed.
+    Both in one sweep: each queue's ids are spread for that queue's fleet,
+    whatever else the sweep carries (the sweep's total once packed the few
+    8 to a message)."""
     async def go() -> tuple[list[str], list[str]]:
         conn = await asyncpg.connect(settings.database_url)
         reaper = Reaper(settings)
@@ -163,8 +166,9 @@ def test_the_relay_spreads_a_handful_and_packs_a_backlog(settings: Settings) -> 
                 await conn.execute(
                     "SELECT jobq.enqueue_many(array_fill($1::text, ARRAY[$2::int]), "
                     "array_fill('{}'::jsonb, ARRAY[$2::int]), array_fill(0::float8, "
-                    "ARRAY[$2::int]), array_fill(NULL::text, ARRAY[$2::int]), 0)", queue, n)
-                assert (await reaper.run_once()).published == n
+                    "ARRAY[$2::int]), array_fill(NULL::text, ARRAY[$2::int]), 60)", queue, n)
+            await conn.execute("UPDATE jobq.job SET relay_after = now()")  # due together
+            assert (await reaper.run_once()).published == 488
             return await broker_bodies(settings, "few"), await broker_bodies(settings, "many")
         finally:
             await reaper.close()

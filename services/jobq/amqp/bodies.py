@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 
 PACK_MAX = 100  # ids per message a publisher packs at most
-SPREAD = 16  # a relayed batch goes out as at least this many messages where it can
+SPREAD = 16  # a queue's ids going back in line: at least this many messages where it can
 UNPACK_MAX = 10_000  # lines a consumer reads from one body; longer: malformed
 _LINE = 36  # an id's text
 

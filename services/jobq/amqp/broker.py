@@ -170,8 +170,9 @@ class Broker:
         """Publish ids; return the ids the broker confirmed.
 
         Ids of one queue go out packed, up to ``per_message`` in a message,
-        in order (amqp/bodies.py). By default spread: ids going back in line
-        (a relay sweep, a drain's releases) should reach the whole fleet;
+        in order (amqp/bodies.py). By default spread, each queue's ids by
+        their own count: ids going back in line (a relay sweep, a drain's
+        releases) should reach that queue's whole fleet;
         a producer's batch is packed full (client/publisher.py). Ids that
         failed are left out (and logged); their rows stay unpublished and
         the reaper's relay publishes them later. Never raises for a single
@@ -191,7 +192,7 @@ class Broker:
         for job_id, queue in items:
             by_queue.setdefault(queue, []).append(job_id)
         messages = [(chunk, body, queue) for queue, ids in by_queue.items()
-                    for chunk, body in pack_ids(ids, per_message or spread(len(items)))]
+                    for chunk, body in pack_ids(ids, per_message or spread(len(ids)))]
         sends = [self._send(channel, exchange, body, queue) for _, body, queue in messages]
         # One message (a single publish, the common call) is awaited in this
         # task: gather would start a task for it.

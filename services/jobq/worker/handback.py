@@ -59,15 +59,14 @@ class HandBack:
         not turn the wait for a slot into a spin."""
         self._next = time.monotonic() + HOLD_S
         for env in [e for e in inbox if e.waiting > 1 and e.msg.routing_key in self._queues]:
-            rest = env.ids[env.taken:]
+            rest, queue = env.ids[env.taken:], str(env.msg.routing_key)
             try:
-                confirmed = await self._publish(rest, str(env.msg.routing_key))
+                confirmed = await self._publish(rest, queue)
             except Exception as exc:  # kept, and tried again
                 log.warning("could not hand back held ids: %r", exc)
                 return
             if not confirmed:
                 return  # kept, and tried again
-            queue = str(env.msg.routing_key)
             self._tally.handed_back(queue, len(confirmed))
             log.info("handed %d held ids back to the fleet (no slot here)", len(confirmed),
                      extra=fields(event="handed_back", queue=queue, ids=len(confirmed)))
