@@ -68,19 +68,26 @@ def test_one_completion_of_several_jobs_wakes_exactly_the_watched_ones(db_url: s
         heard = await _heard(db_url, pool, complete)
         assert sorted(heard) == sorted(watched)  # each once, nobody else's
 
-        async def renew_unwatched() -> None:  # an update that ends nothing
+        async def touch_unwatched() -> None:  # a finished row nobody waits on
             await pool.execute("UPDATE jobq.job SET payload = payload WHERE id = $1",
                                rows[1]["id"])
 
-        assert await _heard(db_url, pool, renew_unwatched) == []
+        assert await _heard(db_url, pool, touch_unwatched) == []
 
     with_pool(db_url, body)
 
 
-def test_a_final_failure_wakes_its_waiter(db_url: str) -> None:
+def test_a_renewal_wakes_nobody_a_final_failure_wakes_its_waiter(db_url: str) -> None:
     async def body(pool: asyncpg.Pool) -> None:
         rows = await _claimed(pool, 2)
         await pool.fetch(Q["watch"], rows[1]["id"])
+
+        async def renew() -> None:  # the watched job still runs: nobody is woken
+            renewed = await pool.fetch(Q["renew"], [r["id"] for r in rows],
+                                       [r["lock"] for r in rows], [30.0, 30.0], "w-notify")
+            assert sorted(r["renewed"] for r in renewed) == [True, True]
+
+        assert await _heard(db_url, pool, renew) == []
 
         async def fail() -> None:
             await pool.execute("UPDATE jobq.job SET status = 'failed', finished_at = now(), "
