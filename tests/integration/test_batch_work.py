@@ -18,6 +18,7 @@ import uuid
 from typing import Any
 
 import asyncpg
+import pytest
 
 from jobq.db import SESSION_SETTINGS
 from jobq.ops.routines import GENERIC_SETTING, definition
@@ -104,12 +105,20 @@ async def _work_of(conn: asyncpg.Connection, n: int) -> dict[str, int]:
     return out
 
 
-def test_a_workers_batch_statements_work_grows_with_the_batch_not_its_square(db_url: str) -> None:
+# "empty": analyzed empty, the statistics of a new install; "kept": 20,000
+# finished jobs retained and analyzed, the table of a service that has run.
+@pytest.mark.parametrize("stats", ["empty", "kept"])
+def test_a_workers_batch_statements_work_grows_with_the_batch_not_its_square(
+        db_url: str, stats: str) -> None:
     async def go() -> tuple[dict[str, int], dict[str, int]]:
         conn = await asyncpg.connect(db_url, server_settings=SESSION_SETTINGS)
         try:
             await conn.execute("INSERT INTO jobq.queue (name) VALUES ('noop')")
-            await conn.execute("ANALYZE jobq.job")  # empty: the statistics of a new install
+            if stats == "kept":
+                await conn.execute(
+                    "INSERT INTO jobq.job (queue, payload, status, finished_at) "
+                    "SELECT 'noop', '{}', 'completed', now() FROM generate_series(1, 20000)")
+            await conn.execute("ANALYZE jobq.job")
             return await _work_of(conn, 16), await _work_of(conn, 128)
         finally:
             await conn.close()
