@@ -13,15 +13,14 @@ where a rescan of the batch per row makes them the batch size per job.
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 from typing import Any
 
 import asyncpg
 import pytest
 
+from harness.plans import explain_generic
 from jobq.db import SESSION_SETTINGS
-from jobq.ops.routines import GENERIC_SETTING, definition
 from jobq.sql import BODY, FAST, Q, statements
 
 
@@ -47,31 +46,10 @@ def _work(plan: Any) -> int:
 PER_JOB = 4  # repeated-scan rows a job may cost: a lookup or two (the batch: squared)
 
 
-def _literal(value: Any) -> str:
-    """SQL text for an argument (EXPLAIN EXECUTE takes no parameters)."""
-    if value is None:
-        return "NULL"
-    if isinstance(value, list):
-        return "ARRAY[" + ", ".join(_literal(v) for v in value) + "]"
-    return "'" + str(value).replace("'", "''") + "'"
-
-
-async def _generic(conn: asyncpg.Connection, name: str, stmt: str,
-                   args: tuple[Any, ...]) -> Any:
-    """EXPLAIN ANALYZE of ``stmt`` as function ``name`` plans it; rolled back."""
-    types, _ = await definition(conn, name)
-    tx = conn.transaction()
-    await tx.start()
-    try:
-        for setting in GENERIC_SETTING.split("SET ")[1:]:
-            await conn.execute(f"SET LOCAL {setting}")
-        await conn.execute(f"PREPARE batch_work ({types}) AS {stmt}")
-        params = ", ".join(f"{_literal(a)}::{t}" for a, t in zip(args, types.split(", ")))
-        raw = await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE batch_work ({params})")
-        return json.loads(raw) if isinstance(raw, str) else raw
-    finally:
-        await tx.rollback()
-        await conn.execute("DEALLOCATE batch_work")  # a PREPARE outlives its transaction
+async def _analyzed(conn: asyncpg.Connection, name: str, stmt: str,
+                    args: tuple[Any, ...]) -> Any:
+    """Run as its function runs it (its generic plan), rolled back; the plan."""
+    return await explain_generic(conn, name, stmt, args, analyze=True)
 
 
 async def _queued(conn: asyncpg.Connection, n: int) -> list[uuid.UUID]:
@@ -85,22 +63,22 @@ async def _queued(conn: asyncpg.Connection, n: int) -> list[uuid.UUID]:
 async def _work_of(conn: asyncpg.Connection, n: int) -> dict[str, int]:
     ids = await _queued(conn, n)
     tokens = [uuid.uuid4() for _ in ids]
-    out = {"mark_published": _work(await _generic(conn, "mark_published",
+    out = {"mark_published": _work(await _analyzed(conn, "mark_published",
                                                   BODY["mark_published"], (ids, [None] * n)))}
     claim = statements(BODY[FAST["claim"]])[-1]  # what an unlimited queue's claim runs
-    out["claim"] = (_work(await _generic(conn, "claim", claim, (ids, "w", ["noop"], tokens))))
+    out["claim"] = _work(await _analyzed(conn, "claim", claim, (ids, "w", ["noop"], tokens)))
     rows = await conn.fetch(Q["claim"], ids, "w", ["noop"], tokens)
     assert len(rows) == n
     rows = sorted(rows, key=lambda r: r["id"])
     done = (([r["id"] for r in rows], [r["lock"] for r in rows], [None] * n))
-    out["complete"] = _work(await _generic(conn, "complete", BODY["complete"], done))
+    out["complete"] = _work(await _analyzed(conn, "complete", BODY["complete"], done))
     ids, locks = done[0], done[1]
-    out["renew"] = _work(await _generic(conn, "renew", BODY["renew"],
+    out["renew"] = _work(await _analyzed(conn, "renew", BODY["renew"],
                                         (ids, locks, [30.0] * n, "w")))
-    out["fail"] = _work(await _generic(conn, "fail", BODY["fail"], (
+    out["fail"] = _work(await _analyzed(conn, "fail", BODY["fail"], (
         ids, locks, ["e"] * n, [True] * n, [None] * n, ["tb"] * n, [None] * n, [None] * n,
         [None] * n)))
-    out["release"] = _work(await _generic(conn, "release", BODY["release"],
+    out["release"] = _work(await _analyzed(conn, "release", BODY["release"],
                                           (ids, locks, "why", False)))
     return out
 

@@ -20,8 +20,8 @@ from typing import Any
 import asyncpg
 import pytest
 
+from harness.plans import explain_generic
 from jobq.db import SESSION_SETTINGS
-from jobq.ops.routines import GENERIC_SETTING, definition
 from jobq.sql import BODY, FAST, GENERIC_PLAN, Q, statements
 
 # Statement -> arguments naming up to 32 ids (the rest as a worker would pass them).
@@ -103,19 +103,6 @@ async def _load(conn: asyncpg.Connection, stats: str) -> list[Any]:
         "SELECT id FROM jobq.job ORDER BY random() LIMIT 32")]
 
 
-def _literal(value: Any) -> str:
-    """SQL text for an argument (EXPLAIN EXECUTE takes no parameters)."""
-    if value is None:
-        return "NULL"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, list):
-        return "ARRAY[" + ", ".join(_literal(v) for v in value) + "]"
-    return "'" + str(value).replace("'", "''") + "'"
-
-
 # Small tables a plan may read whole: queues, workers, the per-key rate
 # buckets (keys active in the last hour; the reapers prune the rest) and the
 # RateLimited holds (each RateLimited of a queue drops its expired ones).
@@ -190,21 +177,10 @@ def test_generic_plans_go_through_the_primary_key_whatever_the_statistics(
             ids = await _load(conn, stats)
             plans: dict[str, tuple[set[str], set[str]]] = {}
             for name in sorted(GENERIC_PLAN):
-                types, _ = await definition(conn, name)
                 args = BY_ID[name](ids)
                 lean = statements(BODY[FAST[name]]) if name in FAST else []  # (sql.py)
-                for i, stmt in enumerate(statements(BODY[name]) + lean):
-                    async with conn.transaction():
-                        for setting in GENERIC_SETTING.split("SET ")[1:]:
-                            await conn.execute(f"SET LOCAL {setting}")
-                        await conn.execute(f"PREPARE generic_{i} ({types}) AS {stmt}")
-                        params = ", ".join(f"{_literal(a)}::{t}"
-                                           for a, t in zip(args, types.split(", ")))
-                        raw = await conn.fetchval(
-                            f"EXPLAIN (FORMAT JSON) EXECUTE generic_{i} ({params})")
-                        await conn.execute(f"DEALLOCATE generic_{i}")
-                    plan = json.loads(raw) if isinstance(raw, str) else raw
-                    ix, seq = _indexes_and_scans(plan)
+                for stmt in statements(BODY[name]) + lean:
+                    ix, seq = _indexes_and_scans(await explain_generic(conn, name, stmt, args))
                     had = plans.get(name, (set(), set()))
                     plans[name] = (had[0] | ix, had[1] | seq)
             return plans
