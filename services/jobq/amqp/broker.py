@@ -170,14 +170,12 @@ class Broker:
         """Publish ids; return the ids the broker confirmed.
 
         Ids of one queue go out packed, up to ``per_message`` in a message,
-        in order (amqp/bodies.py). By default spread, each queue's ids by
-        their own count: ids going back in line (a relay sweep, a drain's
-        releases) should reach that queue's whole fleet;
-        a producer's batch is packed full (client/publisher.py). Ids that
-        failed are left out (and logged); their rows stay unpublished and
-        the reaper's relay publishes them later. Never raises for a single
-        failed message; raises BrokerUnavailable if nothing could be sent.
-        """
+        in order (amqp/bodies.py); by default spread by each queue's own
+        count: ids going back in line (a relay sweep, a drain's releases)
+        should reach that queue's whole fleet; a producer's batch is packed
+        full (client/publisher.py). Ids that failed are left out (logged);
+        their rows stay unpublished, for the relay. Never raises for a single
+        failed message; raises BrokerUnavailable if nothing could be sent."""
         items = list(items)
         if not items:
             return set()
