@@ -571,7 +571,8 @@ $_$;
 CREATE FUNCTION jobq.enqueue_many(queues text[], payloads jsonb[], delays_s double precision[] DEFAULT NULL::double precision[], idempotency_keys text[] DEFAULT NULL::text[], relay_grace_s double precision DEFAULT 0, priorities integer[] DEFAULT NULL::integer[], keys text[] DEFAULT NULL::text[], debounces_s double precision[] DEFAULT NULL::double precision[]) RETURNS TABLE(n bigint, id uuid)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
-    SET plan_cache_mode TO 'force_custom_plan'
+    SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
     AS $$
 #variable_conflict use_column
 DECLARE

@@ -103,9 +103,9 @@ def test_grants_are_exactly_the_list(db: SyncDB) -> None:
     for f in fns:
         assert not f["public"] and not f["default_acl"], f"{f['proname']} is PUBLIC"
         assert f["owner"] == "jobq_owner", f["proname"]
-        if f["prosecdef"]:  # the per-job statements keep one plan (routines.py)
+        if f["prosecdef"]:  # the per-job statements keep one plan (routines.py, schema 0044)
             plan = (["plan_cache_mode=force_generic_plan", "enable_seqscan=off"]
-                    if f["proname"] in {f"q_{n}" for n in GENERIC_PLAN}
+                    if f["proname"] in {f"q_{n}" for n in GENERIC_PLAN} | {"enqueue_many"}
                     else ["plan_cache_mode=force_custom_plan"])
             assert f["proconfig"] == ["search_path=pg_catalog, pg_temp", *plan], f["proname"]
     owners = {r["owner"] for r in db.fetch(
