@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import sys
@@ -86,6 +87,7 @@ def consume(settings: Settings, args: argparse.Namespace) -> None:
                               f"{exc.errors()[0]['msg']}") from exc
         settings = settings.model_copy(update={"consumer": cfg})
     consumer = Consumer(app, settings, args.queues, args.concurrency, app_spec=args.app)
+    _freeze_heap()
     asyncio.run(consumer.run())
     # Sync handlers still running in threads must not keep a process whose
     # leases were released alive.
@@ -98,13 +100,27 @@ def reap(settings: Settings, args: argparse.Namespace) -> None:
     from jobq.reaper import Reaper
 
     _install_uvloop(settings)
-    asyncio.run(Reaper(settings).run())
+    reaper = Reaper(settings)
+    _freeze_heap()
+    asyncio.run(reaper.run())
 
 
 async def dashboard(settings: Settings, args: argparse.Namespace) -> None:
     from jobq.dashboard.server import serve
 
     await serve(settings, args.host, args.port, args.allow_actions, args.refresh)
+
+
+def _freeze_heap() -> None:
+    """The cyclic collector, tuned for a service that allocates a few short-
+    lived objects per job: what start-up imported and built lives as long as
+    the process and leaves the collector's sight (gc.freeze), and the young
+    generation is collected every 10,000 allocations instead of 700.
+    py-spy --native on a c16 drain: gc_collect_main 9.6 -> 4.0 % of a
+    consumer's samples; the drain x1.079 (bench/README.md, #49)."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(10_000, 20, 20)
 
 
 def _install_uvloop(settings: Settings) -> None:
