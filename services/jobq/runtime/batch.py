@@ -14,6 +14,8 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
+from jobq.runtime.loops import RunningLoop
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -25,12 +27,13 @@ class Coalescer(Generic[T, R]):
         self._max = max_batch
         self._pending: list[tuple[T, asyncio.Future[R]]] = []
         self._worker: asyncio.Task[None] | None = None
+        self._loop = RunningLoop()  # one loop for the coalescer's life: asked once
 
     async def submit(self, item: T) -> R:
-        fut: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[R] = self._loop().create_future()
         self._pending.append((item, fut))
         if self._worker is None or self._worker.done():
-            self._worker = asyncio.create_task(self._drain())
+            self._worker = self._loop().create_task(self._drain())
         return await fut
 
     async def _drain(self) -> None:

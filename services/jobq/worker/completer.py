@@ -31,6 +31,7 @@ from jobq.lease import Lease
 from jobq.rows import Failed, Spell
 from jobq.runtime.backoff import Backoff
 from jobq.runtime.batch import Coalescer
+from jobq.runtime.loops import RunningLoop
 from jobq.status import Status
 from jobq.telemetry.logs import fields, printable
 from jobq.worker.heartbeat import Heartbeat
@@ -64,6 +65,7 @@ class Completer:
             self._complete_batch)
         self._fatal: ConfigError | None = None
         self._fatal_seen = asyncio.Event()
+        self._loop = RunningLoop()
 
     async def watch(self) -> None:
         """Ends with the first mistake a finishing write met that retrying
@@ -79,7 +81,7 @@ class Completer:
                      op: Callable[[], Awaitable[T]]) -> T | Literal[GaveUp.GAVE_UP]:
         """Run a fenced write until it answers; ``_GIVE_UP`` if the lease ran
         out of trust first (then the reaper recovers the job)."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop()
         backoff, reported = Backoff(0.05, 1.0), False
         while True:
             try:

@@ -37,6 +37,7 @@ from jobq.job import Job
 from jobq.lease import Lease
 from jobq.rows import Claim
 from jobq.runtime import crash
+from jobq.runtime.loops import RunningLoop
 from jobq.settings import ConsumerSettings
 from jobq.telemetry import current, tracing
 from jobq.telemetry.logs import fields
@@ -80,10 +81,11 @@ class Executor:
             max_workers=cfg.sync_threads or concurrency, thread_name_prefix="jobq-handler")
         self._isolation = asyncio.Lock()  # held by the one suspect running isolated here
         self.tasks: set[asyncio.Task[None]] = set()
+        self._loop = RunningLoop()
 
     def start(self, row: Claim, sent_at: float) -> None:
         """Run a claimed row; its slot is released when the run ends."""
-        task = asyncio.create_task(self._job(row, sent_at))
+        task = self._loop().create_task(self._job(row, sent_at))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
@@ -123,7 +125,7 @@ class Executor:
         return run
 
     async def _run(self, run: Run, row: Claim) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._loop()
         started = loop.time()
         isolated = False
         outcome = "ok"
@@ -218,8 +220,8 @@ class Executor:
         try:
             if run.handler.payload_model is not None and not self._in_child(run):
                 run.job.payload = run.handler.payload_model.model_validate(run.job.payload)
-            run.task = asyncio.ensure_future(self.app.hooks.call(run.job,
-                                                                 lambda: self._call(run)))
+            run.task = self._loop().create_task(self.app.hooks.call(run.job,
+                                                                    lambda: self._call(run)))
             value = await run.task
         except BaseException as exc:
             run.error = exc
@@ -248,7 +250,7 @@ class Executor:
         if self._processes is not None:
             return await self._processes.call(run, _job_fields(job, run.payload_text,
                                                                run.handler.task))
-        loop = asyncio.get_running_loop()
+        loop = self._loop()
         context = contextvars.copy_context()  # the job's log fields and span, in the thread
         return await loop.run_in_executor(self._threads,
                                           functools.partial(context.run, handler.fn, job))

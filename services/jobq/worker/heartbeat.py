@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from jobq.errors import ConfigError
 from jobq.rows import Renewal
+from jobq.runtime.loops import RunningLoop
 from jobq.settings import ConsumerSettings
 from jobq.telemetry import metrics
 from jobq.telemetry.logs import fields
@@ -54,6 +55,7 @@ class Heartbeat:
         self._next = float("inf")  # loop time the next renewal is planned for
         self._now = False
         self._side: set[asyncio.Task[None]] = set()
+        self._loop = RunningLoop()
 
     def watch(self, runs: Mapping[uuid.UUID, Run]) -> None:
         """The runs to renew and fence: the executor's, as a read-only view."""
@@ -72,8 +74,7 @@ class Heartbeat:
     def _arm(self, run: Run) -> None:
         if run.fence is not None:
             run.fence.cancel()
-        run.fence = asyncio.get_running_loop().call_at(run.lease.trusted_until,
-                                                       self._fenced, run)
+        run.fence = self._loop().call_at(run.lease.trusted_until, self._fenced, run)
 
     def _fenced(self, run: Run) -> None:
         if run.lease.finishing or not run.ours:
