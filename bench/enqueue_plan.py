@@ -30,6 +30,7 @@ sys.path.insert(0, str(HERE.parent))
 
 import asyncpg
 from benchenv import scratch
+from detection import pct
 
 from jobq.db import SESSION_SETTINGS
 
@@ -55,8 +56,7 @@ async def timed(url: str, sql: str, calls: int) -> dict[str, float]:
             await asyncio.sleep(0.002)
     finally:
         await conn.close()
-    ms.sort()
-    return {"p50": round(statistics.median(ms), 3), "p99": round(ms[int(len(ms) * 0.99)], 3)}
+    return {"p50": round(statistics.median(ms), 3), "p99": round(pct(ms, 0.99), 3)}
 
 
 async def run(url: str, rounds: int, calls: int) -> dict[str, object]:
