@@ -206,8 +206,14 @@ def test_compose_services_run_as_local_processes(settings: Settings, db: SyncDB,
         # Only now the demo producer: its crash jobs kill a consumer (once,
         # on purpose), which must not race the readiness checks above.
         producer, _ = start("producer")
-        wait_until(lambda: db.val("SELECT count(*) FROM jobq.job WHERE status = 'completed'")
-                   >= 10, 30, "demo jobs to flow")
+        try:
+            wait_until(lambda: db.val("SELECT count(*) FROM jobq.job WHERE status = 'completed'")
+                       >= 10, 30, "demo jobs to flow")
+        except AssertionError as exc:  # what each side saw, for the next reader (CI, once)
+            states = db.fetch("SELECT status, count(*) FROM jobq.job GROUP BY 1")
+            logs = "\n".join(f"--- {p.name}:\n{p.log()[-1500:]}"
+                              for p in [producer, *(q for q, _ in started)])
+            raise AssertionError(f"{exc}; jobs: {[dict(r) for r in states]}\n{logs}") from None
         grace = float(services["consumer"]["stop_grace_period"].rstrip("s"))
         consumers = [p for p, _ in started if p.name.startswith("consumer")]
         for p in consumers:
