@@ -758,8 +758,7 @@ CREATE FUNCTION jobq.note_latest_key() RETURNS trigger
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 BEGIN
-    INSERT INTO jobq.latest_key (queue, key) VALUES (NEW.queue, NEW.key)
-    ON CONFLICT (queue, key) DO NOTHING;
+    INSERT INTO jobq.latest_key (queue, key) VALUES (NEW.queue, NEW.key);
     RETURN NULL;
 END;
 $$;
@@ -1027,6 +1026,8 @@ RETURN QUERY WITH candidate AS MATERIALIZED (
         isolated = false
     FROM jobq.queue q
     WHERE j.id = ANY(ARRAY(SELECT c.id FROM candidate c)) AND q.name = j.queue
+      AND (j.expires_at IS NULL OR j.expires_at > clock_timestamp()
+           OR j.started_at IS NOT NULL)
     RETURNING j.id, j.queue, j.payload, j.attempts, j.errors, j.stalls, j.lock, j.created_at,
               j.suspect, j.handoffs, q.lease_s, q.timeout_s, q.max_attempts,
               q.vanished_grace_s, q.history, q.max_result_bytes, false AS limited,
@@ -1208,6 +1209,8 @@ RETURN QUERY WITH aging AS MATERIALIZED (  -- the batch's queues with priority a
     WHERE j.id = ANY(ARRAY(SELECT r.id FROM ranked r WHERE r.allowed))  -- by id, always
       AND j.id = ranked.id AND ranked.allowed
       AND q.name = j.queue
+      AND (j.expires_at IS NULL OR j.expires_at > clock_timestamp()  -- the deadline once
+           OR j.started_at IS NOT NULL)                 -- the row is ours (see claim_plain)
     RETURNING j.id, j.queue, j.payload, j.attempts, j.errors, j.stalls, j.lock, j.created_at,
               j.suspect, j.handoffs, q.lease_s, q.timeout_s, q.max_attempts,
               q.vanished_grace_s, q.history, q.max_result_bytes,
@@ -3014,7 +3017,21 @@ CREATE VIEW jobq.key_stats AS
 CREATE TABLE jobq.latest_key (
     queue text NOT NULL,
     key text NOT NULL,
-    at timestamp with time zone DEFAULT now() NOT NULL
+    at timestamp with time zone DEFAULT now() NOT NULL,
+    n bigint NOT NULL
+);
+
+--
+-- Name: latest_key_n_seq; Type: SEQUENCE; Schema: jobq; Owner: -
+--
+
+ALTER TABLE jobq.latest_key ALTER COLUMN n ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME jobq.latest_key_n_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
 );
 
 --
@@ -3367,7 +3384,7 @@ ALTER TABLE ONLY jobq.key_rate
 --
 
 ALTER TABLE ONLY jobq.latest_key
-    ADD CONSTRAINT latest_key_pkey PRIMARY KEY (queue, key);
+    ADD CONSTRAINT latest_key_pkey PRIMARY KEY (n);
 
 --
 -- Name: queue_limits queue_limits_pkey; Type: CONSTRAINT; Schema: jobq; Owner: -

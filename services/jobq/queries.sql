@@ -486,6 +486,8 @@ WITH aging AS MATERIALIZED (  -- the batch's queues with priority aging (0040): 
     WHERE j.id = ANY(ARRAY(SELECT r.id FROM ranked r WHERE r.allowed))  -- by id, always
       AND j.id = ranked.id AND ranked.allowed
       AND q.name = j.queue
+      AND (j.expires_at IS NULL OR j.expires_at > clock_timestamp()  -- the deadline once
+           OR j.started_at IS NOT NULL)                 -- the row is ours (see claim_plain)
     RETURNING j.id, j.queue, j.payload, j.attempts, j.errors, j.stalls, j.lock, j.created_at,
               j.suspect, j.handoffs, q.lease_s, q.timeout_s, q.max_attempts,
               q.vanished_grace_s, q.history, q.max_result_bytes,
@@ -600,6 +602,13 @@ WITH candidate AS MATERIALIZED (
         isolated = false
     FROM jobq.queue q
     WHERE j.id = ANY(ARRAY(SELECT c.id FROM candidate c)) AND q.name = j.queue
+      -- The deadline again, by the clock, now that the row is ours: now() is
+      -- when this transaction began, and a claim that waited for the row (a
+      -- relay's open transaction, a reaper frozen holding it) past the
+      -- deadline would start the job late. Missed, it stays queued for the
+      -- reapers to cancel as expired.
+      AND (j.expires_at IS NULL OR j.expires_at > clock_timestamp()
+           OR j.started_at IS NOT NULL)
     RETURNING j.id, j.queue, j.payload, j.attempts, j.errors, j.stalls, j.lock, j.created_at,
               j.suspect, j.handoffs, q.lease_s, q.timeout_s, q.max_attempts,
               q.vanished_grace_s, q.history, q.max_result_bytes, false AS limited,
@@ -1897,18 +1906,22 @@ WITH doomed AS (
 SELECT count(*) FROM expired;
 
 -- name: supersede_pending
--- Key policy latest (schema 0042): up to $1 keys that got a new job since
--- the last look; per key, its queued jobs older than its newest are
--- cancelled as superseded, as the claim would when one came to start (a
--- delayed or parked one waited till then). In id order like every multi-row
--- write; a row another transaction holds is skipped (SKIP LOCKED, I11): a
--- claim holding it cancels it itself. A running one is its worker's renewal's
--- to stop. How many.
-WITH keys AS (
+-- Key policy latest (schema 0042): the keys of up to $1 notes of new jobs
+-- (one a job, schema 0045); per key, its queued jobs older than its newest
+-- are cancelled as superseded, as the claim would when one came to start (a
+-- delayed or parked one waited till then). A note is taken only if this
+-- statement's snapshot sees it, and so sees its job: one committed after
+-- the statement began is left for the next sweep. In id order like every
+-- multi-row write; a row another transaction holds is skipped (SKIP LOCKED,
+-- I11): a claim holding it cancels it itself. A running one is its worker's
+-- renewal's to stop. How many.
+WITH taken AS (
     DELETE FROM jobq.latest_key k
-    WHERE (k.queue, k.key) IN (SELECT l.queue, l.key FROM jobq.latest_key l
-                               ORDER BY l.at LIMIT $1 FOR UPDATE SKIP LOCKED)
+    WHERE k.n = ANY(ARRAY(SELECT l.n FROM jobq.latest_key l
+                          ORDER BY l.n LIMIT $1 FOR UPDATE SKIP LOCKED))
     RETURNING k.queue, k.key
+), keys AS (
+    SELECT DISTINCT t.queue, t.key FROM taken t
 ), newest AS (
     SELECT k.queue, k.key, n.id, n.seq
     FROM keys k CROSS JOIN LATERAL (

@@ -83,6 +83,45 @@ def test_an_expired_job_is_never_claimed_and_the_reapers_cancel_it(
     run(settings.database_url, body)
 
 
+@pytest.mark.parametrize("limited", [False, True], ids=["lean-claim", "full-claim"])
+def test_a_claim_that_waited_for_the_row_past_its_deadline_does_not_start_it(
+        settings: Settings, db: SyncDB, limited: bool) -> None:
+    """The claim's transaction began before the deadline, then waited for a
+    row another transaction held (a relay's, a reaper frozen mid-sweep) until
+    after it: checked against the transaction's start, the job started late
+    (CI's nemesis saw a first claim after expires_at). The deadline is checked
+    once the row is ours."""
+    set_queue(db, "dl", **({"max_running": 100} if limited else {}))
+
+    async def body(pool: asyncpg.Pool) -> None:
+        async with Client(settings) as client:
+            jid = await client.publish("dl", {}, expires_in_s=0.5)
+        holder = await asyncpg.connect(settings.database_url)
+        try:
+            tx = holder.transaction()
+            await tx.start()
+            await holder.execute("SELECT 1 FROM jobq.job WHERE id = $1 FOR UPDATE", jid)
+            claim = asyncio.ensure_future(lease.claim(pool, [jid], "w", ["dl"]))
+            for _ in range(500):  # until the claim waits for the row (event, not sleep)
+                if await pool.fetchval(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                        "AND datname = current_database()"):
+                    break
+                await asyncio.sleep(0.01)
+            else:
+                raise AssertionError("the claim never waited for the row")
+            await _past_deadline(pool, jid)
+            await tx.rollback()  # the row is free again, unchanged
+            assert await claim == [None]
+        finally:
+            await holder.close()
+        row = await pool.fetchrow("SELECT status, started_at FROM jobq.job WHERE id = $1", jid)
+        assert row is not None and (row["status"], row["started_at"]) == ("queued", None)
+        assert (await lease.claim_misses(pool, [jid]))[jid].expired
+
+    run(settings.database_url, body)
+
+
 def test_a_job_started_before_its_deadline_is_not_cut_short(settings: Settings) -> None:
     async def body(pool: asyncpg.Pool) -> None:
         async with Client(settings) as client:

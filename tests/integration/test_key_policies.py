@@ -14,7 +14,10 @@ from typing import Any
 
 import asyncpg
 
+from harness.helpers import SyncDB, set_queue, with_pool
+from jobq.amqp.broker import Broker
 from jobq.newjob import NewJob
+from jobq.reaper.store import PgReaperStore
 from jobq.settings import Settings
 from jobq.sql import Q
 from tests.integration.test_consumer import World, _app_db, scenario  # noqa: F401
@@ -260,3 +263,29 @@ def test_a_fifo_keys_next_job_costs_the_same_whatever_its_finished_history(
     short, long = asyncio.run(go())
     print(f"fifo: {short:.0f} buffers a job after 200 finished, {long:.0f} after 4,000")
     assert long < 1.5 * short, (short, long)
+
+
+def test_a_latest_job_committed_while_a_sweep_runs_is_still_seen_by_the_next(
+        settings: Settings, db: SyncDB) -> None:
+    """CI saw a delayed older job stay queued past the sweeps: its key's note
+    was one row per key, and a newer job committing while a sweep ran left no
+    note of its own (the row was there already), so the sweep took the row,
+    could not see the newer job yet, and no later sweep looked again. A
+    producer still in its transaction when the sweep runs is the same race,
+    made to happen in order here."""
+    set_queue(db, "lk", key_policy="latest")
+
+    async def body(pool: asyncpg.Pool) -> None:
+        store = PgReaperStore(pool, Broker("", "unused"))
+        old = await pool.fetchval("SELECT jobq.enqueue('lk', key => 'k', delay_s => 60)")
+        async with pool.acquire() as producer, producer.transaction():
+            new = await producer.fetchval("SELECT jobq.enqueue('lk', key => 'k')")
+            assert await store.supersede_pending(100) == 0  # the newer job is not seen yet
+        assert await store.supersede_pending(100) == 1  # once it is committed
+        row = await pool.fetchrow("SELECT status, last_error FROM jobq.job WHERE id = $1", old)
+        assert row is not None and row["status"] == "cancelled", dict(row or {})
+        assert row["last_error"] == f"superseded by job {new} (key policy latest)"
+        assert await pool.fetchval("SELECT count(*) FROM jobq.latest_key") == 0
+        assert await store.supersede_pending(100) == 0
+
+    with_pool(settings.database_url, body)
