@@ -76,13 +76,20 @@ class Hostile:
                         self.counts["deep_payloads"] += 1
                     elif not self.counts["chains"]:  # one chain a run: 1,000 jobs
                         await self._chain(owner, rng)
-                except (asyncpg.PostgresError, OSError) as exc:  # a fault of nemesis's
+                except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+                    # a fault of nemesis's (a backend killed, the server
+                    # restarting): a closed session is opened again, and
+                    # while the server refuses, the next turn tries again
                     print(f"  hostile: {type(exc).__name__}; going on", flush=True)
-                    for i, c in enumerate(mine):
-                        if c.is_closed():
-                            mine[i] = await asyncpg.connect(self.urls[i])
-                    if owner.is_closed():
-                        owner = await asyncpg.connect(db_url)
+                    try:
+                        for i, c in enumerate(mine):
+                            if c.is_closed():
+                                mine[i] = await asyncpg.connect(self.urls[i])
+                        if owner.is_closed():
+                            owner = await asyncpg.connect(db_url)
+                    except (asyncpg.PostgresError, OSError) as again:
+                        print(f"  hostile: cannot reconnect yet ({type(again).__name__})",
+                              flush=True)
                 await asyncio.sleep(rng.uniform(0.1, 0.5))
         finally:
             for c in [owner, *mine]:
