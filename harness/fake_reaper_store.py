@@ -10,7 +10,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from jobq.rows import Backlog, DueSlot, Lapsed, Overdue, Probe, Settled, Vanished
+from jobq.rows import Backlog, DueSlot, Lapsed, Overdue, Probe, Settled, Superseded, Vanished
 
 
 class FakeReaperStore:
@@ -79,9 +79,9 @@ class FakeReaperStore:
         self._enter("expire_due")
         return 0
 
-    async def supersede_pending(self, limit: int) -> int:
+    async def supersede_pending(self, limit: int) -> Superseded:
         self._enter("supersede_pending")
-        return 0
+        return Superseded(0, False)
 
     async def settle(self, budget: int, rounds: int) -> Settled:
         self._enter("settle")

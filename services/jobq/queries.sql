@@ -1914,7 +1914,8 @@ SELECT count(*) FROM expired;
 -- the statement began is left for the next sweep. In id order like every
 -- multi-row write; a row another transaction holds is skipped (SKIP LOCKED,
 -- I11): a claim holding it cancels it itself. A running one is its worker's
--- renewal's to stop. How many.
+-- renewal's to stop. How many were cancelled, and whether it took its limit
+-- of notes (then more may wait: the reaper sweeps again at once).
 WITH taken AS (
     DELETE FROM jobq.latest_key k
     WHERE k.n = ANY(ARRAY(SELECT l.n FROM jobq.latest_key l
@@ -1946,7 +1947,8 @@ WITH taken AS (
     INSERT INTO jobq.job_event (job_id, event, attempt, detail)
     SELECT id, 'superseded', attempts, last_error FROM superseded WHERE history
 )
-SELECT count(*) FROM superseded;
+SELECT (SELECT count(*) FROM superseded) AS cancelled,
+       (SELECT count(*) FROM taken) >= $1 AS more;
 
 -- name: sweep_probe
 -- Reaper, before each sweep (issue #37): which duties have anything to do,

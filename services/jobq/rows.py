@@ -234,6 +234,16 @@ class DueSlot:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Superseded:
+    """What one call of the supersede duty did (supersede_pending): jobs
+    cancelled, and ``more``: it took as many notes as it may, so more may
+    wait (a note names a key, and most keys have nothing to cancel)."""
+
+    cancelled: int
+    more: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Settled:
     """What one call of the dependants duty did (settle_dependants); ``more``:
     it stopped at its bound with work left."""

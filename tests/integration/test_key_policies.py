@@ -18,6 +18,7 @@ from harness.helpers import SyncDB, set_queue, with_pool
 from jobq.amqp.broker import Broker
 from jobq.newjob import NewJob
 from jobq.reaper.store import PgReaperStore
+from jobq.rows import Superseded
 from jobq.settings import Settings
 from jobq.sql import Q
 from tests.integration.test_consumer import World, _app_db, scenario  # noqa: F401
@@ -280,12 +281,20 @@ def test_a_latest_job_committed_while_a_sweep_runs_is_still_seen_by_the_next(
         old = await pool.fetchval("SELECT jobq.enqueue('lk', key => 'k', delay_s => 60)")
         async with pool.acquire() as producer, producer.transaction():
             new = await producer.fetchval("SELECT jobq.enqueue('lk', key => 'k')")
-            assert await store.supersede_pending(100) == 0  # the newer job is not seen yet
-        assert await store.supersede_pending(100) == 1  # once it is committed
+            assert (await store.supersede_pending(100)).cancelled == 0  # not seen yet
+        assert (await store.supersede_pending(100)).cancelled == 1  # once it is committed
         row = await pool.fetchrow("SELECT status, last_error FROM jobq.job WHERE id = $1", old)
         assert row is not None and row["status"] == "cancelled", dict(row or {})
         assert row["last_error"] == f"superseded by job {new} (key policy latest)"
         assert await pool.fetchval("SELECT count(*) FROM jobq.latest_key") == 0
-        assert await store.supersede_pending(100) == 0
+        assert await store.supersede_pending(100) == Superseded(0, False)
+        # A sweep that took its limit of notes says more may wait, though it
+        # cancelled nothing (new keys): the reaper sweeps again at once rather
+        # than leave the rest for its next interval.
+        for k in ("a", "b", "c"):
+            await pool.fetchval("SELECT jobq.enqueue('lk', key => $1)", k)
+        assert await store.supersede_pending(2) == Superseded(0, True)
+        assert await store.supersede_pending(2) == Superseded(0, False)
+        assert await pool.fetchval("SELECT count(*) FROM jobq.latest_key") == 0
 
     with_pool(settings.database_url, body)

@@ -120,9 +120,10 @@ class Supersede:
 
     async def run(self, store: ReaperStore, cfg: ReaperSettings, reaper_id: str,
                   sweep: Sweep) -> None:
-        sweep.superseded += await store.supersede_pending(cfg.batch_size)
-        if sweep.superseded >= cfg.batch_size:
-            sweep.more = True  # more keys noted: sweep again at once
+        got = await store.supersede_pending(cfg.batch_size)
+        sweep.superseded += got.cancelled
+        if got.more:  # it took its limit of notes, not of cancelled jobs:
+            sweep.more = True  # more may be noted, sweep again at once
 
 
 class Unpark:

@@ -21,7 +21,7 @@ import asyncpg
 from jobq import lease
 from jobq.amqp.broker import Broker
 from jobq.db import Database, execute, fetch, fetchrow, fetchval, transaction, translated
-from jobq.rows import Backlog, DueSlot, Lapsed, Overdue, Probe, Settled, Vanished, of
+from jobq.rows import Backlog, DueSlot, Lapsed, Overdue, Probe, Settled, Superseded, Vanished, of
 from jobq.runtime import crash
 from jobq.sql import Q
 
@@ -54,8 +54,8 @@ class ReaperStore(Protocol):
     async def expire_due(self, limit: int) -> int:
         """Cancel unstarted jobs past their deadline (expired); how many."""
 
-    async def supersede_pending(self, limit: int) -> int:
-        """Cancel latest keys' older queued jobs (schema 0042); how many."""
+    async def supersede_pending(self, limit: int) -> Superseded:
+        """Cancel latest keys' older queued jobs (schema 0042, 0045)."""
 
     async def settle(self, budget: int, rounds: int) -> Settled: ...
 
@@ -135,9 +135,11 @@ class PgReaperStore:
         with translated():
             return int(await fetchval(self.pool, Q["expire_due"], limit))
 
-    async def supersede_pending(self, limit: int) -> int:
+    async def supersede_pending(self, limit: int) -> Superseded:
         with translated():
-            return int(await fetchval(self.pool, Q["supersede_pending"], limit))
+            row = await fetchrow(self.pool, Q["supersede_pending"], limit)
+        assert row is not None
+        return Superseded(int(row["cancelled"]), bool(row["more"]))
 
     async def settle(self, budget: int, rounds: int) -> Settled:
         with translated():
