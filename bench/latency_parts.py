@@ -23,7 +23,9 @@ handler's start:
 p50 / p90 / p99 of each over every job of the window, and the CPU each
 process used a job (utime + stime from /proc over the window: consumers,
 reaper, RabbitMQ's beam.smp, every PostgreSQL process, and the producer's
-whole life, its start-up included).
+whole life, its start-up included); and, over every task on the machine but
+the producer, what the scheduler says a job cost: ms on a CPU, ms runnable
+but waiting for one, timeslices (/proc/*/task/*/schedstat).
 """
 
 from __future__ import annotations
@@ -81,6 +83,30 @@ def _cpu(pids: list[int]) -> float:
     return sum(_cpu_of(p) for p in pids)
 
 
+def sched() -> tuple[int, int, int]:
+    """Every task alive now, summed from /proc/*/task/*/schedstat: ns on a
+    CPU, ns runnable but waiting for one, timeslices. The wait is what a
+    busy box costs a path that has to be scheduled at each hop."""
+    run = wait = slices = 0
+    for f in Path("/proc").glob("[0-9]*/task/*/schedstat"):
+        try:
+            a, b, c = f.read_text().split()
+        except (OSError, ValueError):
+            continue  # the task ended meanwhile
+        run, wait, slices = run + int(a), wait + int(b), slices + int(c)
+    return run, wait, slices
+
+
+def sched_a_job(before: tuple[int, int, int], after: tuple[int, int, int],
+                jobs: int) -> dict[str, float]:
+    """Per job between two sched(): ms run, ms waiting for a CPU, timeslices
+    (of the tasks alive at both: a process that exited in between is not in it)."""
+    n = max(jobs, 1)
+    return {"run_ms": round((after[0] - before[0]) / 1e6 / n, 3),
+            "runq_wait_ms": round((after[1] - before[1]) / 1e6 / n, 3),
+            "slices": round((after[2] - before[2]) / n, 1)}
+
+
 def _pids(pattern: str) -> list[int]:
     out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
     return [int(p) for p in out.stdout.split()]
@@ -105,6 +131,7 @@ def level(env: dict[str, str], lat: Latencies, db: SyncDB,
     groups = {"consumers": _pids("jobq consume"), "reaper": _pids("jobq reap"),
               "broker": _pids("beam.smp"), "postgres": _pids("postgres")}
     before = {k: _cpu(v) for k, v in groups.items()}
+    tasks = sched()
     with tempfile.TemporaryFile("w+") as said:  # not a pipe: its report outgrows one
         producer = subprocess.Popen([sys.executable, __file__, "produce", str(rate),
                                      str(seconds), str(callers)], env=env, stdout=said)
@@ -112,6 +139,7 @@ def level(env: dict[str, str], lat: Latencies, db: SyncDB,
         while producer.poll() is None:
             own = _cpu([producer.pid]) or own  # its last reading before it exits
             time.sleep(0.1)
+        tasks_after = sched()
         said.seek(0)
         got = json.loads(said.read().strip().splitlines()[-1])
     groups["postgres"] = sorted(set(groups["postgres"]) | set(_pids("postgres")))
@@ -135,6 +163,7 @@ def level(env: dict[str, str], lat: Latencies, db: SyncDB,
             out[name] = [round(_pct(ms, q), 2) for q in (0.5, 0.9, 0.99)]
     ms_a_job = {k: round(v * 1000 / max(sent, 1), 3) for k, v in cpu.items()}
     out["cpu_ms_a_job"] = {**ms_a_job, "all": round(sum(ms_a_job.values()), 3)}
+    out["sched_a_job"] = sched_a_job(tasks, tasks_after, sent)  # the producer not in it
     out["cores_busy"] = round(sum(cpu.values()) / seconds, 2)
     lat.by_index.clear()
     db.execute("DELETE FROM jobq.job")
