@@ -137,9 +137,13 @@ def test_a_keys_backlog_holds_up_no_other_key_nor_outlives_a_killed_worker(
     print(f"key B's 20 jobs done within {b_took:.2f} s of publish while {a_open} of A waited; "
           f"A ran at most {peak['A']} at once; a SIGKILL holding {held} of A's slots: all 4 "
           f"back in {back_s:.2f} s; lost {lost}, run twice not by the killed one {twice}")
-    assert b_took < 3.0 and a_open > 100
+    # Relative, not in seconds: B finished while most of A still waited, and
+    # the dead consumer's slots came back by its session's end (grace 2 s),
+    # well before its leases (30 s) could have lapsed. A slow machine
+    # stretches both (3.13 s once); a build that waits for the lease fails.
+    assert a_open > 100
     assert peak["A"] <= 4
-    assert held > 0 and back_s < 3.0
+    assert held > 0 and back_s < 30 / 3
     assert lost == 0 and twice == 0
 
 

@@ -22,7 +22,10 @@ from harness import image
 from harness.helpers import SyncDB, as_role, free_port, http, wait_until
 from jobq.settings import Settings
 
-pytestmark = pytest.mark.e2e
+# The first run on a machine makes the base (mmdebstrap) and builds every
+# layer in the first test's setup: minutes on a slow machine (181 s once,
+# past the suite's 180 s), seconds once the engine's data root has them.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 JOBS = 6
 SLEEP_S = 40  # longer than the test: every run that ends is a release or a kill
 
