@@ -64,7 +64,9 @@ def test_a_consumer_cut_off_fences_itself_and_cannot_finish_after_healing(db: Sy
     a = elsewhere(procs, host, "consume", "harness.apps:app", "--concurrency", "8")
     a_id = a.worker_id()
     reaper = procs.reaper()
-    ids = publish(settings, "work", [{"sleep": 3} for _ in range(6)])  # re-runs as long
+    # Re-runs as long. 8 s, not 3: B starts after A runs them, and on a slow
+    # machine B's start outlasted 3 s jobs, which A then finished before the cut.
+    ids = publish(settings, "work", [{"sleep": 8} for _ in range(6)])
     # Running, not only claimed: each handler has logged its start (through A's link).
     wait_until(lambda: db.val("SELECT count(*) FROM test_run WHERE job_id = ANY($1) AND "
                               "worker = $2", ids, a_id) == 6, 10, "A running the 6 jobs")
@@ -75,7 +77,7 @@ def test_a_consumer_cut_off_fences_itself_and_cannot_finish_after_healing(db: Sy
     cut_at = db.val("SELECT now()")
     host.cut()
     wait_until(lambda: db.val("SELECT count(*) FROM jobq.job WHERE id = ANY($1) AND "
-                              "status = 'completed'", ids) == 6, 20, "B completing the 6")
+                              "status = 'completed'", ids) == 6, 30, "B completing the 6")
     again = [runs(db, j)[1]["started_at"] for j in ids]
     back = max((t - cut_at).total_seconds() for t in again)
     print(f"partitioned consumer: its 6 jobs ran again {back:.2f} s after the cut "
