@@ -47,10 +47,8 @@ sys.path.insert(0, str(HERE.parent))
 import latency
 import latency_parts
 import pace
-from benchenv import scratch, service_env
+from benchenv import scratch
 from idle_cost import Latencies
-
-from harness.helpers import Procs, SyncDB
 
 TABLE = """CREATE TABLE floor_job (id uuid PRIMARY KEY, payload jsonb NOT NULL,
     status text NOT NULL DEFAULT 'queued', created_at timestamptz NOT NULL DEFAULT now(),
@@ -169,22 +167,8 @@ def floor(seconds: float, callers: int, rates: list[float]) -> dict[str, Any]:
 
 def jobq(seconds: float, callers: int, rates: list[float]) -> dict[str, Any]:
     """jobq as bench/latency_parts.py runs it, at the same rates."""
-    with scratch(("lat",)) as (db_url, amqp_url, namespace):
-        lat = Latencies()
-        env = service_env(db_url, amqp_url, namespace, LAT_PORT=str(lat.port),
-                          PYTHONPATH=str(HERE) + os.pathsep + str(HERE.parent))
-        procs = Procs(env, Path(tempfile.mkdtemp(prefix="jobq-latency-floor-")))
-        db = SyncDB(db_url)
-        try:
-            for c in [procs.start("consume", "latency_app:app", "--concurrency", "16")
-                      for _ in range(2)]:
-                c.worker_id()
-            procs.start("reap")
-            latency_parts.level(env, lat, db, 200, 2, callers)  # warm up
-            levels = [latency_parts.level(env, lat, db, r, seconds, callers) for r in rates]
-        finally:
-            db.close()
-            procs.close()
+    with latency_parts.fleet(callers) as at:
+        levels = [at(r, seconds) for r in rates]
     return {"levels": [{k: lv[k] for k in ("offered_per_s", "jobs", "total", "cpu_ms_a_job",
                                            "sched_a_job", "cores_busy")} for lv in levels]}
 

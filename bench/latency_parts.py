@@ -32,12 +32,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -170,15 +172,10 @@ def level(env: dict[str, str], lat: Latencies, db: SyncDB,
     return out
 
 
-def main() -> None:
-    if sys.argv[1:2] == ["produce"]:
-        produce(float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]))
-        return
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rates", default="100,600,1100", help="jobs a second, comma-separated")
-    ap.add_argument("--seconds", type=float, default=10)
-    ap.add_argument("--callers", type=int, default=16)
-    a = ap.parse_args()
+@contextlib.contextmanager
+def fleet(callers: int) -> Iterator[Callable[[float, float], dict[str, Any]]]:
+    """jobq as latency.py runs it (2 consumers --concurrency 16, a reaper),
+    warmed up; yields ``level(rate, seconds)`` against it."""
     with scratch(("lat",)) as (db_url, amqp_url, namespace):
         lat = Latencies()
         env = service_env(db_url, amqp_url, namespace, LAT_PORT=str(lat.port),
@@ -190,15 +187,27 @@ def main() -> None:
                       for _ in range(2)]:
                 c.worker_id()
             procs.start("reap")
-            level(env, lat, db, 200, 2, a.callers)  # warm up: connections, plans
-            report = {"conditions": {"consumers": "2 x --concurrency 16", "reaper": 1,
-                                     "callers": a.callers, "seconds": a.seconds,
-                                     "parts": "p50, p90, p99 ms"},
-                      "levels": [level(env, lat, db, float(r), a.seconds, a.callers)
-                                 for r in a.rates.split(",")]}
+            level(env, lat, db, 200, 2, callers)  # warm up: connections, plans
+            yield lambda rate, secs: level(env, lat, db, rate, secs, callers)
         finally:
             db.close()
             procs.close()
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["produce"]:
+        produce(float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]))
+        return
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rates", default="100,600,1100", help="jobs a second, comma-separated")
+    ap.add_argument("--seconds", type=float, default=10)
+    ap.add_argument("--callers", type=int, default=16)
+    a = ap.parse_args()
+    with fleet(a.callers) as at:
+        report = {"conditions": {"consumers": "2 x --concurrency 16", "reaper": 1,
+                                 "callers": a.callers, "seconds": a.seconds,
+                                 "parts": "p50, p90, p99 ms"},
+                  "levels": [at(float(r), a.seconds) for r in a.rates.split(",")]}
     print(json.dumps(report, indent=1))
 
 
